@@ -1,0 +1,11 @@
+"""Non-local energies ``L_psi(mu)``: write ``value`` and autograd supplies the gradient."""
+
+from .base import Energy, EnergySum, FunctionEnergy, Gradient, Scaled, autograd_gradient
+from .linear import LOSSES, LinearMeasurements, Loss, smoothed_abs, smoothed_hinge, squared, squared_hinge
+from .mean_field import MeanField
+from .poisson import Poisson
+from .prototype import NearestPrototype
+
+__all__ = ["Energy", "EnergySum", "FunctionEnergy", "Gradient", "LOSSES", "LinearMeasurements", "Loss",
+           "MeanField", "NearestPrototype", "Poisson", "Scaled", "autograd_gradient", "smoothed_abs",
+           "smoothed_hinge", "squared", "squared_hinge"]

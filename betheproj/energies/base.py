@@ -1,0 +1,202 @@
+"""Non-local energies ``L_psi(mu)`` on marginals (problem (2)).
+
+An energy maps marginals to one value per example.  Subclasses implement :meth:`Energy.value`; the
+gradient defaults to autograd, so any differentiable function of ``mu.node`` (and ``mu.edge``) works in
+every solver.  Energies with a closed-form gradient override :meth:`Energy.grad`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ..oracles.base import Marginals
+
+__all__ = ["Energy", "Gradient", "EnergySum", "Scaled", "FunctionEnergy", "as_weight"]
+
+
+class Gradient:
+    """``dL/dmu`` with the layout of the marginals: ``node`` [B, N, C] and ``edge`` [B, N-1, C, C] or ``None``."""
+
+    __slots__ = ("node", "edge")
+
+    def __init__(self, node: Tensor | None, edge: Tensor | None = None):
+        self.node = node
+        self.edge = edge
+
+    def __add__(self, other: Gradient) -> Gradient:
+        return Gradient(_add(self.node, other.node), _add(self.edge, other.edge))
+
+    def scale(self, w: Tensor | float) -> Gradient:
+        """Multiply by a scalar or a per-example weight [B]."""
+        return Gradient(_scale(self.node, w), _scale(self.edge, w))
+
+
+def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def _scale(x: Tensor | None, w: Tensor | float) -> Tensor | None:
+    if x is None:
+        return None
+    if isinstance(w, Tensor) and w.dim() == 1:
+        w = w.reshape(-1, *([1] * (x.dim() - 1)))
+    return x * w
+
+
+def as_weight(psi: float | Tensor, name: str = "psi") -> float | Tensor:
+    """Validate a weight: a finite scalar or a tensor (shape checked by the energy that uses it)."""
+    if isinstance(psi, Tensor):
+        if not psi.is_floating_point():
+            raise TypeError(f"{name} must be a float or a floating-point tensor, got {psi.dtype}")
+        if not torch.isfinite(psi).all():
+            raise ValueError(f"{name} must be finite")
+        return psi
+    if isinstance(psi, bool) or not isinstance(psi, int | float):
+        raise TypeError(f"{name} must be a float or a tensor, got {type(psi).__name__}")
+    psi = float(psi)
+    if psi != psi or abs(psi) == float("inf"):
+        raise ValueError(f"{name} must be finite, got {psi}")
+    return psi
+
+
+def weight_per_example(psi: float | Tensor, batch: int, like: Tensor, name: str = "psi") -> Tensor:
+    """Broadcast a scalar or [B] weight to [B] in ``like``'s dtype and device."""
+    if isinstance(psi, Tensor):
+        if psi.dim() == 0:
+            return psi.to(like).expand(batch)
+        if psi.shape != (batch,):
+            raise ValueError(f"{name} must be a scalar or have shape [B]=({batch},), got {tuple(psi.shape)}")
+        return psi.to(like)
+    return torch.full((batch,), psi, dtype=like.dtype, device=like.device)
+
+
+class Energy:
+    """A non-local energy ``L_psi(mu)``: :meth:`value` [B], :meth:`grad` (autograd unless overridden).
+
+    ``value`` of example ``b`` must depend on ``mu[b]`` only.  Energies add with ``+`` and scale with
+    ``w * energy`` (``w`` a float or a per-example [B] tensor).
+    """
+
+    def value(self, marginals: Marginals) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement value(marginals)")
+
+    def grad(self, marginals: Marginals) -> Gradient:
+        """``dL/dmu`` by autograd through :meth:`value`."""
+        return autograd_gradient(self, marginals)
+
+    def validate(self, marginals: Marginals) -> None:
+        """Raise ``ValueError`` if the energy does not fit marginals of this shape (called once by solvers)."""
+
+    def __add__(self, other: Energy) -> Energy:
+        if not isinstance(other, Energy):
+            return NotImplemented
+        return EnergySum([self, other])
+
+    def __mul__(self, w: float | Tensor) -> Energy:
+        return Scaled(self, w)
+
+    __rmul__ = __mul__
+
+
+def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool = False) -> Gradient:
+    """Gradient of ``energy.value`` w.r.t. the node marginals and, if ``value`` reads them, the edge marginals."""
+    with torch.enable_grad():
+        node = marginals.node.detach().requires_grad_(True)
+        leaves: dict[str, Tensor] = {}
+
+        def edge_leaf() -> Tensor:
+            leaves["edge"] = marginals.edge.detach().requires_grad_(True)
+            return leaves["edge"]
+
+        probe = Marginals(node, edge_leaf, marginals.log_partition, marginals.lengths)
+        value = energy.value(probe)
+        if not isinstance(value, Tensor) or value.shape != (marginals.node.shape[0],):
+            raise ValueError(f"{type(energy).__name__}.value must return a tensor of shape [B]="
+                             f"({marginals.node.shape[0]},), got "
+                             f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}")
+        inputs = [node] + ([leaves["edge"]] if "edge" in leaves else [])
+        if not value.requires_grad:
+            return Gradient(torch.zeros_like(node), None)
+        grads = torch.autograd.grad(value.sum(), inputs, create_graph=create_graph, allow_unused=True)
+    g_node = grads[0] if grads[0] is not None else torch.zeros_like(node)
+    g_edge = grads[1] if len(grads) > 1 else None
+    if not create_graph:
+        g_node = g_node.detach()
+        g_edge = None if g_edge is None else g_edge.detach()
+    return Gradient(g_node, g_edge)
+
+
+class EnergySum(Energy):
+    """``L(mu) = sum_k L_k(mu)``."""
+
+    def __init__(self, terms: list[Energy]):
+        flat: list[Energy] = []
+        for term in terms:
+            if not isinstance(term, Energy):
+                raise TypeError(f"terms must be Energy instances, got {type(term).__name__}")
+            flat.extend(term.terms if isinstance(term, EnergySum) else [term])
+        self.terms = flat
+
+    def value(self, marginals: Marginals) -> Tensor:
+        return sum(term.value(marginals) for term in self.terms)
+
+    def grad(self, marginals: Marginals) -> Gradient:
+        total = Gradient(None, None)
+        for term in self.terms:
+            total = total + term.grad(marginals)
+        return total
+
+    def validate(self, marginals: Marginals) -> None:
+        for term in self.terms:
+            term.validate(marginals)
+
+    def __repr__(self) -> str:
+        return " + ".join(repr(t) for t in self.terms)
+
+
+class Scaled(Energy):
+    """``w * L(mu)`` with ``w`` a float or a per-example [B] tensor."""
+
+    def __init__(self, energy: Energy, weight: float | Tensor):
+        if not isinstance(energy, Energy):
+            raise TypeError(f"energy must be an Energy, got {type(energy).__name__}")
+        self.energy = energy
+        self.weight = as_weight(weight, "weight")
+
+    def value(self, marginals: Marginals) -> Tensor:
+        return weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight") \
+            * self.energy.value(marginals)
+
+    def grad(self, marginals: Marginals) -> Gradient:
+        w = weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight")
+        return self.energy.grad(marginals).scale(w)
+
+    def validate(self, marginals: Marginals) -> None:
+        weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight")
+        self.energy.validate(marginals)
+
+    def __repr__(self) -> str:
+        return f"{self.weight!r} * {self.energy!r}"
+
+
+class FunctionEnergy(Energy):
+    """Wrap a differentiable function ``fn(marginals) -> [B]`` as an energy (gradient by autograd)."""
+
+    def __init__(self, fn: Callable[[Marginals], Tensor], name: str | None = None):
+        if not callable(fn):
+            raise TypeError("fn must be callable")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "fn")
+
+    def value(self, marginals: Marginals) -> Tensor:
+        return self.fn(marginals)
+
+    def __repr__(self) -> str:
+        return f"FunctionEnergy({self.name})"

@@ -1,0 +1,247 @@
+"""Sums of scalar convex losses of linear measurements of the marginals, eqs. (4)-(5):
+``L_psi(mu) = sum_j psi_j * l(a_j^T mu - b_j)``.
+
+The losses penalise positive arguments (``z = a^T mu - b > 0`` is a violation of ``a^T mu <= b``), except
+the symmetric ``squared`` and ``smoothed_abs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..oracles.base import Marginals
+from .base import Energy, Gradient, as_weight
+
+__all__ = ["Loss", "LOSSES", "LinearMeasurements", "smoothed_hinge", "squared_hinge", "squared", "smoothed_abs"]
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A univariate convex loss ``l(z)`` with its derivative; ``width`` sets the smoothing of the kinks."""
+
+    name: str
+    width: float = 1.0
+
+    def __post_init__(self):
+        if self.name not in LOSSES:
+            raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {self.name!r}")
+        if not self.width > 0:
+            raise ValueError(f"width must be > 0, got {self.width}")
+
+    def __call__(self, z: Tensor) -> Tensor:
+        return LOSSES[self.name][0](z, self.width)
+
+    def derivative(self, z: Tensor) -> Tensor:
+        return LOSSES[self.name][1](z, self.width)
+
+
+def _smoothed_hinge(z: Tensor, w: float) -> Tensor:
+    # Rennie & Srebro (2005) smooth hinge on the violation z: 0, z^2/(2w), z - w/2
+    return torch.where(z <= 0, torch.zeros_like(z), torch.where(z < w, z * z / (2 * w), z - w / 2))
+
+
+def _smoothed_hinge_d(z: Tensor, w: float) -> Tensor:
+    return (z / w).clamp(0.0, 1.0)
+
+
+def _squared_hinge(z: Tensor, w: float) -> Tensor:
+    return 0.5 * z.clamp_min(0.0) ** 2
+
+
+def _squared_hinge_d(z: Tensor, w: float) -> Tensor:
+    return z.clamp_min(0.0)
+
+
+def _squared(z: Tensor, w: float) -> Tensor:
+    return 0.5 * z * z
+
+
+def _squared_d(z: Tensor, w: float) -> Tensor:
+    return z
+
+
+def _smoothed_abs(z: Tensor, w: float) -> Tensor:
+    # Huber: z^2/(2w) for |z| <= w, |z| - w/2 beyond
+    a = z.abs()
+    return torch.where(a <= w, z * z / (2 * w), a - w / 2)
+
+
+def _smoothed_abs_d(z: Tensor, w: float) -> Tensor:
+    return (z / w).clamp(-1.0, 1.0)
+
+
+LOSSES = {
+    "smoothed_hinge": (_smoothed_hinge, _smoothed_hinge_d),
+    "squared_hinge": (_squared_hinge, _squared_hinge_d),
+    "squared": (_squared, _squared_d),
+    "smoothed_abs": (_smoothed_abs, _smoothed_abs_d),
+}
+
+smoothed_hinge = Loss("smoothed_hinge")
+squared_hinge = Loss("squared_hinge")
+squared = Loss("squared")
+smoothed_abs = Loss("smoothed_abs")
+
+
+def _measure_tensor(name: str, a: Tensor | None, inner: int) -> Tensor | None:
+    """Check a measurement tensor: ``inner`` trailing label dims, then [J], [J, T] or [B, J, T] leading."""
+    if a is None:
+        return None
+    if not isinstance(a, Tensor) or not a.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor")
+    if a.dim() not in (1 + inner, 2 + inner, 3 + inner):
+        raise ValueError(f"{name} must have {1 + inner} to {3 + inner} dims ([J, ...], [J, positions, ...] or "
+                         f"[B, J, positions, ...]), got shape {tuple(a.shape)}")
+    if not torch.isfinite(a).all():
+        raise ValueError(f"{name} must be finite")
+    return a
+
+
+class LinearMeasurements(Energy):
+    """``sum_j psi_j * loss(a_j^T mu - b_j)`` (eqs. 4-5).
+
+    Args:
+        node: node measurement vectors, ``[J, C]`` (label counts: summed over valid positions),
+            ``[J, N, C]`` (per position) or ``[B, J, N, C]``.
+        edge: edge measurement vectors, ``[J, C, C]``, ``[J, N-1, C, C]`` or ``[B, J, N-1, C, C]``.
+        offset: ``b``, a float, ``[J]`` or ``[B, J]``.
+        loss: a :class:`Loss` or its name (``smoothed_hinge``, ``squared_hinge``, ``squared``, ``smoothed_abs``).
+        psi: weights, a float, ``[B]`` (per example), ``[1, J]`` (per measurement) or ``[B, J]``;
+            ``L`` is convex when ``psi >= 0``.
+    """
+
+    def __init__(self, node: Tensor | None = None, edge: Tensor | None = None, offset: float | Tensor = 0.0,
+                 loss: Loss | str = "smoothed_hinge", psi: float | Tensor = 1.0):
+        self.node = _measure_tensor("node", node, 1)
+        self.edge = _measure_tensor("edge", edge, 2)
+        if self.node is None and self.edge is None:
+            raise ValueError("LinearMeasurements needs node and/or edge measurement vectors")
+        jn = None if self.node is None else self.node.shape[-2 if self.node.dim() == 2 else -3]
+        je = None if self.edge is None else self.edge.shape[-3 if self.edge.dim() == 3 else -4]
+        if jn is not None and je is not None and jn != je:
+            raise ValueError(f"node has J={jn} measurements but edge has J={je}")
+        self.num_measurements = jn if jn is not None else je
+        self.offset = offset if isinstance(offset, Tensor) else float(as_weight(offset, "offset"))
+        self.loss = loss if isinstance(loss, Loss) else Loss(loss)
+        self.psi = as_weight(psi)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _weights(self, batch: int, like: Tensor) -> Tensor:
+        """psi as [B, J]."""
+        j = self.num_measurements
+        psi = self.psi
+        if not isinstance(psi, Tensor):
+            return torch.full((batch, j), psi, dtype=like.dtype, device=like.device)
+        psi = psi.to(like)
+        if psi.dim() == 0:
+            return psi.expand(batch, j)
+        if psi.dim() == 1 and psi.shape[0] == batch:
+            return psi[:, None].expand(batch, j)
+        if psi.dim() == 2 and psi.shape[1] == j and psi.shape[0] in (1, batch):
+            return psi.expand(batch, j)
+        raise ValueError(f"psi must be a float, [B]=({batch},), [1, J] or [B, J]=({batch}, {j}), "
+                         f"got shape {tuple(psi.shape)}")
+
+    def _node_vectors(self, mu: Tensor) -> Tensor | None:
+        """Node measurement vectors broadcast to [B or 1, J, N, C]."""
+        a = self.node
+        if a is None:
+            return None
+        a = a.to(mu)
+        n = mu.shape[1]
+        if a.dim() == 2:
+            return a[None, :, None, :]
+        a = a if a.dim() == 4 else a[None]
+        if a.shape[-2] != n:
+            raise ValueError(f"node measurement vectors have {a.shape[-2]} positions, marginals have N={n}")
+        return a
+
+    def _edge_vectors(self, mu_edge_shape: torch.Size, like: Tensor) -> Tensor | None:
+        a = self.edge
+        if a is None:
+            return None
+        a = a.to(like)
+        if a.dim() == 3:
+            return a[None, :, None]
+        a = a if a.dim() == 5 else a[None]
+        if a.shape[-3] != mu_edge_shape[1]:
+            raise ValueError(f"edge measurement vectors have {a.shape[-3]} positions, marginals have "
+                             f"N-1={mu_edge_shape[1]}")
+        return a
+
+    def measurements(self, marginals: Marginals) -> Tensor:
+        """``a_j^T mu`` [B, J] (before the offset)."""
+        node = marginals.node * marginals.node_mask()[..., None]       # padding is absent
+        b = node.shape[0]
+        z = node.new_zeros(b, self.num_measurements)
+        a = self._node_vectors(node)
+        if a is not None:
+            if self.node.dim() == 2:
+                z = z + node.sum(1) @ a[0, :, 0].t()
+            else:
+                z = z + torch.einsum("bnc,bjnc->bj", node, a.expand(b, *a.shape[1:]))
+        if self.edge is not None:
+            edge = marginals.edge * marginals.edge_mask()[..., None, None]
+            ae = self._edge_vectors(edge.shape, edge)
+            if self.edge.dim() == 3:
+                z = z + torch.einsum("bij,kij->bk", edge.sum(1), ae[0, :, 0])
+            else:
+                z = z + torch.einsum("bnij,bknij->bk", edge, ae.expand(b, *ae.shape[1:]))
+        return z
+
+    def _z(self, marginals: Marginals) -> Tensor:
+        offset = self.offset
+        if isinstance(offset, Tensor):
+            offset = offset.to(marginals.node)
+        return self.measurements(marginals) - offset
+
+    # -- Energy API ------------------------------------------------------------------------------
+    def value(self, marginals: Marginals) -> Tensor:
+        z = self._z(marginals)
+        return (self._weights(z.shape[0], z) * self.loss(z)).sum(-1)
+
+    def grad(self, marginals: Marginals) -> Gradient:
+        node = marginals.node
+        z = self._z(marginals)
+        w = self._weights(z.shape[0], z) * self.loss.derivative(z)          # [B, J]
+        g_node = g_edge = None
+        if self.node is not None:
+            a = self._node_vectors(node)
+            if self.node.dim() == 2:
+                g_node = (w @ a[0, :, 0])[:, None, :].expand_as(node) * marginals.node_mask()[..., None]
+            else:
+                g_node = torch.einsum("bj,bjnc->bnc", w, a.expand(node.shape[0], *a.shape[1:]))
+                g_node = g_node * marginals.node_mask()[..., None]
+        if self.edge is not None:
+            b, n, c = node.shape
+            ae = self._edge_vectors(torch.Size((b, n - 1, c, c)), node)
+            if self.edge.dim() == 3:
+                g_edge = (torch.einsum("bk,kij->bij", w, ae[0, :, 0])[:, None]
+                          * marginals.edge_mask()[..., None, None])
+            else:
+                g_edge = torch.einsum("bk,bknij->bnij", w, ae.expand(b, *ae.shape[1:]))
+                g_edge = g_edge * marginals.edge_mask()[..., None, None]
+        return Gradient(g_node, g_edge)
+
+    def validate(self, marginals: Marginals) -> None:
+        b, n, c = marginals.node.shape
+        if self.node is not None and self.node.shape[-1] != c:
+            raise ValueError(f"node measurement vectors have {self.node.shape[-1]} labels, marginals have C={c}")
+        if self.edge is not None and self.edge.shape[-2:] != (c, c):
+            raise ValueError(f"edge measurement vectors have label dims {tuple(self.edge.shape[-2:])}, "
+                             f"expected ({c}, {c})")
+        for a in (self.node, self.edge):
+            if a is not None and a.dim() in (4, 5) and a.shape[0] != b:
+                raise ValueError(f"per-example measurement vectors have B={a.shape[0]}, marginals have B={b}")
+        self._node_vectors(marginals.node)
+        self._edge_vectors(torch.Size((b, n - 1, c, c)), marginals.node)
+        self._weights(b, marginals.node)
+        if isinstance(self.offset, Tensor) and self.offset.dim() and self.offset.shape[-1] != self.num_measurements:
+            raise ValueError(f"offset must be a float, [J] or [B, J] with J={self.num_measurements}, "
+                             f"got shape {tuple(self.offset.shape)}")
+
+    def __repr__(self) -> str:
+        return f"LinearMeasurements(J={self.num_measurements}, loss={self.loss.name})"

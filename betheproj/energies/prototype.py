@@ -1,0 +1,92 @@
+"""Non-convex nearest-prototype energies of the handwriting experiment, eqs. (21) and (22)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..oracles.base import Marginals
+from .base import Energy, Gradient, as_weight, weight_per_example
+
+__all__ = ["NearestPrototype"]
+
+
+class NearestPrototype(Energy):
+    """``psi * min_i ||w_i - S(mu)||_1``: pull inferred statistics to the nearest prototype.
+
+    ``statistic="unigram"`` is ``L^u`` (eq. 21): ``S(mu) = U(mu) = sum_n mu_n``, prototypes [P, C].
+    ``statistic="word"`` is ``L^w`` (eq. 22): ``S(mu)`` is the node marginals, prototypes [P, M, C] with
+    ``prototype_lengths`` [P]; example ``b`` compares only with prototypes of its own length, and has zero
+    energy when there is none.  The gradient is the subgradient ``psi * sign(S(mu) - w_nearest)``.
+    ``psi`` is a float or a per-example [B] tensor.
+    """
+
+    def __init__(self, prototypes: Tensor, psi: float | Tensor = 1.0, statistic: str = "unigram",
+                 prototype_lengths: Tensor | None = None):
+        if statistic not in ("unigram", "word"):
+            raise ValueError(f"statistic must be 'unigram' or 'word', got {statistic!r}")
+        if not isinstance(prototypes, Tensor) or not prototypes.is_floating_point():
+            raise TypeError("prototypes must be a floating-point tensor")
+        want = 2 if statistic == "unigram" else 3
+        if prototypes.dim() != want or prototypes.shape[0] == 0:
+            raise ValueError(f"prototypes must be {'[P, C]' if want == 2 else '[P, M, C]'} with P >= 1 for "
+                             f"statistic={statistic!r}, got shape {tuple(prototypes.shape)}")
+        if statistic == "word":
+            if prototype_lengths is None:
+                raise ValueError("prototype_lengths [P] is required with statistic='word'")
+            prototype_lengths = torch.as_tensor(prototype_lengths).long()
+            if prototype_lengths.shape != prototypes.shape[:1]:
+                raise ValueError(f"prototype_lengths must have shape [P]=({prototypes.shape[0]},), "
+                                 f"got {tuple(prototype_lengths.shape)}")
+        self.prototypes = prototypes
+        self.prototype_lengths = prototype_lengths
+        self.statistic = statistic
+        self.psi = as_weight(psi)
+
+    def _stats(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor]:
+        """Flattened statistics [B, D], prototypes [P, D] and the candidate mask [B, P]."""
+        mu = marginals.node * marginals.node_mask()[..., None]
+        b, n, c = mu.shape
+        protos = self.prototypes.to(mu)
+        if self.statistic == "unigram":
+            return mu.sum(1), protos, torch.ones(b, protos.shape[0], dtype=torch.bool, device=mu.device)
+        m = protos.shape[1]
+        if m < n:
+            protos = torch.cat([protos, protos.new_zeros(protos.shape[0], n - m, c)], 1)
+        protos = protos[:, :n].reshape(protos.shape[0], -1)
+        cand = self.prototype_lengths.to(mu.device)[None, :] == marginals.lengths[:, None]
+        return mu.reshape(b, -1), protos, cand
+
+    def _nearest(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        stats, protos, cand = self._stats(marginals)
+        dist = torch.cdist(stats[None], protos[None], p=1.0)[0]                    # [B, P]
+        dist = torch.where(cand, dist, torch.full((), float("inf"), dtype=dist.dtype))
+        best, arg = dist.min(-1)
+        has = cand.any(-1)
+        return stats, protos, best, arg, has
+
+    def value(self, marginals: Marginals) -> Tensor:
+        stats, protos, _, arg, has = self._nearest(marginals)
+        psi = weight_per_example(self.psi, stats.shape[0], stats)
+        dist = (stats - protos[arg]).abs().sum(-1)         # differentiable, unlike the cdist minimum
+        return torch.where(has, psi * dist, torch.zeros((), dtype=stats.dtype))
+
+    def grad(self, marginals: Marginals) -> Gradient:
+        mu = marginals.node
+        stats, protos, _, arg, has = self._nearest(marginals)
+        psi = weight_per_example(self.psi, stats.shape[0], stats)
+        sign = torch.sign(stats - protos[arg]) * (psi * has)[:, None]
+        if self.statistic == "unigram":
+            g = sign[:, None, :].expand_as(mu)
+        else:
+            g = sign.reshape(mu.shape)
+        return Gradient(g * marginals.node_mask()[..., None], None)
+
+    def validate(self, marginals: Marginals) -> None:
+        c = marginals.node.shape[2]
+        if self.prototypes.shape[-1] != c:
+            raise ValueError(f"prototypes have {self.prototypes.shape[-1]} labels, marginals have C={c}")
+        weight_per_example(self.psi, marginals.batch_size, marginals.node)
+
+    def __repr__(self) -> str:
+        return f"NearestPrototype(statistic={self.statistic!r}, P={self.prototypes.shape[0]})"

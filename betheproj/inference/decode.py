@@ -1,0 +1,29 @@
+"""Prediction from a solution of (2): Proposition 1."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..oracles.base import Oracle
+from .solve import Solution
+
+__all__ = ["decode"]
+
+
+def decode(oracle: Oracle, solution: Solution, method: str = "map") -> Tensor:
+    """Labels [B, N] (``-1`` past each length).
+
+    ``method="map"`` (default) is Proposition 1: MAP in the MRF with ``theta~ = theta - grad L(mu*)``, the
+    solver's dual iterate, so the output is a feasible joint labelling.  ``method="marginal"`` takes each
+    position's most probable label, for comparison; it may violate hard constraints of the base model.
+    """
+    if not isinstance(solution, Solution):
+        raise TypeError(f"solution must be a Solution from betheproj.solve, got {type(solution).__name__}")
+    if method == "map":
+        return oracle.map(solution.potentials)
+    if method == "marginal":
+        mu = solution.marginals
+        labels = mu.node.argmax(-1)
+        return torch.where(mu.node_mask(), labels, torch.full_like(labels, -1))
+    raise ValueError(f"method must be 'map' or 'marginal', got {method!r}")

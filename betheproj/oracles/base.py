@@ -1,0 +1,188 @@
+"""Containers and the oracle protocol shared by every pairwise structure.
+
+A pairwise model over ``N`` positions with ``C`` labels is described by node scores ``[B, N, C]`` and
+edge scores ``[B, N-1, C, C]`` (or one shared ``[C, C]`` table).  Edge ``k`` couples node ``parent[k+1]``
+(rows) with node ``k+1`` (columns); for a linear chain ``parent[k+1] = k``, so a chain is the tree whose
+parent array is ``[-1, 0, 1, ..., N-2]``.  Positions at or past ``lengths[b]`` are padding and are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "bethe_entropy"]
+
+
+def _check_float(name: str, x: object, ndim: tuple[int, ...]) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor (float32 or float64), got {x.dtype}")
+    if x.dim() not in ndim:
+        shapes = " or ".join(f"{d}-D" for d in ndim)
+        raise ValueError(f"{name} must be {shapes}, got shape {tuple(x.shape)}")
+    if torch.isnan(x).any():
+        raise ValueError(f"{name} contains NaN")
+    if torch.isposinf(x).any():
+        raise ValueError(f"{name} contains +inf (scores must be finite or -inf)")
+    return x
+
+
+def _check_lengths(lengths: object, batch: int, n: int, device: torch.device) -> Tensor:
+    if lengths is None:
+        return torch.full((batch,), n, dtype=torch.long, device=device)
+    if not isinstance(lengths, Tensor):
+        lengths = torch.as_tensor(lengths)
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    if lengths.shape != (batch,):
+        raise ValueError(f"lengths must have shape [B]=({batch},), got {tuple(lengths.shape)}")
+    if batch and (int(lengths.min()) < 1 or int(lengths.max()) > n):
+        raise ValueError(f"lengths must lie in [1, N]=[1, {n}], got values in "
+                         f"[{int(lengths.min())}, {int(lengths.max())}]")
+    return lengths.to(device=device, dtype=torch.long)
+
+
+class PairwisePotentials:
+    """Log-potentials ``theta`` of a pairwise MRF: ``node`` [B, N, C], ``edge`` [B, N-1, C, C] or [C, C].
+
+    Entries may be ``-inf`` (forbidden labels or transitions) but not NaN or ``+inf``.  ``lengths`` [B]
+    (default: all ``N``) marks the valid prefix of every example.
+    """
+
+    __slots__ = ("node", "edge", "lengths")
+
+    def __init__(self, node: Tensor, edge: Tensor, lengths: Tensor | None = None):
+        node = _check_float("node", node, (3,))
+        b, n, c = node.shape
+        if c == 0:
+            raise ValueError("node has an empty label set (C = 0)")
+        if n == 0:
+            raise ValueError("node has no positions (N = 0)")
+        edge = _check_float("edge", edge, (2, 4))
+        expected = (b, n - 1, c, c)
+        if edge.dim() == 2 and edge.shape != (c, c):
+            raise ValueError(f"edge must be [C, C]=({c}, {c}) or [B, N-1, C, C]={expected}, "
+                             f"got {tuple(edge.shape)}")
+        if edge.dim() == 4 and edge.shape != expected:
+            raise ValueError(f"edge must be [B, N-1, C, C]={expected} or [C, C], got {tuple(edge.shape)}")
+        if edge.dtype != node.dtype:
+            raise TypeError(f"edge dtype {edge.dtype} does not match node dtype {node.dtype}")
+        if edge.device != node.device:
+            raise ValueError(f"edge is on {edge.device} but node is on {node.device}")
+        self.node = node
+        self.edge = edge
+        self.lengths = _check_lengths(lengths, b, n, node.device)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.node.shape)  # type: ignore[return-value]
+
+    @property
+    def shared_edge(self) -> bool:
+        return self.edge.dim() == 2
+
+    def full_edge(self) -> Tensor:
+        """Edge scores as [B, N-1, C, C] (a view when shared)."""
+        b, n, c = self.node.shape
+        return self.edge.expand(b, n - 1, c, c) if self.shared_edge else self.edge
+
+    def index(self, idx: Tensor) -> PairwisePotentials:
+        """The sub-batch ``idx``."""
+        edge = self.edge if self.shared_edge else self.edge[idx]
+        return _unchecked(PairwisePotentials, self.node[idx], edge, self.lengths[idx])
+
+    def shifted(self, node: Tensor | None, edge: Tensor | None) -> PairwisePotentials:
+        """``theta + delta`` for finite offsets ``delta`` (``None`` = zero); ``-inf`` entries stay ``-inf``."""
+        new_node = self.node if node is None else self.node + node
+        new_edge = self.edge if edge is None else self.edge + edge
+        return _unchecked(PairwisePotentials, new_node, new_edge, self.lengths)
+
+    def __repr__(self) -> str:
+        return (f"PairwisePotentials(node={tuple(self.node.shape)}, edge={tuple(self.edge.shape)}, "
+                f"dtype={self.node.dtype})")
+
+
+ChainPotentials = PairwisePotentials
+"""The potentials of a :class:`~betheproj.LinearChain` (the same container as for trees)."""
+
+
+def _unchecked(cls, node: Tensor, edge: Tensor, lengths: Tensor):
+    obj = cls.__new__(cls)
+    obj.node, obj.edge, obj.lengths = node, edge, lengths
+    return obj
+
+
+class Marginals:
+    """Node marginals [B, N, C], edge marginals [B, N-1, C, C] and ``log_partition`` [B].
+
+    Padding positions hold zeros.  Edge marginals may be computed lazily on first access (an oracle that
+    can skip them when no one asks, does); ``has_edge`` tells whether they are already materialised.
+    """
+
+    def __init__(self, node: Tensor, edge: Tensor | Callable[[], Tensor] | None,
+                 log_partition: Tensor | None, lengths: Tensor):
+        self.node = node
+        self._edge = edge
+        self.log_partition = log_partition
+        self.lengths = lengths
+
+    @property
+    def edge(self) -> Tensor:
+        if callable(self._edge):
+            self._edge = self._edge()
+        if self._edge is None:
+            raise AttributeError("these marginals carry no edge marginals")
+        return self._edge
+
+    @property
+    def has_edge(self) -> bool:
+        return isinstance(self._edge, Tensor)
+
+    @property
+    def batch_size(self) -> int:
+        return self.node.shape[0]
+
+    def node_mask(self) -> Tensor:
+        """[B, N] True at valid positions."""
+        n = self.node.shape[1]
+        return torch.arange(n, device=self.node.device) < self.lengths[:, None]
+
+    def edge_mask(self) -> Tensor:
+        """[B, N-1] True at valid edges."""
+        n = self.node.shape[1]
+        return torch.arange(n - 1, device=self.node.device) < (self.lengths[:, None] - 1)
+
+    def __repr__(self) -> str:
+        return f"Marginals(node={tuple(self.node.shape)}, dtype={self.node.dtype})"
+
+
+def _plogp(p: Tensor) -> Tensor:
+    return torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), torch.zeros_like(p))
+
+
+def bethe_entropy(node: Tensor, edge: Tensor, degree: Tensor) -> Tensor:
+    """Bethe entropy ``H_B = sum_e H(mu_e) - sum_n (d_n - 1) H(mu_n)`` [B] (exact on trees).
+
+    ``degree`` [B, N] holds each node's number of valid edges and 0 at padding; padded marginals are zero.
+    """
+    h_node = -_plogp(node).sum(-1)
+    h_edge = -_plogp(edge).sum((-1, -2))
+    return h_edge.sum(-1) - ((degree - 1).clamp_min(-1) * h_node).sum(-1)
+
+
+@runtime_checkable
+class Oracle(Protocol):
+    """A tractable base structure: marginal inference, MAP and the Bethe entropy."""
+
+    def marginals(self, potentials: PairwisePotentials) -> Marginals: ...
+
+    def map(self, potentials: PairwisePotentials) -> Tensor: ...
+
+    def entropy(self, marginals: Marginals) -> Tensor: ...
+
+    def degree(self, lengths: Tensor, n: int) -> Tensor: ...

@@ -1,0 +1,96 @@
+"""Exact inference by enumerating every labelling: the reference for tests on tiny models."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .base import Marginals, PairwisePotentials, bethe_entropy
+from .tree import Tree, check_parents
+
+__all__ = ["BruteForce"]
+
+
+class BruteForce:
+    """Enumerates all ``C^N`` labellings of a chain (``parents=None``) or tree; refuses more than ``max_states``."""
+
+    def __init__(self, parents: Sequence[int] | Tensor | None = None, max_states: int = 2_000_000):
+        self.parents = None if parents is None else check_parents(parents)
+        self.max_states = max_states
+
+    def _parents(self, n: int) -> Tensor:
+        if self.parents is None:
+            return torch.arange(-1, n - 1)
+        if len(self.parents) != n:
+            raise ValueError(f"potentials have N={n} positions but the tree has {len(self.parents)} nodes")
+        return self.parents
+
+    def _joint(self, pot: PairwisePotentials, b: int) -> tuple[Tensor, Tensor]:
+        """All labellings [K, L] of example ``b`` and their scores [K]."""
+        length = int(pot.lengths[b])
+        c = pot.node.shape[2]
+        if c ** length > self.max_states:
+            raise ValueError(f"brute force over {c}^{length} labellings exceeds max_states={self.max_states}")
+        parents = self._parents(pot.node.shape[1])[:length]
+        ys = torch.tensor(list(itertools.product(range(c), repeat=length)), dtype=torch.long).reshape(-1, length)
+        node = pot.node[b, :length]
+        edge = pot.full_edge()[b, : length - 1]
+        score = node[torch.arange(length), ys].sum(-1)
+        if length > 1:
+            child = torch.arange(1, length)
+            score = score + edge[child - 1, ys[:, parents[1:]], ys[:, child]].sum(-1)
+        return ys, score
+
+    def marginals(self, potentials: PairwisePotentials) -> Marginals:
+        pot = potentials
+        b, n, c = pot.node.shape
+        node_m = torch.zeros_like(pot.node)
+        edge_m = torch.zeros(b, n - 1, c, c, dtype=pot.node.dtype)
+        log_z = torch.zeros(b, dtype=pot.node.dtype)
+        parents = self._parents(n)
+        for i in range(b):
+            ys, score = self._joint(pot, i)
+            length = ys.shape[1]
+            log_z[i] = torch.logsumexp(score, 0)
+            prob = torch.exp(score - log_z[i])
+            for t in range(length):
+                node_m[i, t].index_add_(0, ys[:, t], prob)
+            for t in range(1, length):
+                flat = ys[:, parents[t]] * c + ys[:, t]
+                edge_m[i, t - 1].view(-1).index_add_(0, flat, prob)
+        if not torch.isfinite(log_z).all():
+            raise ValueError("potentials admit no labelling of finite score")
+        return Marginals(node_m, edge_m, log_z, pot.lengths)
+
+    def log_partition(self, potentials: PairwisePotentials) -> Tensor:
+        return self.marginals(potentials).log_partition
+
+    def map(self, potentials: PairwisePotentials) -> Tensor:
+        b, n, _ = potentials.node.shape
+        labels = torch.full((b, n), -1, dtype=torch.long)
+        for i in range(b):
+            ys, score = self._joint(potentials, i)
+            labels[i, : ys.shape[1]] = ys[score.argmax()]
+        return labels
+
+    def exact_entropy(self, potentials: PairwisePotentials) -> Tensor:
+        """Entropy of the joint distribution, ``-sum_y p(y) log p(y)`` [B]."""
+        out = torch.zeros(potentials.node.shape[0], dtype=potentials.node.dtype)
+        for i in range(len(out)):
+            _, score = self._joint(potentials, i)
+            logp = score - torch.logsumexp(score, 0)
+            p = torch.exp(logp)
+            out[i] = -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum()
+        return out
+
+    def degree(self, lengths: Tensor, n: int) -> Tensor:
+        return Tree(self._parents(n)).degree(lengths, n)
+
+    def entropy(self, marginals: Marginals) -> Tensor:
+        return bethe_entropy(marginals.node, marginals.edge, self.degree(marginals.lengths, marginals.node.shape[1]))
+
+    def __repr__(self) -> str:
+        return "BruteForce()" if self.parents is None else f"BruteForce(parents={self.parents.tolist()})"

@@ -1,0 +1,255 @@
+"""Linear-chain CRF oracle: forward-backward marginals, log-partition, Viterbi MAP, Bethe entropy.
+
+Forward-backward runs in two regimes and picks per example:
+
+* a *scaled probability-space* recursion with matrix products (``alpha_t = (alpha_{t-1} M) * P_t``,
+  renormalised every step), the fast path;
+* an exact *log-space* recursion (``logsumexp`` over ``[B, C, C]``), for the examples the fast path cannot
+  certify.
+
+The certificate: every quantity of the fast path is at most 1 after renormalisation, so a product that
+underflows loses at most ``tiny`` (the smallest normal float).  A term lost at forward step ``t`` changes
+the path mass by at most ``C^2 tiny / s_t`` relative to the renormalised scale, and the mass seen through
+step ``t`` is ``d_t = sum_j alpha_t(j) beta_t(j)``.  Summing, the relative error of ``Z`` and the absolute
+error of every marginal is at most ``4 C^2 tiny sum_t (1/(s_t d_t) + 1/(r_t d_t))`` (``r_t`` the backward
+normalisers).  Examples whose bound exceeds machine epsilon (huge score gaps, ``-inf`` dead ends) are
+recomputed in log space, so results are exact to rounding for any magnitudes and ``-inf`` patterns.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Marginals, PairwisePotentials, bethe_entropy
+
+__all__ = ["LinearChain"]
+
+
+def _check_potentials(potentials: object) -> PairwisePotentials:
+    if not isinstance(potentials, PairwisePotentials):
+        raise TypeError(f"potentials must be ChainPotentials, got {type(potentials).__name__}")
+    return potentials
+
+
+def _raise_infeasible(log_z: Tensor) -> None:
+    bad = torch.nonzero(~torch.isfinite(log_z)).flatten()
+    if bad.numel():
+        raise ValueError(f"potentials admit no labelling of finite score (all paths are -inf) for examples "
+                         f"{bad[:10].tolist()}")
+
+
+class LinearChain:
+    """Exact inference in a linear-chain pairwise MRF ``p(y) ∝ exp(sum_t node[t, y_t] + sum_t edge[t, y_t, y_t+1])``.
+
+    All methods are batched over examples of different lengths; see :class:`~betheproj.ChainPotentials`.
+    """
+
+    def marginals(self, potentials: PairwisePotentials) -> Marginals:
+        """Node and edge marginals and ``log Z`` (eq. 1's optimum); edge marginals are computed on access."""
+        pot = _check_potentials(potentials)
+        with torch.no_grad():
+            return _forward_backward(pot)
+
+    def log_partition(self, potentials: PairwisePotentials) -> Tensor:
+        """``log Z`` [B]."""
+        return self.marginals(potentials).log_partition
+
+    def map(self, potentials: PairwisePotentials) -> Tensor:
+        """Viterbi decoding (eq. 3): labels [B, N] (long), ``-1`` past each length."""
+        pot = _check_potentials(potentials)
+        with torch.no_grad():
+            return _viterbi(pot)
+
+    def degree(self, lengths: Tensor, n: int) -> Tensor:
+        """Number of valid edges at each node [B, N]."""
+        pos = torch.arange(n, device=lengths.device)
+        last = lengths[:, None] - 1
+        valid = pos < lengths[:, None]
+        return ((pos > 0) & valid).long() + (pos < last).long()
+
+    def entropy(self, marginals: Marginals) -> Tensor:
+        """Bethe entropy [B], equal to the exact entropy on a chain."""
+        return bethe_entropy(marginals.node, marginals.edge, self.degree(marginals.lengths, marginals.node.shape[1]))
+
+    def __repr__(self) -> str:
+        return "LinearChain()"
+
+
+def _valid_node(pot: PairwisePotentials) -> tuple[Tensor, Tensor]:
+    b, n, _ = pot.node.shape
+    valid = torch.arange(n, device=pot.node.device) < pot.lengths[:, None]
+    return torch.where(valid[..., None], pot.node, torch.zeros((), dtype=pot.node.dtype)), valid
+
+
+def _forward_backward(pot: PairwisePotentials) -> Marginals:
+    b, n, c = pot.node.shape
+    lengths = pot.lengths
+    short = lengths < n                                           # examples that end before N
+    any_short = bool(short.any())
+    node, valid = _valid_node(pot) if any_short else (pot.node, None)
+    dtype, device = node.dtype, node.device
+    zero = torch.zeros((), dtype=dtype, device=device)
+    tiny = torch.finfo(dtype).tiny
+
+    # fast path: scaled probability space, time-major [N, B, C] so every step touches contiguous memory
+    p = torch.empty(n, b, c, dtype=dtype, device=device)
+    p.copy_(node.transpose(0, 1))                                 # [N, B, C], a copy (modified below)
+    node_max = p.amax(-1, keepdim=True)                           # [N, B, 1]
+    node_max = torch.where(torch.isfinite(node_max), node_max, zero)
+    p.sub_(node_max).exp_()
+    edge = pot.edge
+    shared = pot.shared_edge
+    edge_max = edge.amax((-1, -2), keepdim=True)
+    edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
+    m = torch.exp(edge - edge_max)                                # [C, C] or [B, N-1, C, C]
+    if not shared:
+        m = m.transpose(0, 1).contiguous()                        # [N-1, B, C, C]
+
+    alpha = torch.empty_like(p)
+    s = torch.empty(n, b, dtype=dtype, device=device)
+    alpha[0] = p[0]
+    for t in range(n):
+        if t:
+            if shared:
+                torch.mm(alpha[t - 1], m, out=alpha[t])
+            else:
+                torch.bmm(alpha[t - 1, :, None, :], m[t - 1], out=alpha[t, :, None, :])
+            alpha[t] *= p[t]
+        torch.sum(alpha[t], -1, out=s[t])
+        alpha[t] *= (1.0 / s[t])[:, None]
+
+    beta = torch.empty_like(p)
+    r = torch.empty(n, b, dtype=dtype, device=device)
+    beta[n - 1] = 1.0
+    mt = m.t() if shared else None
+    for t in range(n - 2, -1, -1):
+        v = p[t + 1] * beta[t + 1]
+        if shared:
+            torch.mm(v, mt, out=beta[t])
+        else:
+            torch.bmm(m[t], v[:, :, None], out=beta[t, :, :, None])
+        torch.sum(beta[t], -1, out=r[t])
+        beta[t] *= (1.0 / r[t])[:, None]
+        if any_short:
+            done = (t >= lengths - 1)
+            beta[t] = torch.where(done[:, None], torch.ones((), dtype=dtype), beta[t])
+    if any_short:
+        r = torch.where((torch.arange(n, device=device)[:, None] >= lengths - 1), torch.inf, r)
+    else:
+        r[n - 1] = torch.inf
+
+    ab = alpha * beta                                             # [N, B, C]
+    d = ab.sum(-1)                                                # [N, B]
+    node_marg = ab.mul_((1.0 / d)[..., None]).transpose(0, 1)     # [B, N, C]
+    if valid is None:
+        valid = torch.ones(b, n, dtype=torch.bool, device=device)
+    valid_t = valid.t()
+    log_z = torch.where(valid_t, torch.log(s) + node_max[..., 0], zero).sum(0)
+    if n > 1:
+        edge_valid = torch.arange(n - 1, device=device) < (lengths[:, None] - 1)
+        e_shift = edge_max.reshape(-1).expand(b, n - 1) if shared else edge_max.reshape(b, n - 1)
+        log_z = log_z + torch.where(edge_valid, e_shift, zero).sum(-1)
+    bound = 4.0 * c * c * tiny * torch.where(valid_t, (1.0 / s + 1.0 / r) / d, zero).sum(0)
+    ok = torch.isfinite(bound) & (bound <= torch.finfo(dtype).eps) & torch.isfinite(log_z)
+    if any_short:
+        node_marg = torch.where(valid[..., None], node_marg, zero)
+
+    slow = torch.nonzero(~ok).flatten()
+    slow_state = None
+    if slow.numel():
+        node_marg = node_marg.contiguous()
+        sub = pot.index(slow)
+        la, lb, lz = _log_forward_backward(sub)
+        _raise_infeasible_at(lz, slow)
+        # normalised per position, so rounding of large scores cannot unbalance the sums
+        marg = torch.softmax(la + lb, dim=-1)
+        node_marg[slow] = torch.where(valid[slow][..., None], marg, zero)
+        log_z[slow] = lz
+        slow_state = (sub, la, lb, lz)
+
+    def edge_marginals() -> Tensor:
+        if n == 1:
+            return node.new_zeros(b, 0, c, c)
+        v = p[1:] * beta[1:]                                      # [N-1, B, C]
+        a_prev = alpha[:-1]
+        if shared:
+            z = (torch.matmul(a_prev, m) * v).sum(-1)             # [N-1, B]
+        else:
+            z = (torch.matmul(a_prev[..., None, :], m).squeeze(-2) * v).sum(-1)
+        xi = torch.mul((a_prev / z[..., None])[..., :, None], v[..., None, :])
+        xi.mul_(m)                                                # [N-1, B, C, C]
+        if any_short:
+            ev = torch.arange(n - 1, device=device)[:, None] < (lengths - 1)
+            xi.masked_fill_(~ev[..., None, None], 0.0)
+        xi = xi.transpose(0, 1)                                   # [B, N-1, C, C] view
+        if slow_state is not None:
+            sub, la, lb, lz = slow_state
+            sub_ev = torch.arange(n - 1, device=device) < (sub.lengths[:, None] - 1)
+            xi[slow] = torch.where(sub_ev[..., None, None], _log_edge_marginals(sub, la, lb, lz), zero)
+        return xi
+
+    return Marginals(node_marg, edge_marginals, log_z, lengths)
+
+
+def _raise_infeasible_at(log_z: Tensor, index: Tensor) -> None:
+    bad = ~torch.isfinite(log_z)
+    if bad.any():
+        raise ValueError("potentials admit no labelling of finite score (every labelling has a -inf "
+                         f"potential) for examples {index[bad][:10].tolist()}")
+
+
+def _log_forward_backward(pot: PairwisePotentials) -> tuple[Tensor, Tensor, Tensor]:
+    """Exact log-space forward-backward: log alpha, log beta [B, N, C] and log Z [B]."""
+    node, valid = _valid_node(pot)
+    b, n, c = node.shape
+    edge = pot.full_edge()
+    lengths = pot.lengths
+    la = torch.empty_like(node)
+    la[:, 0] = node[:, 0]
+    for t in range(1, n):
+        la[:, t] = torch.logsumexp(la[:, t - 1, :, None] + edge[:, t - 1], dim=1) + node[:, t]
+    lb = torch.zeros_like(node)
+    for t in range(n - 2, -1, -1):
+        nxt = torch.logsumexp(edge[:, t] + (node[:, t + 1] + lb[:, t + 1])[:, None, :], dim=2)
+        lb[:, t] = torch.where((t >= lengths - 1)[:, None], torch.zeros((), dtype=node.dtype), nxt)
+    last = la.gather(1, (lengths - 1)[:, None, None].expand(b, 1, c)).squeeze(1)
+    log_z = torch.logsumexp(last, dim=-1)
+    return la, lb, log_z
+
+
+def _log_edge_marginals(pot: PairwisePotentials, la: Tensor, lb: Tensor, log_z: Tensor) -> Tensor:
+    node, _ = _valid_node(pot)
+    edge = pot.full_edge()
+    score = la[:, :-1, :, None] + edge + (node[:, 1:] + lb[:, 1:])[:, :, None, :]
+    b, m, c, _ = score.shape
+    return torch.softmax(score.reshape(b, m, c * c), dim=-1).reshape(b, m, c, c)
+
+
+def _viterbi(pot: PairwisePotentials) -> Tensor:
+    node, valid = _valid_node(pot)
+    b, n, c = node.shape
+    edge = pot.edge
+    shared = pot.shared_edge
+    lengths = pot.lengths
+    score = node[:, 0]
+    backptr = torch.zeros(b, n, c, dtype=torch.long, device=node.device)
+    final = score.clone()
+    for t in range(1, n):
+        e = edge if shared else edge[:, t - 1]
+        best, arg = (score[:, :, None] + e).max(dim=1)
+        score = best + node[:, t]
+        backptr[:, t] = arg
+        final = torch.where((t == lengths - 1)[:, None], score, final)
+    _raise_infeasible(final.amax(-1))
+    labels = torch.full((b, n), -1, dtype=torch.long, device=node.device)
+    last = final.argmax(-1)
+    for t in range(n - 1, -1, -1):
+        at_end = t == lengths - 1
+        if t < n - 1:
+            from_next = backptr[:, t + 1].gather(1, labels[:, t + 1].clamp_min(0)[:, None]).squeeze(1)
+            cur = torch.where(at_end, last, from_next)
+        else:
+            cur = last
+        labels[:, t] = torch.where(t <= lengths - 1, cur, torch.full_like(cur, -1))
+    return labels

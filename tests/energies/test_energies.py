@@ -1,0 +1,204 @@
+"""Energies: closed-form gradients equal autograd and pass gradcheck; values against hand computations."""
+
+import pytest
+import torch
+
+import betheproj as bp
+from betheproj.energies import (
+    LOSSES,
+    FunctionEnergy,
+    LinearMeasurements,
+    Loss,
+    MeanField,
+    NearestPrototype,
+    Poisson,
+    autograd_gradient,
+)
+from betheproj.oracles.base import Marginals
+
+DT = torch.float64
+
+
+def _marginals(b=3, n=4, c=3, lengths=(4, 2, 1)):
+    pot = bp.ChainPotentials(torch.randn(b, n, c, dtype=DT), torch.randn(b, n - 1, c, c, dtype=DT),
+                             torch.tensor(lengths[:b]))
+    return bp.LinearChain().marginals(pot)
+
+
+def _energies(mu):
+    b, n, c = mu.node.shape
+    protos_w = torch.rand(5, n, c, dtype=DT)
+    return {
+        "linear-counts": LinearMeasurements(node=torch.randn(6, c, dtype=DT), offset=0.3, loss="smoothed_hinge",
+                                            psi=torch.rand(b, 6, dtype=DT)),
+        "linear-position": LinearMeasurements(node=torch.randn(4, n, c, dtype=DT), loss="squared",
+                                              psi=torch.rand(b, dtype=DT)),
+        "linear-edge": LinearMeasurements(edge=torch.randn(3, c, c, dtype=DT), offset=torch.randn(3, dtype=DT),
+                                          loss="squared_hinge"),
+        "linear-edge-position": LinearMeasurements(edge=torch.randn(b, 2, n - 1, c, c, dtype=DT),
+                                                   loss="smoothed_abs", psi=torch.rand(1, 2, dtype=DT)),
+        "poisson": Poisson(torch.randint(0, 5, (b, n, c)).to(DT), rate=0.7, scale=torch.rand(b, dtype=DT) + 1),
+        "unigram": NearestPrototype(torch.rand(7, c, dtype=DT) * 3, psi=2.0),
+        "word": NearestPrototype(protos_w, psi=torch.rand(b, dtype=DT), statistic="word",
+                                 prototype_lengths=torch.tensor([4, 2, 2, 1, 3])),
+        "mean-field": MeanField(torch.tensor([[0, 2], [1, 3], [0, 3]]), torch.randn(3, c, c, dtype=DT)),
+    }
+
+
+@pytest.mark.parametrize("name", ["linear-counts", "linear-position", "linear-edge", "linear-edge-position",
+                                  "poisson", "unigram", "word", "mean-field"])
+def test_closed_form_gradient_equals_autograd(name):
+    mu = _marginals()
+    energy = _energies(mu)[name]
+    energy.validate(mu)
+    closed, auto = energy.grad(mu), autograd_gradient(energy, mu)
+    mask = mu.node_mask()[..., None]
+    closed_node = closed.node if closed.node is not None else torch.zeros_like(mu.node)
+    assert torch.allclose(torch.where(mask, closed_node, 0.0), torch.where(mask, auto.node, 0.0), atol=1e-10)
+    if auto.edge is not None:
+        emask = mu.edge_mask()[..., None, None]
+        assert torch.allclose(torch.where(emask, closed.edge, 0.0), torch.where(emask, auto.edge, 0.0), atol=1e-10)
+    else:
+        assert closed.edge is None
+
+
+class _ClosedForm(torch.autograd.Function):
+    """``L(mu)`` whose backward is the energy's closed-form gradient, so gradcheck tests that gradient."""
+
+    @staticmethod
+    def forward(ctx, node, edge, energy, lengths):
+        ctx.save_for_backward(node, edge)
+        ctx.energy, ctx.lengths = energy, lengths
+        return energy.value(Marginals(node, edge, None, lengths))
+
+    @staticmethod
+    def backward(ctx, out):
+        node, edge = ctx.saved_tensors
+        g = ctx.energy.grad(Marginals(node, edge, None, ctx.lengths))
+        g_node = torch.zeros_like(node) if g.node is None else g.node * out[:, None, None]
+        g_edge = torch.zeros_like(edge) if g.edge is None else g.edge * out[:, None, None, None]
+        return g_node, g_edge, None, None
+
+
+@pytest.mark.parametrize("name", ["linear-counts", "linear-position", "linear-edge", "linear-edge-position",
+                                  "poisson", "unigram", "word", "mean-field"])
+def test_gradcheck_closed_form(name):
+    mu = _marginals()
+    energy = _energies(mu)[name]
+    node = mu.node.clone()
+    if name in ("unigram", "word"):
+        node = node + 1e-3          # keep finite differences off the kinks of the L1 distance
+    node.requires_grad_(True)
+    edge = mu.edge.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x, y: _ClosedForm.apply(x, y, energy, mu.lengths), (node, edge),
+                                    eps=1e-6, atol=1e-5)
+
+
+def test_loss_values():
+    z = torch.tensor([-1.0, 0.0, 0.5, 1.0, 3.0], dtype=DT)
+    assert torch.allclose(Loss("smoothed_hinge")(z), torch.tensor([0, 0, 0.125, 0.5, 2.5], dtype=DT))
+    assert torch.allclose(Loss("squared_hinge")(z), torch.tensor([0, 0, 0.125, 0.5, 4.5], dtype=DT))
+    assert torch.allclose(Loss("squared")(z), torch.tensor([0.5, 0, 0.125, 0.5, 4.5], dtype=DT))
+    assert torch.allclose(Loss("smoothed_abs")(z), torch.tensor([0.5, 0, 0.125, 0.5, 2.5], dtype=DT))
+    for name in LOSSES:
+        zz = torch.linspace(-3, 3, 61, dtype=DT, requires_grad=True)
+        (g,) = torch.autograd.grad(Loss(name)(zz).sum(), zz)
+        assert torch.allclose(g, Loss(name).derivative(zz.detach()), atol=1e-12)
+
+
+def test_linear_measurements_hand_counted():
+    # one example, 3 positions, labels (a, b): node marginals put mass 1 on a, b, a
+    node = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]], dtype=DT)
+    edge = torch.tensor([[[[0.0, 1.0], [0.0, 0.0]], [[0.0, 0.0], [1.0, 0.0]]]], dtype=DT)
+    mu = Marginals(node, edge, None, torch.tensor([3]))
+    # count(a) - count(b) = 1; count of transitions a->b = 1; presence of label a at position 2
+    e = LinearMeasurements(node=torch.tensor([[1.0, -1.0]], dtype=DT))
+    assert e.measurements(mu).item() == 1.0
+    e = LinearMeasurements(edge=torch.tensor([[[0.0, 1.0], [0.0, 0.0]]], dtype=DT), offset=0.5, loss="squared")
+    assert e.measurements(mu).item() == 1.0 and e.value(mu).item() == 0.125
+    pos = torch.zeros(1, 3, 2, dtype=DT)
+    pos[0, 1, 0] = 1.0
+    assert LinearMeasurements(node=pos).measurements(mu).item() == 0.0
+
+
+def test_poisson_value_matches_formula():
+    mu = _marginals()
+    counts = torch.randint(0, 5, mu.node.shape).to(DT)
+    e = Poisson(counts, rate=0.5, scale=10.0)
+    mask = mu.node_mask()[..., None]
+    y = counts * mask
+    mean = 0.5 * 10.0 * mu.node
+    manual = (torch.where(mask, mean, 0.0) - torch.where(y > 0, y * torch.log(mean), 0.0)).sum((1, 2)) / 10.0
+    assert torch.allclose(e.value(mu), manual)
+
+
+def test_prototype_values():
+    node = torch.tensor([[[0.8, 0.2], [0.1, 0.9], [0.0, 0.0]]], dtype=DT)
+    mu = Marginals(node, None, None, torch.tensor([2]))
+    uni = NearestPrototype(torch.tensor([[1.0, 1.0], [2.0, 0.0]], dtype=DT), psi=2.0)
+    assert torch.allclose(uni.value(mu), torch.tensor([2.0 * 0.2], dtype=DT))      # |0.9-1| + |1.1-1|
+    word = NearestPrototype(torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], [[0.0, 1.0], [1.0, 0.0], [0, 0]]],
+                                         dtype=DT), statistic="word", prototype_lengths=torch.tensor([3, 2]))
+    assert torch.allclose(word.value(mu), torch.tensor([3.4], dtype=DT))   # .8+.8+.9+.9, length-2 prototype only
+    none = NearestPrototype(torch.ones(1, 5, 2, dtype=DT), statistic="word", prototype_lengths=torch.tensor([5]))
+    assert none.value(mu).item() == 0.0 and (none.grad(mu).node == 0).all()
+
+
+def test_mean_field_value():
+    node = torch.tensor([[[0.5, 0.5], [1.0, 0.0], [0.25, 0.75]]], dtype=DT)
+    mu = Marginals(node, None, None, torch.tensor([3]))
+    w = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]], dtype=DT)
+    e = MeanField(torch.tensor([[0, 2]]), w)
+    manual = -(node[0, 0][:, None] * w[0] * node[0, 2][None, :]).sum()
+    assert torch.allclose(e.value(mu), manual[None])
+
+
+def test_sum_and_scale():
+    mu = _marginals()
+    es = _energies(mu)
+    total = es["poisson"] + 2.0 * es["linear-counts"] + es["mean-field"]
+    expected = es["poisson"].value(mu) + 2.0 * es["linear-counts"].value(mu) + es["mean-field"].value(mu)
+    assert torch.allclose(total.value(mu), expected)
+    g = total.grad(mu)
+    ref = autograd_gradient(total, mu)
+    assert torch.allclose(g.node * mu.node_mask()[..., None], ref.node * mu.node_mask()[..., None], atol=1e-10)
+
+
+def test_user_energy_by_autograd_uses_edges_only_when_read():
+    mu = _marginals()
+    node_only = FunctionEnergy(lambda m: (m.node ** 2).sum((1, 2)))
+    assert node_only.grad(mu).edge is None
+    with_edge = FunctionEnergy(lambda m: (m.edge ** 2).sum((1, 2, 3)))
+    g = with_edge.grad(mu)
+    assert torch.allclose(g.edge, 2 * mu.edge)
+
+
+@pytest.mark.parametrize("make, msg", [
+    (lambda: Poisson(-torch.ones(1, 2, 2, dtype=DT)), "non-negative"),
+    (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), rate=0.0), "rate must be finite and > 0"),
+    (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), scale=-1.0), "scale must be finite and > 0"),
+    (lambda: Poisson(torch.ones(2, 2, dtype=DT)), r"counts must be \[B, N, C\]"),
+    (lambda: LinearMeasurements(), "needs node and/or edge"),
+    (lambda: LinearMeasurements(node=torch.ones(2, 3), loss="cubic"), "loss must be one of"),
+    (lambda: LinearMeasurements(node=torch.ones(2, 3), edge=torch.ones(3, 3, 3)), "J=2 measurements"),
+    (lambda: NearestPrototype(torch.ones(2, 3), statistic="bigram"), "statistic must be"),
+    (lambda: NearestPrototype(torch.ones(2, 3, 3), statistic="word"), "prototype_lengths"),
+    (lambda: MeanField(torch.tensor([[0, 1, 2]]), torch.ones(1, 2, 2)), r"pairs must be an integer tensor \[K, 2\]"),
+    (lambda: NearestPrototype(torch.ones(2, 3), psi=float("nan")), "psi must be finite"),
+])
+def test_bad_energy_arguments(make, msg):
+    with pytest.raises((ValueError, TypeError), match=msg):
+        make()
+
+
+@pytest.mark.parametrize("energy, msg", [
+    (Poisson(torch.ones(3, 4, 5, dtype=DT)), "counts have shape"),
+    (LinearMeasurements(node=torch.ones(2, 5, dtype=DT)), "5 labels"),
+    (LinearMeasurements(node=torch.ones(2, 6, 3, dtype=DT)), "6 positions"),
+    (NearestPrototype(torch.ones(2, 4, dtype=DT)), "4 labels"),
+    (MeanField(torch.tensor([[0, 9]]), torch.ones(1, 3, 3, dtype=DT)), "N=4"),
+])
+def test_energy_structure_mismatch(energy, msg):
+    pot = bp.ChainPotentials(torch.randn(3, 4, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
+    with pytest.raises(ValueError, match=msg):
+        bp.solve(bp.LinearChain(), pot, energy)

@@ -1,0 +1,52 @@
+"""Input validation of potentials: clear errors naming the argument."""
+
+import pytest
+import torch
+
+import betheproj as bp
+
+DT = torch.float64
+
+
+def _ok(b=2, n=4, c=3):
+    return torch.randn(b, n, c, dtype=DT), torch.randn(b, n - 1, c, c, dtype=DT)
+
+
+@pytest.mark.parametrize("make, exc, msg", [
+    (lambda: bp.ChainPotentials(torch.randn(2, 4, 3, dtype=DT), torch.randn(2, 4, 3, 3, dtype=DT)), ValueError,
+     r"edge must be \[B, N-1, C, C\]"),
+    (lambda: bp.ChainPotentials(torch.randn(2, 4, 3, dtype=DT), torch.randn(3, 4, dtype=DT)), ValueError,
+     r"edge must be \[C, C\]"),
+    (lambda: bp.ChainPotentials(torch.randn(4, 3, dtype=DT), torch.randn(3, 3, dtype=DT)), ValueError,
+     "node must be 3-D"),
+    (lambda: bp.ChainPotentials(torch.randn(2, 4, 0, dtype=DT), torch.randn(0, 0, dtype=DT)), ValueError,
+     "empty label set"),
+    (lambda: bp.ChainPotentials(torch.randn(2, 0, 3, dtype=DT), torch.randn(3, 3, dtype=DT)), ValueError,
+     "no positions"),
+    (lambda: bp.ChainPotentials(torch.full((2, 4, 3), float("nan"), dtype=DT), torch.randn(3, 3, dtype=DT)),
+     ValueError, "node contains NaN"),
+    (lambda: bp.ChainPotentials(torch.randn(2, 4, 3, dtype=DT), torch.full((3, 3), float("inf"), dtype=DT)),
+     ValueError, r"edge contains \+inf"),
+    (lambda: bp.ChainPotentials(torch.zeros(2, 4, 3, dtype=torch.long), torch.zeros(3, 3)), TypeError,
+     "node must be a floating-point tensor"),
+    (lambda: bp.ChainPotentials(torch.randn(2, 4, 3), torch.randn(3, 3, dtype=DT)), TypeError, "dtype"),
+    (lambda: bp.ChainPotentials(*_ok(), lengths=torch.tensor([5, 2])), ValueError, r"lengths must lie in \[1, N\]"),
+    (lambda: bp.ChainPotentials(*_ok(), lengths=torch.tensor([0, 2])), ValueError, r"lengths must lie in \[1, N\]"),
+    (lambda: bp.ChainPotentials(*_ok(), lengths=torch.tensor([2])), ValueError, r"lengths must have shape \[B\]"),
+    (lambda: bp.ChainPotentials(*_ok(), lengths=torch.tensor([2.0, 1.0])), TypeError, "integer"),
+    (lambda: bp.ChainPotentials([[0.0]], torch.randn(1, 1)), TypeError, "node must be a torch.Tensor"),
+])
+def test_bad_potentials(make, exc, msg):
+    with pytest.raises(exc, match=msg):
+        make()
+
+
+def test_marginals_reject_other_types():
+    with pytest.raises(TypeError, match="potentials must be"):
+        bp.LinearChain().marginals(torch.randn(2, 3, 4))
+
+
+def test_shared_edge_expands():
+    node, _ = _ok()
+    pot = bp.ChainPotentials(node, torch.randn(3, 3, dtype=DT))
+    assert pot.shared_edge and pot.full_edge().shape == (2, 3, 3, 3)

@@ -1,0 +1,148 @@
+"""LinearChain against brute-force enumeration (float64), plus float32, extremes and the fast/slow paths."""
+
+import pytest
+import torch
+
+import betheproj as bp
+
+DT = torch.float64
+INF = float("inf")
+
+
+def _chain(b, n, c, scale=1.0, shared=False, lengths=None, dtype=DT):
+    node = torch.randn(b, n, c, dtype=dtype) * scale
+    edge = torch.randn(c, c, dtype=dtype) * scale if shared else torch.randn(b, n - 1, c, c, dtype=dtype) * scale
+    return bp.ChainPotentials(node, edge, lengths)
+
+
+def _assert_matches_brute_force(pot, atol=1e-6):
+    chain, brute = bp.LinearChain(), bp.BruteForce()
+    m, ref = chain.marginals(pot), brute.marginals(pot)
+    assert torch.allclose(m.node, ref.node, atol=atol, rtol=0)
+    assert torch.allclose(m.edge, ref.edge, atol=atol, rtol=0)
+    rel = (m.log_partition - ref.log_partition).abs() / ref.log_partition.abs().clamp_min(1.0)
+    assert rel.max() < atol
+    assert torch.allclose(chain.entropy(m), brute.exact_entropy(pot), atol=atol, rtol=0)
+    assert torch.equal(chain.map(pot), brute.map(pot))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("scale", [0.3, 1.0, 5.0])
+def test_random_chains_match_brute_force(shared, scale):
+    for _ in range(5):
+        pot = _chain(4, 5, 3, scale=scale, shared=shared, lengths=torch.tensor([5, 3, 1, 4]))
+        _assert_matches_brute_force(pot)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_magnitudes_of_1e3(shared):
+    pot = _chain(4, 5, 3, scale=1e3, shared=shared, lengths=torch.tensor([5, 2, 1, 4]))
+    _assert_matches_brute_force(pot, atol=1e-9)
+
+
+def test_magnitudes_of_1e4_are_finite_and_exact():
+    pot = _chain(3, 6, 3, scale=1e4, lengths=torch.tensor([6, 4, 1]))
+    _assert_matches_brute_force(pot, atol=1e-9)
+
+
+def test_forbidden_transitions():
+    pot = _chain(4, 5, 3, lengths=torch.tensor([5, 5, 2, 3]))
+    pot.edge[0, :, 0, 1] = -INF                    # never 0 -> 1
+    pot.edge[1, 1] = -INF
+    pot.edge[1, 1, 2, 2] = 0.0                     # at step 1 only 2 -> 2 allowed
+    pot.node[2, 0, :2] = -INF                      # first label forced to 2
+    pot.edge[3, 0, :, :] = -INF
+    pot.edge[3, 0, torch.arange(3), torch.arange(3)] = 0.0     # identity transition
+    _assert_matches_brute_force(pot)
+    m = bp.LinearChain().marginals(pot)
+    assert m.edge[0, :, 0, 1].abs().max() == 0
+    assert torch.allclose(m.node[1, 1:3, 2], torch.ones(2, dtype=DT))
+
+
+def test_forbidden_with_large_magnitudes_dead_ends():
+    # a dead end: the best prefix cannot continue, so the fast path must hand over to log space
+    pot = bp.ChainPotentials(torch.tensor([[[0.0, 300.0], [0.0, 0.0], [0.0, 0.0]]], dtype=DT),
+                             torch.tensor([[0.0, 0.0], [-INF, 0.0]], dtype=DT))
+    pot.node[0, 1, 1] = -INF
+    _assert_matches_brute_force(pot, atol=1e-12)
+
+
+def test_length_one_and_single_position():
+    _assert_matches_brute_force(_chain(3, 1, 4))
+    _assert_matches_brute_force(_chain(3, 4, 4, lengths=torch.tensor([1, 1, 1])))
+
+
+def test_single_label():
+    pot = _chain(2, 3, 1, lengths=torch.tensor([3, 2]))
+    m = bp.LinearChain().marginals(pot)
+    assert torch.allclose(m.node[0], torch.ones(3, 1, dtype=DT))
+    _assert_matches_brute_force(pot)
+
+
+def test_padding_is_ignored_and_zero():
+    pot = _chain(2, 5, 3, lengths=torch.tensor([5, 2]))
+    other = pot.node.clone()
+    other[1, 2:] = torch.randn(3, 3, dtype=DT) * 100
+    other[1, 3, 0] = -INF
+    edge = pot.edge.clone()
+    edge[1, 1:] = -INF
+    m1 = bp.LinearChain().marginals(pot)
+    m2 = bp.LinearChain().marginals(bp.ChainPotentials(other, edge, pot.lengths))
+    assert torch.equal(m1.node, m2.node) and torch.equal(m1.log_partition, m2.log_partition)
+    assert (m1.node[1, 2:] == 0).all() and (m1.edge[1, 1:] == 0).all()
+    labels = bp.LinearChain().map(pot)
+    assert (labels[1, 2:] == -1).all() and (labels[0] >= 0).all()
+
+
+def test_float32_agrees_with_float64():
+    pot64 = _chain(64, 14, 26, scale=2.0, shared=True, lengths=torch.randint(1, 15, (64,)))
+    pot32 = bp.ChainPotentials(pot64.node.float(), pot64.edge.float(), pot64.lengths)
+    m64, m32 = bp.LinearChain().marginals(pot64), bp.LinearChain().marginals(pot32)
+    assert m32.node.dtype == torch.float32
+    assert torch.allclose(m32.node.double(), m64.node, atol=2e-5)
+    assert torch.allclose(m32.edge.double(), m64.edge, atol=2e-5)
+    assert torch.allclose(m32.log_partition.double(), m64.log_partition, rtol=1e-5)
+
+
+def test_float32_extreme_scores_stay_finite_and_exact():
+    # float32 scores of magnitude 1e4 carry ~1e-3 of rounding, so compare with float64 arithmetic on the
+    # same (float32-rounded) scores: the remaining differences come from float32 accumulation alone
+    # (log Z ~ 1e5 here, so float32 resolves it to ~1e-2 and marginals to a few 1e-2; at 1e3 to ~1e-3)
+    for scale, atol in ((1e4, 5e-2), (1e3, 5e-3)):
+        pot32 = _chain(16, 8, 5, scale=scale, lengths=torch.randint(1, 9, (16,)), dtype=torch.float32)
+        pot32.edge[:, :, 0, 1] = -INF
+        pot64 = bp.ChainPotentials(pot32.node.double(), pot32.edge.double(), pot32.lengths)
+        m32, m64 = bp.LinearChain().marginals(pot32), bp.LinearChain().marginals(pot64)
+        assert torch.isfinite(m32.node).all() and torch.isfinite(m32.log_partition).all()
+        assert torch.allclose(m32.node.sum(-1), m64.node.sum(-1).float(), atol=1e-6)
+        assert torch.allclose(m32.edge.sum((-1, -2)), m64.edge.sum((-1, -2)).float(), atol=1e-6)
+        assert torch.allclose(m32.node.double(), m64.node, atol=atol)
+        assert torch.allclose(m32.log_partition.double(), m64.log_partition, rtol=1e-6)
+        assert torch.equal(bp.LinearChain().map(pot32), bp.LinearChain().map(pot64))
+
+
+def test_fast_and_log_space_paths_agree():
+    from betheproj.oracles.chain import _log_forward_backward
+    pot = _chain(32, 10, 6, scale=3.0, lengths=torch.randint(1, 11, (32,)))
+    la, lb, lz = _log_forward_backward(pot)
+    m = bp.LinearChain().marginals(pot)
+    assert torch.allclose(m.log_partition, lz, rtol=1e-12)
+    mask = m.node_mask()[..., None]
+    assert torch.allclose(m.node, torch.where(mask, torch.exp(la + lb - lz[:, None, None]), 0.0), atol=1e-12)
+
+
+def test_edge_marginals_are_consistent():
+    pot = _chain(8, 7, 4, lengths=torch.randint(1, 8, (8,)))
+    m = bp.LinearChain().marginals(pot)
+    ev = m.edge_mask()
+    assert torch.allclose(m.edge.sum(-1)[ev], m.node[:, :-1][ev], atol=1e-12)
+    assert torch.allclose(m.edge.sum(-2)[ev], m.node[:, 1:][ev], atol=1e-12)
+
+
+def test_infeasible_potentials_raise():
+    pot = _chain(2, 3, 2)
+    pot.edge[1, 0] = -INF
+    with pytest.raises(ValueError, match="no labelling"):
+        bp.LinearChain().marginals(pot)
+    with pytest.raises(ValueError, match="no labelling"):
+        bp.LinearChain().map(pot)

@@ -1,0 +1,63 @@
+"""Tree oracle against brute force; a chain-shaped tree equals LinearChain."""
+
+import pytest
+import torch
+
+import betheproj as bp
+
+DT = torch.float64
+INF = float("inf")
+TREES = [[-1, 0, 0, 1, 1, 2], [-1, 0, 1, 2, 3], [-1, 0, 0, 0, 0], [-1]]
+
+
+def _pot(n, c=3, b=3, scale=1.0, lengths=None):
+    return bp.PairwisePotentials(torch.randn(b, n, c, dtype=DT) * scale,
+                                 torch.randn(b, max(n - 1, 0), c, c, dtype=DT) * scale, lengths)
+
+
+def _check(parents, pot, atol=1e-6):
+    tree, brute = bp.Tree(parents), bp.BruteForce(parents)
+    m, ref = tree.marginals(pot), brute.marginals(pot)
+    assert torch.allclose(m.node, ref.node, atol=atol, rtol=0)
+    assert torch.allclose(m.edge, ref.edge, atol=atol, rtol=0)
+    assert ((m.log_partition - ref.log_partition).abs() / ref.log_partition.abs().clamp_min(1)).max() < atol
+    assert torch.allclose(tree.entropy(m), brute.exact_entropy(pot), atol=atol, rtol=0)
+    assert torch.equal(tree.map(pot), brute.map(pot))
+
+
+@pytest.mark.parametrize("parents", TREES)
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def test_trees_match_brute_force(parents, scale):
+    n = len(parents)
+    lengths = torch.tensor([n, max(1, n - 2), 1])
+    for _ in range(3):
+        _check(parents, _pot(n, scale=scale, lengths=lengths), atol=1e-6 if scale == 1 else 1e-9)
+
+
+def test_tree_with_forbidden_entries():
+    parents = [-1, 0, 0, 1, 1, 2]
+    pot = _pot(6, lengths=torch.tensor([6, 5, 3]))
+    pot.edge[:, 0, 1, :] = -INF      # node 1 forbids parent state 1 entirely: a -inf upward message
+    pot.edge[:, 0, 1, 0] = -INF
+    pot.edge[0, 2, :, 2] = -INF
+    pot.node[1, 4, 0] = -INF
+    _check(parents, pot)
+
+
+def test_chain_shaped_tree_equals_linear_chain():
+    pot = _pot(6, c=4, b=5, lengths=torch.tensor([6, 3, 1, 5, 2]))
+    a, b = bp.Tree(list(range(-1, 5))).marginals(pot), bp.LinearChain().marginals(pot)
+    assert torch.allclose(a.node, b.node, atol=1e-12) and torch.allclose(a.edge, b.edge, atol=1e-12)
+    assert torch.allclose(a.log_partition, b.log_partition, atol=1e-12)
+
+
+@pytest.mark.parametrize("parents, msg", [([0, 0], r"parents\[0\] must be -1"), ([-1, 1], r"parents\[1\] = 1"),
+                                          ([-1, 0, 3, 1], r"parents\[2\] = 3"), ([], "non-empty")])
+def test_bad_parent_arrays(parents, msg):
+    with pytest.raises(ValueError, match=msg):
+        bp.Tree(parents)
+
+
+def test_size_mismatch():
+    with pytest.raises(ValueError, match="tree has 3 nodes"):
+        bp.Tree([-1, 0, 0]).marginals(_pot(4))
