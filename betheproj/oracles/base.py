@@ -172,7 +172,7 @@ def bethe_entropy(node: Tensor, edge: Tensor, degree: Tensor) -> Tensor:
     """
     h_node = -_plogp(node).sum(-1)
     h_edge = -_plogp(edge).sum((-1, -2))
-    return h_edge.sum(-1) - ((degree - 1).clamp_min(-1) * h_node).sum(-1)
+    return h_edge.sum(-1) - ((degree - 1) * h_node).sum(-1)
 
 
 @runtime_checkable

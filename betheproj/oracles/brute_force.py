@@ -35,12 +35,13 @@ class BruteForce:
         if c ** length > self.max_states:
             raise ValueError(f"brute force over {c}^{length} labellings exceeds max_states={self.max_states}")
         parents = self._parents(pot.node.shape[1])[:length]
-        ys = torch.tensor(list(itertools.product(range(c), repeat=length)), dtype=torch.long).reshape(-1, length)
+        ys = torch.tensor(list(itertools.product(range(c), repeat=length)), dtype=torch.long,
+                          device=pot.node.device).reshape(-1, length)
         node = pot.node[b, :length]
         edge = pot.full_edge()[b, : length - 1]
-        score = node[torch.arange(length), ys].sum(-1)
+        score = node[torch.arange(length, device=ys.device), ys].sum(-1)
         if length > 1:
-            child = torch.arange(1, length)
+            child = torch.arange(1, length, device=ys.device)
             score = score + edge[child - 1, ys[:, parents[1:]], ys[:, child]].sum(-1)
         return ys, score
 
@@ -48,8 +49,8 @@ class BruteForce:
         pot = potentials
         b, n, c = pot.node.shape
         node_m = torch.zeros_like(pot.node)
-        edge_m = torch.zeros(b, n - 1, c, c, dtype=pot.node.dtype)
-        log_z = torch.zeros(b, dtype=pot.node.dtype)
+        edge_m = pot.node.new_zeros(b, n - 1, c, c)
+        log_z = pot.node.new_zeros(b)
         parents = self._parents(n)
         for i in range(b):
             ys, score = self._joint(pot, i)
@@ -70,7 +71,7 @@ class BruteForce:
 
     def map(self, potentials: PairwisePotentials) -> Tensor:
         b, n, _ = potentials.node.shape
-        labels = torch.full((b, n), -1, dtype=torch.long)
+        labels = torch.full((b, n), -1, dtype=torch.long, device=potentials.node.device)
         for i in range(b):
             ys, score = self._joint(potentials, i)
             labels[i, : ys.shape[1]] = ys[score.argmax()]
@@ -78,7 +79,7 @@ class BruteForce:
 
     def exact_entropy(self, potentials: PairwisePotentials) -> Tensor:
         """Entropy of the joint distribution, ``-sum_y p(y) log p(y)`` [B]."""
-        out = torch.zeros(potentials.node.shape[0], dtype=potentials.node.dtype)
+        out = potentials.node.new_zeros(potentials.node.shape[0])
         for i in range(len(out)):
             _, score = self._joint(potentials, i)
             logp = score - torch.logsumexp(score, 0)
