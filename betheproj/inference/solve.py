@@ -273,7 +273,6 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         de = None if ge is None else lerp(-ge, anchor_edge[rows], keep_anchor)
         return dn, de, gn, ge
 
-
     active = torch.arange(b, device=device)
     for _ in range(max_iter):
         if active.numel() == 0:

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "bethe_entropy"]
+__all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "bethe_entropy", "log_partition"]
 
 
 def _check_float(name: str, x: object, ndim: tuple[int, ...]) -> Tensor:
@@ -186,3 +186,29 @@ class Oracle(Protocol):
     def entropy(self, marginals: Marginals) -> Tensor: ...
 
     def degree(self, lengths: Tensor, n: int) -> Tensor: ...
+
+
+class _LogPartition(torch.autograd.Function):
+    """``log Z(theta)`` whose gradient is the marginals: ``d log Z / d theta = mu`` (eq. 1's conjugacy)."""
+
+    @staticmethod
+    def forward(ctx, oracle, node: Tensor, edge: Tensor, lengths: Tensor) -> Tensor:
+        mu = oracle.marginals(_unchecked(PairwisePotentials, node, edge, lengths))
+        ctx.mu, ctx.shared = mu, edge.dim() == 2
+        return mu.log_partition
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        mu = ctx.mu
+        g_node = grad[:, None, None] * mu.node
+        if ctx.shared:
+            g_edge = torch.einsum("b,bnij->ij", grad, mu.edge)
+        else:
+            g_edge = grad[:, None, None, None] * mu.edge
+        return None, g_node, g_edge, None
+
+
+def log_partition(oracle: Oracle, potentials: PairwisePotentials) -> Tensor:
+    """Differentiable ``log Z`` [B]: autograd returns the node and edge marginals as its gradient, so a CRF
+    likelihood ``<theta, S(y)> - log Z`` can be trained through any oracle."""
+    return _LogPartition.apply(oracle, potentials.node, potentials.edge, potentials.lengths)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .base import Marginals, PairwisePotentials, bethe_entropy
+from .base import Marginals, PairwisePotentials, bethe_entropy, log_partition
 from .tree import Tree, check_parents
 
 __all__ = ["BruteForce"]
@@ -67,7 +67,8 @@ class BruteForce:
         return Marginals(node_m, edge_m, log_z, pot.lengths)
 
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
-        return self.marginals(potentials).log_partition
+        """``log Z`` [B], differentiable: its gradient is the marginals."""
+        return log_partition(self, potentials)
 
     def map(self, potentials: PairwisePotentials) -> Tensor:
         b, n, _ = potentials.node.shape

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Marginals, PairwisePotentials, bethe_entropy
+from .base import Marginals, PairwisePotentials, bethe_entropy, log_partition
 
 __all__ = ["LinearChain"]
 
@@ -52,8 +52,8 @@ class LinearChain:
             return _forward_backward(pot)
 
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
-        """``log Z`` [B]."""
-        return self.marginals(potentials).log_partition
+        """``log Z`` [B], differentiable: its gradient is the marginals."""
+        return log_partition(self, _check_potentials(potentials))
 
     def map(self, potentials: PairwisePotentials) -> Tensor:
         """Viterbi decoding (eq. 3): labels [B, N] (long), ``-1`` past each length."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .base import Marginals, PairwisePotentials, bethe_entropy
+from .base import Marginals, PairwisePotentials, bethe_entropy, log_partition
 
 __all__ = ["Tree", "check_parents"]
 
@@ -123,7 +123,8 @@ class Tree:
         return Marginals(node_marg, edge_marg, log_z, pot.lengths)
 
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
-        return self.marginals(potentials).log_partition
+        """``log Z`` [B], differentiable: its gradient is the marginals."""
+        return log_partition(self, potentials)
 
     def map(self, potentials: PairwisePotentials) -> Tensor:
         """Max-product MAP: labels [B, N], ``-1`` past each length."""

@@ -50,3 +50,26 @@ def test_shared_edge_expands():
     node, _ = _ok()
     pot = bp.ChainPotentials(node, torch.randn(3, 3, dtype=DT))
     assert pot.shared_edge and pot.full_edge().shape == (2, 3, 3, 3)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("oracle", [bp.LinearChain(), bp.Tree([-1, 0, 1, 1, 2]), bp.BruteForce()])
+def test_log_partition_gradient_is_the_marginals(oracle, shared):
+    node = torch.randn(3, 5, 3, dtype=DT, requires_grad=True)
+    edge = torch.randn(*((3, 3) if shared else (3, 4, 3, 3)), dtype=DT, requires_grad=True)
+    lengths = torch.tensor([5, 3, 1])
+    assert torch.autograd.gradcheck(lambda n, e: oracle.log_partition(bp.ChainPotentials(n, e, lengths)),
+                                    (node, edge))
+    ref = bp.BruteForce([-1, 0, 1, 1, 2] if isinstance(oracle, bp.Tree) else None)
+    mu = ref.marginals(bp.ChainPotentials(node.detach(), edge.detach(), lengths))
+    (g_node,) = torch.autograd.grad(oracle.log_partition(bp.ChainPotentials(node, edge, lengths)).sum(), node)
+    assert torch.allclose(g_node, mu.node, atol=1e-10)
+
+
+def test_log_partition_gradient_with_forbidden_entries_is_finite():
+    node = torch.randn(2, 4, 3, dtype=DT)
+    edge = torch.randn(3, 3, dtype=DT)
+    edge[0, 1] = -float("inf")
+    edge.requires_grad_(True)
+    bp.LinearChain().log_partition(bp.ChainPotentials(node, edge)).sum().backward()
+    assert torch.isfinite(edge.grad).all() and edge.grad[0, 1] == 0
