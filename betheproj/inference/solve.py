@@ -102,6 +102,8 @@ def _residual(delta: Tensor, grad: Tensor, mu: Tensor, dims: int) -> Tensor:
     on counts by the mass it would gain, not by its current (possibly tiny) mass.
     """
     red = tuple(range(-dims, 0))
+    if mu.numel() == 0:                            # no factors of this kind (a chain of length 1 has no edges)
+        return mu.new_zeros(mu.shape[0])
     logits = torch.log(mu) - (delta + grad)
     shape = logits.shape
     q = torch.softmax(logits.reshape(*shape[: logits.dim() - dims], -1), -1).reshape(shape)

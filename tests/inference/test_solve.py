@@ -214,3 +214,22 @@ def test_bad_solver_inputs():
     counts[0, 0, 0] = 3.0                                        # counts on a label theta forbids
     with pytest.raises(ValueError, match="objective is not finite at the base marginals"):
         bp.solve(bp.LinearChain(), theta, Poisson(counts))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_single_position_chain_with_node_and_edge_energies(method):
+    theta = bp.ChainPotentials(torch.randn(2, 1, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
+    for energy in (LinearMeasurements(node=torch.randn(2, 3, dtype=DT), loss="squared", psi=1.0),
+                   LinearMeasurements(edge=torch.randn(2, 3, 3, dtype=DT), loss="squared", psi=1.0)):
+        sol = bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=2000)
+        md = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=2000)
+        assert torch.allclose(sol.objective, md.objective, rtol=1e-6)
+        assert (bp.decode(bp.LinearChain(), sol) >= 0).all()
+
+
+def test_zero_iterations_returns_the_base_marginals():
+    theta, energy = _theta(), _convex_energy()
+    for method in METHODS:
+        sol = bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=0)
+        assert torch.equal(sol.iterations, torch.zeros(4, dtype=torch.long))
+        assert torch.allclose(sol.marginals.node, bp.LinearChain().marginals(theta).node)
