@@ -1,0 +1,87 @@
+"""Maximum-likelihood training of the base CRF: ``-log p(y|x) = log Z(theta(x)) - <theta(x), S(y)>``."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..oracles import LinearChain
+from ..oracles.base import Oracle, PairwisePotentials
+
+__all__ = ["LinearChainCRF", "sequence_score", "crf_nll", "fit_crf"]
+
+
+def _check_labels(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
+    if not isinstance(labels, Tensor) or labels.is_floating_point():
+        raise TypeError("labels must be an integer tensor [B, N]")
+    b, n, c = potentials.node.shape
+    if labels.shape != (b, n):
+        raise ValueError(f"labels must have shape [B, N]=({b}, {n}), got {tuple(labels.shape)}")
+    valid = torch.arange(n, device=labels.device) < potentials.lengths[:, None]
+    bad = valid & ((labels < 0) | (labels >= c))
+    if bad.any():
+        raise ValueError(f"labels must lie in [0, {c}) at every valid position")
+    return labels.long().clamp(0, c - 1)
+
+
+def sequence_score(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
+    """``<theta, S(y)>`` [B]: node scores of the labels plus edge scores of consecutive pairs."""
+    y = _check_labels(potentials, labels)
+    b, n, _ = potentials.node.shape
+    pos = torch.arange(n, device=y.device)
+    valid = pos < potentials.lengths[:, None]
+    node = potentials.node.gather(2, y[..., None]).squeeze(-1)
+    score = torch.where(valid, node, torch.zeros((), dtype=node.dtype)).sum(-1)
+    if n > 1:
+        edge = potentials.full_edge()
+        pair = edge[torch.arange(b, device=y.device)[:, None], pos[None, : n - 1], y[:, :-1], y[:, 1:]]
+        score = score + torch.where(valid[:, 1:], pair, torch.zeros((), dtype=pair.dtype)).sum(-1)
+    return score
+
+
+def crf_nll(oracle: Oracle, potentials: PairwisePotentials, labels: Tensor) -> Tensor:
+    """Negative log-likelihood [B], differentiable in the potentials (its gradient is ``mu - S(y)``)."""
+    return oracle.log_partition(potentials) - sequence_score(potentials, labels)
+
+
+class LinearChainCRF(nn.Module):
+    """``theta(x)``: node scores linear in per-position features (with a bias), one shared transition matrix."""
+
+    def __init__(self, num_features: int, num_labels: int):
+        super().__init__()
+        if num_features < 1 or num_labels < 1:
+            raise ValueError("num_features and num_labels must be >= 1")
+        self.node = nn.Linear(num_features, num_labels)
+        self.transitions = nn.Parameter(torch.zeros(num_labels, num_labels))
+        nn.init.zeros_(self.node.weight)
+        nn.init.zeros_(self.node.bias)
+
+    def forward(self, features: Tensor, lengths: Tensor | None = None) -> PairwisePotentials:
+        """Potentials for features [B, N, F]."""
+        if features.dim() != 3 or features.shape[-1] != self.node.in_features:
+            raise ValueError(f"features must be [B, N, {self.node.in_features}], got {tuple(features.shape)}")
+        node = self.node(features.to(self.node.weight.dtype))
+        return PairwisePotentials(node, self.transitions, lengths)
+
+
+def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor, oracle: Oracle | None = None,
+            l2: float = 1e-3, max_iter: int = 100, tolerance: float = 1e-7) -> list[float]:
+    """Full-batch L-BFGS on ``mean NLL + l2/2 ||params||^2``; returns the objective after each evaluation."""
+    if l2 < 0:
+        raise ValueError(f"l2 must be >= 0, got {l2}")
+    oracle = oracle or LinearChain()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.LBFGS(params, max_iter=max_iter, tolerance_grad=tolerance, tolerance_change=tolerance ** 2,
+                            history_size=20, line_search_fn="strong_wolfe")
+    history: list[float] = []
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss = crf_nll(oracle, model(features, lengths), labels).mean()
+        loss = loss + 0.5 * l2 * sum((p * p).sum() for p in params)
+        loss.backward()
+        history.append(loss.item())
+        return loss
+
+    opt.step(closure)
+    return history
