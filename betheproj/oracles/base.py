@@ -130,6 +130,7 @@ class Marginals:
         self._edge = edge
         self.log_partition = log_partition
         self.lengths = lengths
+        self.edge_sum = None     # optional ``weights [B] -> sum_{b,t} w_b edge[b, t]`` without materialising
 
     @property
     def edge(self) -> Tensor:
@@ -202,7 +203,7 @@ class _LogPartition(torch.autograd.Function):
         mu = ctx.mu
         g_node = grad[:, None, None] * mu.node
         if ctx.shared:
-            g_edge = torch.einsum("b,bnij->ij", grad, mu.edge)
+            g_edge = mu.edge_sum(grad) if mu.edge_sum is not None else torch.einsum("b,bnij->ij", grad, mu.edge)
         else:
             g_edge = grad[:, None, None, None] * mu.edge
         return None, g_node, g_edge, None

@@ -189,7 +189,31 @@ def _forward_backward(pot: PairwisePotentials) -> Marginals:
             xi[slow] = torch.where(sub_ev[..., None, None], _log_edge_marginals(sub, la, lb, lz), zero)
         return xi
 
-    return Marginals(node_marg, edge_marginals, log_z, lengths)
+    def edge_sum(weights: Tensor) -> Tensor:
+        """``sum_{b,t} weights[b] * edge_marginals[b, t]`` [C, C] without materialising them: for shared
+        transitions, ``M * (A^T V)`` with ``A`` the rescaled forward and ``V`` the backward vectors."""
+        if n == 1:
+            return node.new_zeros(c, c)
+        v = p[1:] * beta[1:]                                      # [N-1, B, C]
+        a_prev = alpha[:-1]
+        z = (torch.matmul(a_prev, m) * v).sum(-1)                 # [N-1, B]
+        w = weights.to(dtype)[None, :] / z
+        if any_short:
+            w = torch.where(torch.arange(n - 1, device=device)[:, None] < (lengths - 1), w, zero)
+        if slow_state is not None:
+            w[:, slow] = 0.0
+        total = m * ((a_prev * w[..., None]).reshape(-1, c).t() @ v.reshape(-1, c))
+        if slow_state is not None:
+            sub, la, lb, lz = slow_state
+            sub_ev = torch.arange(n - 1, device=device) < (sub.lengths[:, None] - 1)
+            xi = torch.where(sub_ev[..., None, None], _log_edge_marginals(sub, la, lb, lz), zero)
+            total = total + torch.einsum("b,bnij->ij", weights.to(dtype)[slow], xi)
+        return total
+
+    mu = Marginals(node_marg, edge_marginals, log_z, lengths)
+    if shared:
+        mu.edge_sum = edge_sum
+    return mu
 
 
 def _raise_infeasible_at(log_z: Tensor, index: Tensor) -> None:

@@ -146,3 +146,12 @@ def test_infeasible_potentials_raise():
         bp.LinearChain().marginals(pot)
     with pytest.raises(ValueError, match="no labelling"):
         bp.LinearChain().map(pot)
+
+
+@pytest.mark.parametrize("scale", [1.0, 300.0])          # 300: examples on the exact log-space path too
+def test_fused_edge_sum_equals_the_weighted_edge_marginals(scale):
+    pot = _chain(6, 5, 3, scale=scale, shared=True, lengths=torch.tensor([5, 3, 1, 4, 5, 2]))
+    pot.edge[0, 1] = -INF
+    m = bp.LinearChain().marginals(pot)
+    w = torch.randn(6, dtype=DT)
+    assert torch.allclose(m.edge_sum(w), torch.einsum("b,bnij->ij", w, m.edge), atol=1e-12)
