@@ -168,15 +168,27 @@ def _forward_backward(pot: PairwisePotentials) -> Marginals:
         log_z[slow] = lz
         slow_state = (sub, la, lb, lz)
 
+    def scaled_pairs() -> tuple[Tensor, Tensor, Tensor]:
+        """``alpha_t``, ``v_{t+1} = P_{t+1} * beta_{t+1}`` [N-1, B, C] and each step's normaliser ``z_t`` [N-1, B]:
+        the fast-path edge marginal is ``xi_t = (alpha_t / z_t) (x) v_{t+1} * M``."""
+        v = p[1:] * beta[1:]
+        a_prev = alpha[:-1]
+        if shared:
+            z = (torch.matmul(a_prev, m) * v).sum(-1)
+        else:
+            z = (torch.matmul(a_prev[..., None, :], m).squeeze(-2) * v).sum(-1)
+        return a_prev, v, z
+
+    def slow_edges() -> Tensor:
+        """Exact log-space edge marginals of the uncertified examples, zero past their lengths."""
+        sub, la, lb, lz = slow_state
+        sub_ev = torch.arange(n - 1, device=device) < (sub.lengths[:, None] - 1)
+        return torch.where(sub_ev[..., None, None], _log_edge_marginals(sub, la, lb, lz), zero)
+
     def edge_marginals() -> Tensor:
         if n == 1:
             return node.new_zeros(b, 0, c, c)
-        v = p[1:] * beta[1:]                                      # [N-1, B, C]
-        a_prev = alpha[:-1]
-        if shared:
-            z = (torch.matmul(a_prev, m) * v).sum(-1)             # [N-1, B]
-        else:
-            z = (torch.matmul(a_prev[..., None, :], m).squeeze(-2) * v).sum(-1)
+        a_prev, v, z = scaled_pairs()
         xi = torch.mul((a_prev / z[..., None])[..., :, None], v[..., None, :])
         xi.mul_(m)                                                # [N-1, B, C, C]
         if any_short:
@@ -184,9 +196,7 @@ def _forward_backward(pot: PairwisePotentials) -> Marginals:
             xi.masked_fill_(~ev[..., None, None], 0.0)
         xi = xi.transpose(0, 1)                                   # [B, N-1, C, C] view
         if slow_state is not None:
-            sub, la, lb, lz = slow_state
-            sub_ev = torch.arange(n - 1, device=device) < (sub.lengths[:, None] - 1)
-            xi[slow] = torch.where(sub_ev[..., None, None], _log_edge_marginals(sub, la, lb, lz), zero)
+            xi[slow] = slow_edges()
         return xi
 
     def edge_sum(weights: Tensor) -> Tensor:
@@ -194,9 +204,7 @@ def _forward_backward(pot: PairwisePotentials) -> Marginals:
         transitions, ``M * (A^T V)`` with ``A`` the rescaled forward and ``V`` the backward vectors."""
         if n == 1:
             return node.new_zeros(c, c)
-        v = p[1:] * beta[1:]                                      # [N-1, B, C]
-        a_prev = alpha[:-1]
-        z = (torch.matmul(a_prev, m) * v).sum(-1)                 # [N-1, B]
+        a_prev, v, z = scaled_pairs()
         w = weights.to(dtype)[None, :] / z
         if any_short:
             w = torch.where(torch.arange(n - 1, device=device)[:, None] < (lengths - 1), w, zero)
@@ -204,10 +212,7 @@ def _forward_backward(pot: PairwisePotentials) -> Marginals:
             w[:, slow] = 0.0
         total = m * ((a_prev * w[..., None]).reshape(-1, c).t() @ v.reshape(-1, c))
         if slow_state is not None:
-            sub, la, lb, lz = slow_state
-            sub_ev = torch.arange(n - 1, device=device) < (sub.lengths[:, None] - 1)
-            xi = torch.where(sub_ev[..., None, None], _log_edge_marginals(sub, la, lb, lz), zero)
-            total = total + torch.einsum("b,bnij->ij", weights.to(dtype)[slow], xi)
+            total = total + torch.einsum("b,bnij->ij", weights.to(dtype)[slow], slow_edges())
         return total
 
     mu = Marginals(node_marg, edge_marginals, log_z, lengths)

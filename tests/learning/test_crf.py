@@ -12,7 +12,6 @@ DT = torch.float64
 def test_nll_is_minus_log_probability_under_brute_force():
     pot = bp.ChainPotentials(torch.randn(3, 4, 3, dtype=DT), torch.randn(3, 3, 3, 3, dtype=DT), torch.tensor([4, 2, 1]))
     labels = torch.tensor([[0, 2, 1, 1], [2, 2, -1, -1], [1, -1, -1, -1]])
-    ys, _ = bp.BruteForce()._joint(pot, 0)
     nll = crf_nll(bp.LinearChain(), pot, labels)
     for b in range(3):
         ys, score = bp.BruteForce()._joint(pot, b)
