@@ -4,8 +4,8 @@ from .base import Energy, EnergySum, FunctionEnergy, Gradient, Scaled, autograd_
 from .linear import LOSSES, LinearMeasurements, Loss, smoothed_abs, smoothed_hinge, squared, squared_hinge
 from .mean_field import MeanField
 from .poisson import Poisson
-from .prototype import NearestPrototype
+from .prototype import NearestPrototype, PrototypeDistance
 
 __all__ = ["Energy", "EnergySum", "FunctionEnergy", "Gradient", "LOSSES", "LinearMeasurements", "Loss",
-           "MeanField", "NearestPrototype", "Poisson", "Scaled", "autograd_gradient", "smoothed_abs",
-           "smoothed_hinge", "squared", "squared_hinge"]
+           "MeanField", "NearestPrototype", "Poisson", "PrototypeDistance", "Scaled", "autograd_gradient",
+           "smoothed_abs", "smoothed_hinge", "squared", "squared_hinge"]

@@ -88,7 +88,10 @@ class Energy:
         raise NotImplementedError(f"{type(self).__name__} must implement value(marginals)")
 
     def grad(self, marginals: Marginals) -> Gradient:
-        """``dL/dmu`` by autograd through :meth:`value`."""
+        """``dL/dmu`` by autograd through :meth:`value` (differentiable in ``psi`` while autograd records).
+
+        A closed form that overrides this should stay a torch expression in ``psi``, so that learning can
+        differentiate it (eq. 15)."""
         return autograd_gradient(self, marginals)
 
     def validate(self, marginals: Marginals) -> None:
@@ -105,8 +108,15 @@ class Energy:
     __rmul__ = __mul__
 
 
-def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool = False) -> Gradient:
-    """Gradient of ``energy.value`` w.r.t. the node marginals and, if ``value`` reads them, the edge marginals."""
+def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool | None = None) -> Gradient:
+    """Gradient of ``energy.value`` w.r.t. the node marginals and, if ``value`` reads them, the edge marginals.
+
+    ``create_graph`` (default: whether autograd is recording at the call) keeps the gradient differentiable
+    in the energy's parameters ``psi``, for the psi-gradient of learning (eqs. 14-15, by double backward).
+    The solvers run without recording, so they get plain tensors.
+    """
+    if create_graph is None:
+        create_graph = torch.is_grad_enabled()
     with torch.enable_grad():
         node = marginals.node.detach().requires_grad_(True)
         leaves: dict[str, Tensor] = {}

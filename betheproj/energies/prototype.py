@@ -8,7 +8,7 @@ from torch import Tensor
 from ..oracles.base import Marginals
 from .base import Energy, Gradient, as_weight, weight_per_example
 
-__all__ = ["NearestPrototype"]
+__all__ = ["NearestPrototype", "PrototypeDistance"]
 
 
 class NearestPrototype(Energy):
@@ -82,6 +82,22 @@ class NearestPrototype(Energy):
             g = sign.reshape(mu.shape)
         return Gradient(g * marginals.node_mask()[..., None], None)
 
+    def pieces(self, lengths: Tensor) -> tuple[Tensor, PrototypeDistance]:
+        """``L = min_i psi ||w_i - S(mu)||_1`` as convex pieces for :func:`betheproj.inference.solve_global`:
+        one row per (example, candidate prototype) pair, ``rows`` [R] naming the example of each."""
+        b = lengths.shape[0]
+        if self.statistic == "word":
+            cand = self.prototype_lengths.to(lengths.device)[None, :] == lengths[:, None]
+        else:
+            cand = torch.ones(b, self.prototypes.shape[0], dtype=torch.bool, device=lengths.device)
+        rows, which = torch.nonzero(cand, as_tuple=True)
+        psi = self.psi
+        if isinstance(psi, Tensor) and psi.dim() == 1:
+            if psi.shape != (b,):
+                raise ValueError(f"psi must be a scalar or have shape [B]=({b},), got {tuple(psi.shape)}")
+            psi = psi[rows]
+        return rows, PrototypeDistance(self.prototypes[which.to(self.prototypes.device)], psi, self.statistic)
+
     def validate(self, marginals: Marginals) -> None:
         c = marginals.node.shape[2]
         if self.prototypes.shape[-1] != c:
@@ -90,3 +106,42 @@ class NearestPrototype(Energy):
 
     def __repr__(self) -> str:
         return f"NearestPrototype(statistic={self.statistic!r}, P={self.prototypes.shape[0]})"
+
+
+class PrototypeDistance(Energy):
+    """``psi * ||t_b - S(mu_b)||_1`` to a given target per example (one convex piece of :class:`NearestPrototype`):
+    ``targets`` [B, C] for ``statistic="unigram"``, [B, M, C] (zero-padded) for ``"word"``.  For ``"word"`` and
+    one-hot targets it is linear on the polytope: ``2 psi sum_n (1 - mu_n(t_n))``."""
+
+    def __init__(self, targets: Tensor, psi: float | Tensor = 1.0, statistic: str = "unigram"):
+        if statistic not in ("unigram", "word"):
+            raise ValueError(f"statistic must be 'unigram' or 'word', got {statistic!r}")
+        if not isinstance(targets, Tensor) or targets.dim() != (2 if statistic == "unigram" else 3):
+            raise ValueError("targets must be a [B, C] (unigram) or [B, M, C] (word) tensor")
+        self.targets, self.statistic, self.psi = targets, statistic, as_weight(psi)
+
+    def _diff(self, marginals: Marginals) -> Tensor:
+        mu = marginals.node * marginals.node_mask()[..., None]
+        t = self.targets.to(mu)
+        if self.statistic == "unigram":
+            return mu.sum(1) - t
+        n = mu.shape[1]
+        if t.shape[1] < n:
+            t = torch.cat([t, t.new_zeros(t.shape[0], n - t.shape[1], t.shape[2])], 1)
+        return mu - t[:, :n]
+
+    def value(self, marginals: Marginals) -> Tensor:
+        diff = self._diff(marginals)
+        return weight_per_example(self.psi, diff.shape[0], diff) * diff.abs().flatten(1).sum(-1)
+
+    def grad(self, marginals: Marginals) -> Gradient:
+        diff = self._diff(marginals)
+        psi = weight_per_example(self.psi, diff.shape[0], diff)
+        sign = torch.sign(diff) * psi.reshape(-1, *([1] * (diff.dim() - 1)))
+        g = sign[:, None, :].expand_as(marginals.node) if self.statistic == "unigram" else sign
+        return Gradient(g * marginals.node_mask()[..., None], None)
+
+    def validate(self, marginals: Marginals) -> None:
+        if self.targets.shape[0] != marginals.batch_size or self.targets.shape[-1] != marginals.node.shape[2]:
+            raise ValueError(f"targets must have B={marginals.batch_size} rows and C={marginals.node.shape[2]} labels")
+        weight_per_example(self.psi, marginals.batch_size, marginals.node)

@@ -151,6 +151,7 @@ def _edge_potentials(theta: PairwisePotentials, need_edges: bool) -> PairwisePot
     return out
 
 
+@torch.no_grad()
 def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method: str = "rda",
           max_iter: int = 200, tol: float | None = None, beta: float = 0.0, step: float = 1.0,
           lipschitz: float = 1.0, max_backtracks: int = 40, trust_region: float | None = 10.0,

@@ -1,0 +1,66 @@
+"""Global minimum of (2) for an energy that is a minimum of convex pieces, ``L(mu) = min_k L_k(mu)``.
+
+``min_mu F(mu) + min_k L_k(mu) = min_k min_mu F(mu) + L_k(mu)``: each inner problem is convex (``F = -H_B -
+<theta, .>`` is convex on a tree-structured polytope), so solving every piece and keeping the best objective
+finds the global minimum of the non-convex problem, where the local solvers find a stationary point near
+their starting marginals.  The nearest-prototype energies (21)-(22) are of this form; for ``L^w`` each piece
+is linear on the polytope (the L1 distance to a vertex), and Bethe-RDA solves a linear piece in one step.
+
+An energy opts in by implementing ``pieces(lengths) -> (rows, energy)``: one row per (example, candidate
+piece) pair, ``rows`` [R] (long) naming the example, and one energy over the R rows, convex in each.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..energies.base import Energy
+from ..oracles.base import Marginals, Oracle, PairwisePotentials
+from .solve import Solution, solve
+
+__all__ = ["solve_global"]
+
+
+@torch.no_grad()
+def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method: str = "rda",
+                 **options) -> Solution:
+    """Solve (2) for ``energy = min_k L_k``: all (example, piece) rows in one batched :func:`solve` (with
+    ``method`` and ``options``), then per example the row with the lowest objective.  Examples with no
+    candidate piece have zero energy: their solution is the oracle's marginals.  ``iterations`` sums over an
+    example's rows; ``objectives`` has a single column (the rows' histories are not comparable)."""
+    if not callable(getattr(energy, "pieces", None)):
+        raise TypeError(f"solve_global needs an energy with pieces(lengths), got {type(energy).__name__}")
+    if not isinstance(potentials, PairwisePotentials):
+        raise TypeError("potentials must be PairwisePotentials")
+    b = potentials.node.shape[0]
+    device = potentials.node.device
+    base = oracle.marginals(potentials)
+    rows, piece = energy.pieces(potentials.lengths)
+    best = -base.log_partition.clone()                   # zero energy: f = -H_B - <theta, mu> = -log Z
+    node, edge = potentials.node.clone(), potentials.edge
+    iterations = torch.zeros(b, dtype=torch.long, device=device)
+    converged = torch.ones(b, dtype=torch.bool, device=device)
+    safeguarded = torch.zeros(b, dtype=torch.bool, device=device)
+    residual = torch.zeros(b, dtype=node.dtype, device=device)
+    calls = 2 * b
+    if rows.numel():
+        sol = solve(oracle, potentials.index(rows), piece, method=method, **options)
+        calls += sol.oracle_calls
+        has = torch.zeros(b, dtype=torch.bool, device=device).index_fill_(0, rows, True)
+        best = torch.where(has, torch.full_like(best, float("inf")), best)
+        best = best.scatter_reduce(0, rows, sol.objective, reduce="amin")
+        won = torch.nonzero(sol.objective == best[rows]).flatten()
+        node[rows[won]] = sol.potentials.node[won]
+        if sol.potentials.edge.dim() == 4:
+            edge = potentials.full_edge().clone()
+            edge[rows[won]] = sol.potentials.edge[won]
+        iterations.index_add_(0, rows, sol.iterations)
+        converged = iterations.new_zeros(b).index_add_(0, rows, (~sol.converged).long()) == 0
+        safeguarded = iterations.new_zeros(b).index_add_(0, rows, sol.safeguarded.long()) > 0
+        residual[rows[won]] = sol.residual[won]
+    tilde = PairwisePotentials(node, edge, potentials.lengths)
+    mu = oracle.marginals(tilde)
+    marginals = Marginals(mu.node, lambda: mu.edge, base.log_partition, potentials.lengths)
+    return Solution(marginals=marginals, potentials=tilde, iterations=iterations, converged=converged,
+                    objective=best, objectives=best[:, None], safeguarded=safeguarded, residual=residual,
+                    oracle_calls=calls, method=f"global-{method}")

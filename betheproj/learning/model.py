@@ -1,0 +1,142 @@
+"""A CRF with a non-local energy, ``P_c(y|x)``, and its surrogate likelihood (section 7, eqs. 11-17)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..energies.base import Energy
+from ..inference.decode import decode
+from ..inference.pieces import solve_global
+from ..inference.solve import METHODS, Solution, solve
+from ..oracles import LinearChain
+from ..oracles.base import Marginals, Oracle, PairwisePotentials
+from .crf import crf_nll
+
+__all__ = ["NonLocalCRF", "surrogate_nll"]
+
+
+def surrogate_nll(oracle: Oracle, potentials: PairwisePotentials, energy: Energy | None, marginals: Marginals | None,
+                  labels: Tensor) -> Tensor:
+    """``-log Q(y; mu)`` [B], the negated terms of the surrogate likelihood (12).
+
+    ``Q`` is the MRF with parameters ``rho = theta - grad_mu L_psi(mu)`` (eq. 11) at the fixed marginals ``mu``.
+    Its gradient is ``m - S(y)`` in ``theta`` (eq. 13, ``m`` the marginals of ``Q``, equal to ``mu`` when ``mu``
+    solves (2)) and ``-(d rho / d psi)^T (S(y) - m)`` in ``psi`` (eqs. 14-15): autograd differentiates
+    ``grad_mu L_psi`` in ``psi`` (double backward for energies without a closed form), so any energy whose
+    ``psi`` is a tensor that requires grad can be learned.  Without an energy this is the CRF likelihood.
+    """
+    if energy is None:
+        return crf_nll(oracle, potentials, labels)
+    if marginals is None:
+        raise ValueError("marginals (the solution mu of (2)) are required with an energy")
+    fixed = Marginals(marginals.node.detach(), lambda: marginals.edge.detach(), None, marginals.lengths)
+    with torch.enable_grad():
+        g = energy.grad(fixed)
+    rho = potentials.shifted(None if g.node is None else -g.node, None if g.edge is None else -g.edge)
+    return crf_nll(oracle, rho, labels)
+
+
+class NonLocalCRF(nn.Module):
+    """``P_c(y|x)``: base potentials ``theta(x)`` plus a non-local energy ``L_psi(x)(mu)``, an estimator with
+    :meth:`fit` and :meth:`predict`.
+
+    Args:
+        theta: module ``(features [B, N, F], lengths [B]) -> PairwisePotentials`` (e.g. ``LinearChainCRF``).
+        energy: ``psi -> Energy``, building the energy for a batch from its weights (``None``: a plain CRF).
+        psi: module ``(features, lengths) -> psi`` ([B] or [B, J]); default a learned constant.
+        oracle: the marginal oracle of the base structure (default ``LinearChain()``).
+        method, max_iter, tol: passed to :func:`betheproj.solve` for inference.
+        search: ``"local"`` runs the solver from the base marginals (a stationary point of (2));
+            ``"global"`` uses :func:`betheproj.inference.solve_global` for energies that are a minimum of
+            convex pieces (the nearest-prototype energies), which finds the global minimum.
+    """
+
+    def __init__(self, theta: nn.Module, energy: Callable[[Tensor], Energy] | None = None,
+                 psi: nn.Module | None = None, oracle: Oracle | None = None, method: str = "md",
+                 max_iter: int = 100, tol: float | None = None, search: str = "local"):
+        super().__init__()
+        if not isinstance(theta, nn.Module):
+            raise TypeError(f"theta must be a torch.nn.Module, got {type(theta).__name__}")
+        if energy is not None and not callable(energy):
+            raise TypeError("energy must be a callable psi -> Energy, or None")
+        if psi is not None and not isinstance(psi, nn.Module):
+            raise TypeError(f"psi must be a torch.nn.Module or None, got {type(psi).__name__}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if search not in ("local", "global"):
+            raise ValueError(f"search must be 'local' or 'global', got {search!r}")
+        if max_iter < 1:
+            raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+        from .psi import ConstantPsi
+
+        self.theta = theta
+        self.energy_fn = energy
+        self.psi = psi if psi is not None or energy is None else ConstantPsi(1.0)
+        self.oracle = oracle or LinearChain()
+        self.method, self.max_iter, self.tol, self.search = method, max_iter, tol, search
+
+    def potentials(self, features: Tensor, lengths: Tensor) -> PairwisePotentials:
+        return self.theta(features, lengths)
+
+    def energy(self, features: Tensor, lengths: Tensor) -> Energy | None:
+        """The energy of a batch, differentiable in the psi parameters while autograd records."""
+        if self.energy_fn is None:
+            return None
+        return self.energy_fn(self.psi(features, lengths))
+
+    @torch.no_grad()
+    def infer(self, features: Tensor, lengths: Tensor, max_iter: int | None = None) -> Solution | None:
+        """Solve (2) for a batch (``None`` without an energy: the CRF's marginals are then the oracle's)."""
+        energy = self.energy(features, lengths)
+        if energy is None:
+            return None
+        solver = solve_global if self.search == "global" else solve
+        return solver(self.oracle, self.potentials(features, lengths), energy, method=self.method,
+                      max_iter=max_iter or self.max_iter, tol=self.tol)
+
+    def loss(self, features: Tensor, labels: Tensor, lengths: Tensor, marginals: Marginals | None = None) -> Tensor:
+        """Mean surrogate negative log-likelihood (12) of a batch; solves (2) first if ``marginals`` is None."""
+        if marginals is None and self.energy_fn is not None:
+            marginals = self.infer(features, lengths).marginals
+        return surrogate_nll(self.oracle, self.potentials(features, lengths), self.energy(features, lengths),
+                             marginals, labels).mean()
+
+    @torch.no_grad()
+    def predict(self, features: Tensor, lengths: Tensor, batch_size: int = 2048, max_iter: int | None = None
+                ) -> Tensor:
+        """Labels [B, N] (``-1`` past each length): Proposition 1's MAP at the solution of (2), in batches."""
+        out = []
+        for start in range(0, features.shape[0], batch_size):
+            x, n = features[start:start + batch_size], lengths[start:start + batch_size]
+            sol = self.infer(x, n, max_iter)
+            out.append(self.oracle.map(self.potentials(x, n)) if sol is None else decode(self.oracle, sol))
+        width = features.shape[1]
+        return torch.cat([nn.functional.pad(y, (0, width - y.shape[1]), value=-1) for y in out])
+
+    def fit(self, features: Tensor, labels: Tensor, lengths: Tensor, algorithm: str = "doubly_stochastic",
+            **options) -> NonLocalCRF:
+        """Learn theta and psi: ``"doubly_stochastic"`` (Algorithm 3) or ``"em"`` (Algorithm 2); ``options``
+        go to :func:`fit_doubly_stochastic` / :func:`fit_variational_em`.  The history is ``self.history_``."""
+        from .train import fit_doubly_stochastic, fit_variational_em
+
+        algorithms = {"doubly_stochastic": fit_doubly_stochastic, "em": fit_variational_em}
+        if algorithm not in algorithms:
+            raise ValueError(f"algorithm must be one of {tuple(algorithms)}, got {algorithm!r}")
+        self.history_ = algorithms[algorithm](self, features, labels, lengths, **options)
+        return self
+
+    def save(self, path: str | Path) -> None:
+        """Write the parameters (``state_dict``) to ``path``."""
+        torch.save(self.state_dict(), path)
+
+    def load(self, path: str | Path) -> NonLocalCRF:
+        """Read parameters written by :meth:`save` into this model (built with the same structure)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no checkpoint at {path}")
+        self.load_state_dict(torch.load(path, weights_only=True))
+        return self

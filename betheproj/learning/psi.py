@@ -1,0 +1,78 @@
+"""Parametrisations of the energy weight ``psi(x)`` (section 7: "each psi_j is a differentiable function of x").
+
+A psi module maps a batch ``(features [B, N, F], lengths [B])`` to the weights the energy takes: ``[B]`` for
+one weight per example, ``[B, J]`` for one per measurement.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ConstantPsi", "RandomFourierFeatures", "MeanMapPsi"]
+
+
+def _check_batch(features: Tensor, lengths: Tensor) -> None:
+    if not isinstance(features, Tensor) or features.dim() != 3:
+        raise ValueError(f"features must be a [B, N, F] tensor, got "
+                         f"{tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__}")
+    if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
+        raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor")
+
+
+class ConstantPsi(nn.Module):
+    """A learned weight shared by all examples (the paper's "single bias feature"): ``psi`` [J] or scalar."""
+
+    def __init__(self, init: float | Tensor = 1.0):
+        super().__init__()
+        self.value = nn.Parameter(torch.as_tensor(init, dtype=torch.get_default_dtype()).clone())
+
+    def forward(self, features: Tensor, lengths: Tensor) -> Tensor:
+        _check_batch(features, lengths)
+        return self.value.expand(features.shape[0], *self.value.shape)
+
+
+class RandomFourierFeatures(nn.Module):
+    """``z(x) = sqrt(2/D) cos(W x + b)``, ``W ~ N(0, 1/bandwidth^2)``, ``b ~ U[0, 2 pi)`` (Rahimi & Recht, 2007):
+    ``z(x)^T z(x')`` approximates the RBF kernel ``exp(-||x - x'||^2 / (2 bandwidth^2))``. Fixed, not learned."""
+
+    def __init__(self, in_features: int, num_features: int = 1000, bandwidth: float = 1.0, seed: int = 0):
+        super().__init__()
+        if in_features < 1 or num_features < 1:
+            raise ValueError("in_features and num_features must be >= 1")
+        if not bandwidth > 0:
+            raise ValueError(f"bandwidth must be > 0, got {bandwidth}")
+        gen = torch.Generator().manual_seed(seed)
+        self.register_buffer("weight", torch.randn(in_features, num_features, generator=gen) / bandwidth)
+        self.register_buffer("offset", torch.rand(num_features, generator=gen) * 2 * math.pi)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight.to(x.dtype)
+        return math.sqrt(2.0 / w.shape[1]) * torch.cos(x @ w + self.offset.to(x.dtype))
+
+
+class MeanMapPsi(nn.Module):
+    """``psi(x) = v^T mean_n z(x_n) + c``: linear in the random-Fourier approximation of the RBF kernel mean map
+    of a sequence's per-position features (Smola et al., 2007), the paper's "(MM)" models (section 8.2)."""
+
+    def __init__(self, in_features: int, num_features: int = 1000, bandwidth: float = 1.0, init: float = 1.0,
+                 outputs: int | None = None, seed: int = 0):
+        super().__init__()
+        self.features = RandomFourierFeatures(in_features, num_features, bandwidth, seed)
+        self.linear = nn.Linear(num_features, 1 if outputs is None else outputs)
+        self.squeeze = outputs is None
+        nn.init.zeros_(self.linear.weight)
+        nn.init.constant_(self.linear.bias, init)
+
+    def mean_map(self, features: Tensor, lengths: Tensor) -> Tensor:
+        """``mean_n z(x_n)`` over each sequence's valid positions: [B, D]."""
+        _check_batch(features, lengths)
+        mask = (torch.arange(features.shape[1], device=features.device) < lengths[:, None]).to(features.dtype)
+        z = self.features(features) * mask[..., None]
+        return z.sum(1) / lengths.clamp(min=1).to(features.dtype)[:, None]
+
+    def forward(self, features: Tensor, lengths: Tensor) -> Tensor:
+        out = self.linear(self.mean_map(features, lengths).to(self.linear.weight.dtype))
+        return out.squeeze(-1) if self.squeeze else out

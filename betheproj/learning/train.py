@@ -1,0 +1,225 @@
+"""Learning theta and psi: Algorithm 3 (doubly stochastic) and Algorithm 2 (variational EM), with minibatch
+optimisers, L2 regularisation, validation-based early stopping and progress bars."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ..oracles.base import Marginals
+from .model import NonLocalCRF
+
+__all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]
+
+
+def character_accuracy(predicted: Tensor, labels: Tensor, lengths: Tensor) -> float:
+    """Fraction of valid positions (``< lengths``) where ``predicted`` equals ``labels``."""
+    n = min(predicted.shape[1], labels.shape[1])
+    valid = torch.arange(n, device=labels.device) < lengths[:, None]
+    return float(((predicted[:, :n] == labels[:, :n]) & valid).sum() / valid.sum().clamp(min=1))
+
+
+@dataclass
+class History:
+    """What a learner did: the loss of every step, the validation metric of every evaluation, the best one."""
+
+    loss: list[float] = field(default_factory=list)
+    valid: list[float] = field(default_factory=list)
+    best: float | None = None
+    best_step: int | None = None
+    steps: int = 0
+    seconds: float = 0.0
+    stopped_early: bool = False
+
+
+def _check_data(features: Tensor, labels: Tensor, lengths: Tensor) -> None:
+    if not isinstance(features, Tensor) or features.dim() != 3:
+        raise ValueError("features must be a [B, N, F] tensor")
+    if not isinstance(labels, Tensor) or labels.shape != features.shape[:2]:
+        raise ValueError(f"labels must be a [B, N]={tuple(features.shape[:2])} tensor")
+    if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
+        raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor")
+
+
+def _optimizer(model: NonLocalCRF, name: str, lr: float, psi_lr: float | None, learn_theta: bool,
+               learn_psi: bool) -> torch.optim.Optimizer:
+    groups = []
+    if learn_theta:
+        groups.append({"params": list(model.theta.parameters()), "lr": lr})
+    if learn_psi and model.psi is not None:
+        groups.append({"params": list(model.psi.parameters()), "lr": lr if psi_lr is None else psi_lr})
+    groups = [g for g in groups if g["params"]]
+    if not groups:
+        raise ValueError("nothing to learn: learn_theta and learn_psi leave no parameters")
+    if name == "adam":
+        return torch.optim.Adam(groups)
+    if name == "sgd":
+        return torch.optim.SGD(groups)
+    raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
+
+
+def _penalty(module: nn.Module | None, l2: float) -> Tensor | float:
+    if module is None or l2 == 0:
+        return 0.0
+    return 0.5 * l2 * sum((p * p).sum() for p in module.parameters() if p.requires_grad)
+
+
+class _Validator:
+    """Evaluates ``metric`` on the validation set, keeps the best ``state_dict``, counts evaluations since."""
+
+    def __init__(self, model: NonLocalCRF, valid: tuple[Tensor, Tensor, Tensor] | None, metric: Callable,
+                 patience: int | None, history: History):
+        if valid is not None:
+            if not isinstance(valid, tuple) or len(valid) != 3:
+                raise TypeError("valid must be a tuple (features, labels, lengths)")
+            _check_data(*valid)
+        self.model, self.valid, self.metric, self.patience, self.history = model, valid, metric, patience, history
+        self.best_state: dict | None = None
+        self.bad = 0
+
+    def __call__(self, step: int) -> bool:
+        """Evaluate; return True when training should stop."""
+        if self.valid is None:
+            return False
+        x, y, n = self.valid
+        score = self.metric(self.model.predict(x, n), y, n)
+        self.history.valid.append(score)
+        if self.history.best is None or score > self.history.best:
+            self.history.best, self.history.best_step, self.bad = score, step, 0
+            self.best_state = copy.deepcopy(self.model.state_dict())
+        else:
+            self.bad += 1
+        return self.patience is not None and self.bad >= self.patience
+
+    def restore(self) -> None:
+        if self.best_state is not None:
+            self.model.load_state_dict(self.best_state)
+
+
+def _batches(num: int, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
+    order = torch.randperm(num, generator=generator)
+    for start in range(0, num, batch_size):
+        yield order[start:start + batch_size]
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:    # progress bars are a nicety
+        return None
+    return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
+
+
+def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor, epochs: int = 1,
+                          batch_size: int = 32, optimizer: str = "adam", lr: float = 1e-2,
+                          psi_lr: float | None = None, l2: float = 0.0, psi_l2: float = 0.0,
+                          learn_theta: bool = True, learn_psi: bool = True, train_iter: int | None = None,
+                          valid: tuple[Tensor, Tensor, Tensor] | None = None,
+                          metric: Callable[[Tensor, Tensor, Tensor], float] = character_accuracy,
+                          eval_every: int | None = None, patience: int | None = None, seed: int = 0,
+                          progress: bool = False) -> History:
+    """Algorithm 3: for a sampled minibatch, solve (2) for ``mu_i`` (Algorithm 1 / 4 / 5, at most ``train_iter``
+    iterations, default the model's ``max_iter``), then take one optimiser step on theta and psi along the
+    gradient of the surrogate likelihood (12) at those ``mu_i`` (eqs. 13-17).  ``batch_size=1`` is the paper's
+    single-example version; without an energy this is minibatch maximum likelihood for the CRF.
+
+    ``l2`` / ``psi_l2`` add ``l2/2 ||params||^2`` for theta / psi.  With ``valid = (features, labels, lengths)``
+    the model is evaluated by ``metric`` (higher is better) every ``eval_every`` steps (default: each epoch);
+    the best parameters are restored at the end, and training stops after ``patience`` evaluations without
+    improvement.
+    """
+    _check_data(features, labels, lengths)
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
+    if l2 < 0 or psi_l2 < 0:
+        raise ValueError("l2 and psi_l2 must be >= 0")
+    opt = _optimizer(model, optimizer, lr, psi_lr, learn_theta, learn_psi)
+    history = History()
+    validator = _Validator(model, valid, metric, patience, history)
+    gen = torch.Generator().manual_seed(seed)
+    per_epoch = -(-features.shape[0] // batch_size)
+    eval_every = eval_every or per_epoch
+    bar = _progress(epochs * per_epoch, progress, "Algorithm 3")
+    start = time.perf_counter()
+    for _ in range(epochs):
+        for idx in _batches(features.shape[0], batch_size, gen):
+            x, y, n = features[idx], labels[idx], lengths[idx]
+            width = int(n.max())
+            x, y = x[:, :width], y[:, :width]
+            sol = model.infer(x, n, train_iter)
+            opt.zero_grad()
+            loss = model.loss(x, y, n, None if sol is None else sol.marginals)
+            (loss + _penalty(model.theta, l2) + _penalty(model.psi, psi_l2)).backward()
+            opt.step()
+            history.loss.append(loss.item())
+            history.steps += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+            if history.steps % eval_every == 0 and validator(history.steps):
+                history.stopped_early = True
+                break
+        if history.stopped_early:
+            break
+    if bar is not None:
+        bar.close()
+    validator.restore()
+    history.seconds = time.perf_counter() - start
+    return history
+
+
+def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor, rounds: int = 5,
+                       m_steps: int = 20, batch_size: int = 256, optimizer: str = "adam", lr: float = 1e-2,
+                       psi_lr: float | None = None, l2: float = 0.0, psi_l2: float = 0.0,
+                       learn_theta: bool = True, learn_psi: bool = True,
+                       valid: tuple[Tensor, Tensor, Tensor] | None = None,
+                       metric: Callable[[Tensor, Tensor, Tensor], float] = character_accuracy,
+                       patience: int | None = None, progress: bool = False) -> History:
+    """Algorithm 2: each round, an E-step solves (2) for every example (fixing ``M = {mu_i}``), then an M-step
+    takes ``m_steps`` passes of optimiser steps (one per ``batch_size`` chunk) on theta and psi for the
+    surrogate likelihood (12) at the fixed ``M``.  Validation and early stopping as in
+    :func:`fit_doubly_stochastic`, evaluated after each round."""
+    _check_data(features, labels, lengths)
+    if rounds < 1 or m_steps < 1 or batch_size < 1:
+        raise ValueError("rounds, m_steps and batch_size must be >= 1")
+    opt = _optimizer(model, optimizer, lr, psi_lr, learn_theta, learn_psi)
+    history = History()
+    validator = _Validator(model, valid, metric, patience, history)
+    chunks = [torch.arange(s, min(s + batch_size, features.shape[0])) for s in range(0, features.shape[0], batch_size)]
+    bar = _progress(rounds * (len(chunks) + m_steps), progress, "Algorithm 2")
+    start = time.perf_counter()
+    for _ in range(rounds):
+        fixed: list[Marginals | None] = []
+        for idx in chunks:                                     # E-step
+            sol = model.infer(features[idx], lengths[idx])
+            fixed.append(None if sol is None else sol.marginals)
+            if bar is not None:
+                bar.update(1)
+        for _ in range(m_steps):                               # M-step at fixed M
+            total = 0.0
+            for idx, mu in zip(chunks, fixed, strict=True):
+                opt.zero_grad()
+                loss = model.loss(features[idx], labels[idx], lengths[idx], mu) if mu is not None else \
+                    model.loss(features[idx], labels[idx], lengths[idx])
+                (loss + _penalty(model.theta, l2) + _penalty(model.psi, psi_l2)).backward()
+                opt.step()
+                total += loss.item() * len(idx)
+                history.steps += 1
+            history.loss.append(total / features.shape[0])
+            if bar is not None:
+                bar.update(1)
+        if validator(history.steps):
+            history.stopped_early = True
+            break
+    if bar is not None:
+        bar.close()
+    validator.restore()
+    history.seconds = time.perf_counter() - start
+    return history
