@@ -20,7 +20,58 @@ def _parser() -> argparse.ArgumentParser:
                      "energies on marginals (Bethe projections).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("demo", help="solve generated problems with every method and print the results")
+    ocr = sub.add_parser("ocr", help="the handwriting experiment of section 8.2 (Table 3, Figures 1 and 2)")
+    ocr.add_argument("--data", required=True, help="folder holding ocr_letters.npz (or the file itself)")
+    ocr.add_argument("--folds", default="0-9", help="test folds, e.g. '0-9' (default) or '0,3'")
+    ocr.add_argument("--rows", default="all",
+                     help="comma-separated rows among 2gram, Lu, Lu-mm, Lw, Lw-mm, 55class (default: all)")
+    ocr.add_argument("--out", default="ocr-results", help="folder for results.json and the PNGs")
+    ocr.add_argument("--quiet", action="store_true", help="no progress bars or per-fold lines")
     return parser
+
+
+def _int_list(text: str, name: str, low: int, high: int) -> list[int]:
+    values: list[int] = []
+    for part in text.split(","):
+        try:
+            if "-" in part:
+                a, b = (int(v) for v in part.split("-"))
+                values.extend(range(a, b + 1))
+            else:
+                values.append(int(part))
+        except ValueError:
+            raise ValueError(f"{name} must be integers or ranges like '0-9,12', got {text!r}") from None
+    if not values or any(not low <= v <= high for v in values):
+        raise ValueError(f"{name} must lie in {low}..{high}, got {text!r}")
+    return sorted(set(values))
+
+
+def _ocr(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .data.ocr import load_ocr
+    from .experiments import ocr
+
+    folds = _int_list(args.folds, "--folds", 0, 9)
+    rows = list(ocr.ROWS) if args.rows == "all" else [r.strip() for r in args.rows.split(",")]
+    unknown = [r for r in rows if r not in ocr.ROWS]
+    if unknown:
+        raise ValueError(f"--rows must be among {', '.join(ocr.ROWS)}, got {', '.join(unknown)}")
+    data = load_ocr(args.data)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
+    results = ocr.run(data, folds, rows, progress=not args.quiet, log=log)
+    print(ocr.format_table(results))
+    import json
+
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    written = [out / "results.json"]
+    if any(r in ocr.ENERGY_ROWS for r in rows):
+        ocr.plot_iterations(results, str(out / "accuracy_vs_iterations.png"))
+        ocr.plot_histogram(results, str(out / "iterations_histogram.png"))
+        written += [out / "accuracy_vs_iterations.png", out / "iterations_histogram.png"]
+    print("wrote " + ", ".join(str(p) for p in written))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from .demo import run_demo
             run_demo()
+        elif args.command == "ocr":
+            _ocr(args)
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"betheproj {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -31,9 +31,9 @@ class NearestPrototype(Energy):
         if prototypes.dim() != want or prototypes.shape[0] == 0:
             raise ValueError(f"prototypes must be {'[P, C]' if want == 2 else '[P, M, C]'} with P >= 1 for "
                              f"statistic={statistic!r}, got shape {tuple(prototypes.shape)}")
-        if statistic == "word":
-            if prototype_lengths is None:
-                raise ValueError("prototype_lengths [P] is required with statistic='word'")
+        if statistic == "word" and prototype_lengths is None:
+            raise ValueError("prototype_lengths [P] is required with statistic='word'")
+        if prototype_lengths is not None:
             prototype_lengths = torch.as_tensor(prototype_lengths).long()
             if prototype_lengths.shape != prototypes.shape[:1]:
                 raise ValueError(f"prototype_lengths must have shape [P]=({prototypes.shape[0]},), "
@@ -49,13 +49,18 @@ class NearestPrototype(Energy):
         b, n, c = mu.shape
         protos = self.prototypes.to(mu)
         if self.statistic == "unigram":
-            return mu.sum(1), protos, torch.ones(b, protos.shape[0], dtype=torch.bool, device=mu.device)
+            return mu.sum(1), protos, self._candidates(marginals.lengths)
         m = protos.shape[1]
         if m < n:
             protos = torch.cat([protos, protos.new_zeros(protos.shape[0], n - m, c)], 1)
         protos = protos[:, :n].reshape(protos.shape[0], -1)
-        cand = self.prototype_lengths.to(mu.device)[None, :] == marginals.lengths[:, None]
-        return mu.reshape(b, -1), protos, cand
+        return mu.reshape(b, -1), protos, self._candidates(marginals.lengths)
+
+    def _candidates(self, lengths: Tensor) -> Tensor:
+        """[B, P]: the prototypes each example is compared with."""
+        if self.prototype_lengths is None:
+            return torch.ones(lengths.shape[0], self.prototypes.shape[0], dtype=torch.bool, device=lengths.device)
+        return self.prototype_lengths.to(lengths.device)[None, :] == lengths[:, None]
 
     def _nearest(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         stats, protos, cand = self._stats(marginals)
@@ -86,11 +91,7 @@ class NearestPrototype(Energy):
         """``L = min_i psi ||w_i - S(mu)||_1`` as convex pieces for :func:`betheproj.inference.solve_global`:
         one row per (example, candidate prototype) pair, ``rows`` [R] naming the example of each."""
         b = lengths.shape[0]
-        if self.statistic == "word":
-            cand = self.prototype_lengths.to(lengths.device)[None, :] == lengths[:, None]
-        else:
-            cand = torch.ones(b, self.prototypes.shape[0], dtype=torch.bool, device=lengths.device)
-        rows, which = torch.nonzero(cand, as_tuple=True)
+        rows, which = torch.nonzero(self._candidates(lengths), as_tuple=True)
         psi = self.psi
         if isinstance(psi, Tensor) and psi.dim() == 1:
             if psi.shape != (b,):

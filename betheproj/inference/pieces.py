@@ -26,8 +26,9 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
                  **options) -> Solution:
     """Solve (2) for ``energy = min_k L_k``: all (example, piece) rows in one batched :func:`solve` (with
     ``method`` and ``options``), then per example the row with the lowest objective.  Examples with no
-    candidate piece have zero energy: their solution is the oracle's marginals.  ``iterations`` sums over an
-    example's rows; ``objectives`` has a single column (the rows' histories are not comparable)."""
+    candidate piece have zero energy: their solution is the oracle's marginals.  ``iterations`` is the most any
+    of an example's rows took (the rows run side by side); ``objectives`` has a single column (the rows'
+    histories are not comparable)."""
     if not callable(getattr(energy, "pieces", None)):
         raise TypeError(f"solve_global needs an energy with pieces(lengths), got {type(energy).__name__}")
     if not isinstance(potentials, PairwisePotentials):
@@ -54,7 +55,7 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
         if sol.potentials.edge.dim() == 4:
             edge = potentials.full_edge().clone()
             edge[rows[won]] = sol.potentials.edge[won]
-        iterations.index_add_(0, rows, sol.iterations)
+        iterations.scatter_reduce_(0, rows, sol.iterations, reduce="amax")
         converged = iterations.new_zeros(b).index_add_(0, rows, (~sol.converged).long()) == 0
         safeguarded = iterations.new_zeros(b).index_add_(0, rows, sol.safeguarded.long()) > 0
         residual[rows[won]] = sol.residual[won]

@@ -1,0 +1,350 @@
+"""The handwriting-recognition experiment of section 8.2 (Table 3): 10 folds, train on 9, test on 1.
+
+Rows, each scored by character accuracy on the test fold:
+
+- ``2-gram``: the base linear-chain CRF (pixels and a bias on the nodes, one transition matrix), maximum
+  likelihood by L-BFGS;
+- ``L^u`` / ``L^u (MM)``: the CRF plus the unigram nearest-prototype energy (21), ``psi`` a learned constant /
+  linear in the random-Fourier mean map of the word's images; solved from the base marginals (Bethe-RDA);
+- ``L^w`` / ``L^w (MM)``: the same with the word energy (22), solved to its global minimum over the
+  prototypes (:func:`betheproj.inference.solve_global`);
+- ``55-class``: logistic regression over the training words on the mean-map features, each word choosing
+  only among the training words of its length.
+
+Prototypes are the distinct words of the training folds.  The energy rows start from the 2-gram CRF and learn
+theta and psi jointly with Algorithm 3.  Nothing of the test fold is used before it is scored.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ..data.ocr import OCRData
+from ..energies import NearestPrototype
+from ..inference import decode
+from ..learning import ConstantPsi, LinearChainCRF, MeanMapPsi, NonLocalCRF, character_accuracy, fit_crf
+from ..learning.psi import RandomFourierFeatures
+
+__all__ = ["ROWS", "PAPER", "YARDSTICKS", "OCRConfig", "word_prototypes", "unigram_prototypes",
+           "median_bandwidth", "WordClassifier", "run_fold", "run", "format_table", "plot_iterations",
+           "plot_histogram"]
+
+NUM_LABELS = 26
+ROWS = {"2gram": "2-gram", "Lu": "L^u", "Lu-mm": "L^u (MM)", "Lw": "L^w", "Lw-mm": "L^w (MM)",
+        "55class": "55-class"}
+PAPER = {"2gram": 84.93, "Lu": 94.01, "Lu-mm": 94.96, "Lw": 98.26, "Lw-mm": 98.83, "55class": 86.06,
+         "cascades": 98.54}
+YARDSTICKS = {"CRFsuite (2-gram)": 87.16, "hard snap of CRFsuite marginals": 99.45}
+ENERGY_ROWS = ("Lu", "Lu-mm", "Lw", "Lw-mm")
+
+
+@dataclass
+class OCRConfig:
+    """Hyper-parameters of every row (defaults: the ones the README's table was measured with)."""
+
+    crf_l2: float = 1e-4             # base CRF: L2 on the mean NLL, full-batch L-BFGS
+    crf_iter: int = 150
+    psi_init: float = 5.0            # initial psi (constant, or the mean map's bias)
+    rff_features: int = 1000         # random Fourier features of the mean map
+    bandwidth: float | None = None   # RBF bandwidth; None: bandwidth_scale x the median letter distance
+    bandwidth_scale: float = 0.5
+    word_batch: int = 256            # Algorithm 3 for L^w: minibatch, Adam rates, solver iterations
+    word_lr: float = 3e-3
+    word_psi_lr: float = 0.1
+    word_train_iter: int = 10
+    unigram_batch: int = 32          # Algorithm 3 for L^u
+    unigram_lr: float = 1e-3
+    unigram_psi_lr: float = 0.05
+    unigram_train_iter: int = 20
+    unigram_search: str = "global"   # "global": every same-length prototype's piece; "local": from the base
+    epochs: int = 1
+    test_iters: tuple[int, ...] = (1, 2, 3, 5, 10, 20, 50, 100)   # Figure 1's x axis; the last is the row's
+    classifier_l2: float = 1e-6
+    classifier_iter: int = 500
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.test_iters or any(t < 1 for t in self.test_iters) or list(self.test_iters) != sorted(
+                self.test_iters):
+            raise ValueError("test_iters must be increasing positive iteration counts")
+
+
+def word_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LABELS) -> tuple[Tensor, Tensor]:
+    """The distinct words of a labelled set as one-hot prototypes ``[P, N, C]`` and their lengths ``[P]``."""
+    words = {tuple(y[:n].tolist()) for y, n in zip(labels, lengths.tolist(), strict=True)}
+    words = sorted(words, key=lambda w: (len(w), w))
+    width = max(len(w) for w in words)
+    protos = torch.zeros(len(words), width, num_labels)
+    for i, w in enumerate(words):
+        protos[i, torch.arange(len(w)), torch.tensor(w)] = 1.0
+    return protos, torch.tensor([len(w) for w in words])
+
+
+def unigram_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LABELS) -> Tensor:
+    """The distinct label-count vectors ``U(y)`` of a labelled set, ``[P, C]``."""
+    protos, _ = word_prototypes(labels, lengths, num_labels)
+    return torch.unique(protos.sum(1), dim=0)
+
+
+def median_bandwidth(pixels: Tensor, lengths: Tensor, sample: int = 2000, seed: int = 0) -> float:
+    """The median heuristic: the median Euclidean distance between letter images sampled from the set."""
+    mask = torch.arange(pixels.shape[1]) < lengths[:, None]
+    letters = pixels[mask]
+    gen = torch.Generator().manual_seed(seed)
+    letters = letters[torch.randperm(letters.shape[0], generator=gen)[:sample]].double()
+    dist = torch.cdist(letters, letters)
+    return float(dist[torch.triu(torch.ones_like(dist, dtype=torch.bool), 1)].median())
+
+
+class WordClassifier(nn.Module):
+    """The constrained 55-class baseline: softmax regression from the mean map to the training words, each
+    input choosing only among the words of its own length."""
+
+    def __init__(self, features: RandomFourierFeatures, prototypes: Tensor, prototype_lengths: Tensor):
+        super().__init__()
+        self.features = features
+        self.register_buffer("prototypes", prototypes)
+        self.register_buffer("prototype_lengths", prototype_lengths)
+        self.linear = nn.Linear(features.weight.shape[1], prototypes.shape[0])
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def mean_map(self, pixels: Tensor, lengths: Tensor) -> Tensor:
+        mask = (torch.arange(pixels.shape[1]) < lengths[:, None]).to(pixels.dtype)
+        return (self.features(pixels) * mask[..., None]).sum(1) / lengths.clamp(min=1)[:, None].to(pixels.dtype)
+
+    def logits(self, pixels: Tensor, lengths: Tensor, mean_map: Tensor | None = None) -> Tensor:
+        scores = self.linear(self.mean_map(pixels, lengths) if mean_map is None else mean_map)
+        allowed = self.prototype_lengths[None, :] == lengths[:, None]
+        return scores.masked_fill(~allowed, float("-inf"))
+
+    def fit(self, pixels: Tensor, labels: Tensor, lengths: Tensor, l2: float = 1e-3, max_iter: int = 200
+            ) -> WordClassifier:
+        n = self.prototypes.shape[1]
+        onehot = torch.zeros(labels.shape[0], n, NUM_LABELS)
+        valid = torch.arange(labels.shape[1]) < lengths[:, None]
+        onehot[:, :labels.shape[1]][valid] = nn.functional.one_hot(labels[valid], NUM_LABELS).float()
+        target = (onehot[:, None] == self.prototypes[None]).all(-1).all(-1).float().argmax(-1)
+        opt = torch.optim.LBFGS(list(self.linear.parameters()), max_iter=max_iter, history_size=20,
+                                line_search_fn="strong_wolfe")
+        z = self.mean_map(pixels, lengths)
+
+        def closure() -> Tensor:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(self.logits(pixels, lengths, z), target)
+            loss = loss + 0.5 * l2 * (self.linear.weight ** 2).sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        return self
+
+    @torch.no_grad()
+    def predict(self, pixels: Tensor, lengths: Tensor) -> Tensor:
+        words = self.prototypes[self.logits(pixels, lengths).argmax(-1)].argmax(-1)
+        valid = torch.arange(words.shape[1]) < lengths[:, None]
+        words = torch.where(valid, words, torch.full_like(words, -1))
+        return nn.functional.pad(words, (0, max(0, pixels.shape[1] - words.shape[1])), value=-1)[:, :pixels.shape[1]]
+
+
+@dataclass
+class FoldResult:
+    """One test fold: accuracy (%) and seconds (training and testing) per row; for the energy rows, the
+    accuracy at each maximum number of test iterations and the iterations each test word took."""
+
+    fold: int
+    accuracy: dict[str, float] = field(default_factory=dict)
+    train_seconds: dict[str, float] = field(default_factory=dict)
+    test_seconds: dict[str, float] = field(default_factory=dict)
+    curve: dict[str, list[float]] = field(default_factory=dict)
+    iterations: dict[str, list[int]] = field(default_factory=dict)
+    psi: dict[str, float] = field(default_factory=dict)
+    bandwidth: float = 0.0
+
+
+def _energy_model(key: str, base: LinearChainCRF, protos: Tensor, proto_lengths: Tensor, unigrams: Tensor,
+                  config: OCRConfig, bandwidth: float) -> tuple[NonLocalCRF, dict]:
+    word = key.startswith("Lw")
+    if word:
+        def energy(psi: Tensor) -> NearestPrototype:
+            return NearestPrototype(protos, psi, "word", proto_lengths)
+    else:
+        unigram_lengths = unigrams.sum(-1).round().long() if config.unigram_search == "global" else None
+
+        def energy(psi: Tensor) -> NearestPrototype:
+            return NearestPrototype(unigrams, psi, "unigram", unigram_lengths)
+    if key.endswith("mm"):
+        psi = MeanMapPsi(base.node.in_features, config.rff_features, bandwidth, config.psi_init, seed=config.seed)
+    else:
+        psi = ConstantPsi(config.psi_init)
+    model = NonLocalCRF(copy.deepcopy(base), energy, psi, method="rda", max_iter=config.test_iters[-1],
+                        search="global" if word else config.unigram_search)
+    if word:
+        options = dict(batch_size=config.word_batch, lr=config.word_lr, psi_lr=config.word_psi_lr,
+                       train_iter=config.word_train_iter)
+    else:
+        options = dict(batch_size=config.unigram_batch, lr=config.unigram_lr, psi_lr=config.unigram_psi_lr,
+                       train_iter=config.unigram_train_iter)
+    return model, options
+
+
+def _mean_psi(model: NonLocalCRF, pixels: Tensor, lengths: Tensor) -> float:
+    with torch.no_grad():
+        return float(model.psi(pixels, lengths).mean())
+
+
+def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config: OCRConfig | None = None,
+             progress: bool = False, log: Callable[[str], None] | None = None) -> FoldResult:
+    """Train every row on the folds other than ``fold`` and score it on ``fold``."""
+    config = config or OCRConfig()
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise ValueError(f"rows must be among {tuple(ROWS)}, got {unknown}")
+    if not bool((data.folds == fold).any()):
+        raise ValueError(f"fold {fold} has no words (folds present: {sorted(set(data.folds.tolist()))})")
+    torch.manual_seed(config.seed)
+    train, test = data.subset(data.folds != fold), data.subset(data.folds == fold)
+    x, y, n = train.pixels, train.labels, train.lengths
+    tx, ty, tn = test.pixels, test.labels, test.lengths
+    result = FoldResult(fold)
+    result.bandwidth = config.bandwidth or config.bandwidth_scale * median_bandwidth(x, n, seed=config.seed)
+
+    start = time.perf_counter()
+    base = LinearChainCRF(x.shape[-1], NUM_LABELS)
+    fit_crf(base, x, y, n, l2=config.crf_l2, max_iter=config.crf_iter)
+    base_seconds = time.perf_counter() - start
+    if "2gram" in rows:
+        start = time.perf_counter()
+        base_model = NonLocalCRF(base)
+        result.accuracy["2gram"] = 100 * character_accuracy(base_model.predict(tx, tn), ty, tn)
+        result.train_seconds["2gram"], result.test_seconds["2gram"] = base_seconds, time.perf_counter() - start
+        if log:
+            log(f"fold {fold} 2-gram: {result.accuracy['2gram']:.2f}%")
+
+    protos, proto_lengths = word_prototypes(y, n)
+    unigrams = unigram_prototypes(y, n)
+    for key in (r for r in ENERGY_ROWS if r in rows):
+        model, options = _energy_model(key, base, protos, proto_lengths, unigrams, config, result.bandwidth)
+        start = time.perf_counter()
+        model.fit(x, y, n, epochs=config.epochs, seed=config.seed, progress=progress, **options)
+        result.train_seconds[key] = base_seconds + time.perf_counter() - start
+        start = time.perf_counter()
+        curve = []
+        for iters in config.test_iters:
+            sol = model.infer(tx, tn, iters)
+            curve.append(100 * character_accuracy(decode(model.oracle, sol), ty, tn))
+        result.test_seconds[key] = time.perf_counter() - start
+        result.curve[key], result.accuracy[key] = curve, curve[-1]
+        result.iterations[key] = sol.iterations.tolist()
+        result.psi[key] = _mean_psi(model, tx, tn)
+        if log:
+            log(f"fold {fold} {ROWS[key]}: {curve[-1]:.2f}% (mean psi {result.psi[key]:.2f})")
+
+    if "55class" in rows:
+        start = time.perf_counter()
+        rff = RandomFourierFeatures(x.shape[-1], config.rff_features, result.bandwidth, config.seed)
+        clf = WordClassifier(rff, protos, proto_lengths).fit(x, y, n, config.classifier_l2, config.classifier_iter)
+        result.train_seconds["55class"] = time.perf_counter() - start
+        start = time.perf_counter()
+        result.accuracy["55class"] = 100 * character_accuracy(clf.predict(tx, tn), ty, tn)
+        result.test_seconds["55class"] = time.perf_counter() - start
+        if log:
+            log(f"fold {fold} 55-class: {result.accuracy['55class']:.2f}%")
+    return result
+
+
+def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[str] = tuple(ROWS),
+        config: OCRConfig | None = None, progress: bool = False,
+        log: Callable[[str], None] | None = None) -> dict:
+    """Every requested fold; returns a JSON-ready dict with the per-fold results and the means."""
+    config = config or OCRConfig()
+    start = time.perf_counter()
+    results = []
+    bar = None
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(folds), desc="OCR folds", dynamic_ncols=True)
+        except ImportError:
+            bar = None
+    for fold in folds:
+        results.append(run_fold(data, fold, rows, config, progress, log))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    mean = {r: sum(f.accuracy[r] for f in results) / len(results) for r in rows}
+    return {"folds": [asdict(f) for f in results], "mean": mean, "rows": list(rows), "config": asdict(config),
+            "paper": PAPER, "yardsticks": YARDSTICKS, "seconds": time.perf_counter() - start,
+            "threads": torch.get_num_threads()}
+
+
+def format_table(results: dict) -> str:
+    """Table 3's layout: each row's mean accuracy over the folds beside the paper's and the yardsticks."""
+    folds = results["folds"]
+    lines = [f"Character accuracy (%), {len(folds)} fold(s) (train on the others, test on one)",
+             f"{'model':<34}{'ours':>8}{'min':>8}{'max':>8}{'paper':>8}{'train s':>9}",
+             "-" * 75]
+    for key in results["rows"]:
+        accs = [f["accuracy"][key] for f in folds]
+        secs = sum(f["train_seconds"][key] for f in folds) / len(folds)
+        lines.append(f"{ROWS[key]:<34}{results['mean'][key]:>8.2f}{min(accs):>8.2f}{max(accs):>8.2f}"
+                     f"{PAPER[key]:>8.2f}{secs:>9.1f}")
+    lines.append(f"{'cascades (6-gram), paper only':<34}{'':>8}{'':>8}{'':>8}{PAPER['cascades']:>8.2f}")
+    for name, value in YARDSTICKS.items():
+        lines.append(f"{'yardstick: ' + name:<34}{'':>24}{value:>8.2f}")
+    lines.append(f"total {results['seconds']:.0f} s on {results['threads']} thread(s)")
+    return "\n".join(lines)
+
+
+def plot_iterations(results: dict, path: str) -> None:
+    """Figure 1: test accuracy against the maximum number of test-time inference iterations."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    iters = results["config"]["test_iters"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for key in (r for r in ENERGY_ROWS if r in results["rows"]):
+        curves = torch.tensor([f["curve"][key] for f in results["folds"]])
+        ax.plot(iters, curves.mean(0).tolist(), marker="o", label=ROWS[key])
+    if "2gram" in results["rows"]:
+        ax.axhline(results["mean"]["2gram"], color="gray", ls="--", label="2-gram")
+    ax.set_xscale("log")
+    ax.set_xlabel("maximum test-time iterations (per prototype for L^w)")
+    ax.set_ylabel("character accuracy (%)")
+    ax.set_title("OCR: accuracy against inference iterations")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_histogram(results: dict, path: str) -> None:
+    """Figure 2: histogram of the iterations each test word took to converge."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [r for r in ENERGY_ROWS if r in results["rows"]]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    top = results["config"]["test_iters"][-1]
+    bins = torch.logspace(0, torch.log10(torch.tensor(float(top + 1))), 20).tolist()
+    for key in keys:
+        its = [i for f in results["folds"] for i in f["iterations"][key]]
+        ax.hist([max(i, 1) for i in its], bins=bins, histtype="step", lw=1.5, label=ROWS[key])
+    ax.set_xscale("log")
+    ax.set_xlabel("iterations to converge (max over prototypes for L^w)")
+    ax.set_ylabel("test words")
+    ax.set_title("OCR: iterations to converge")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,199 @@
+"""The surrogate likelihood (12) and its gradients (eqs. 13-17), and the NonLocalCRF estimator."""
+
+import pytest
+import torch
+
+import betheproj as bp
+from betheproj.energies import FunctionEnergy, NearestPrototype
+from betheproj.learning import ConstantPsi, LinearChainCRF, MeanMapPsi, NonLocalCRF, character_accuracy, surrogate_nll
+from betheproj.oracles.base import Marginals
+
+DT = torch.float64
+
+
+def _problem(b=2, n=4, c=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    node = torch.randn(b, n, c, generator=gen, dtype=DT)
+    edge = torch.randn(c, c, generator=gen, dtype=DT)
+    lengths = torch.tensor([n, n - 1])[:b]
+    labels = torch.randint(0, c, (b, n), generator=gen)
+    labels[1, n - 1:] = -1
+    mu = bp.LinearChain().marginals(bp.ChainPotentials(torch.randn(b, n, c, generator=gen, dtype=DT), edge, lengths))
+    return node, edge, lengths, labels, mu
+
+
+def _quadratic(psi):
+    """An energy with no closed-form gradient: learning psi needs the double backward."""
+    return FunctionEnergy(lambda m: psi * (m.node ** 2).sum((1, 2)) + psi ** 2 * m.node[:, 0, 0])
+
+
+@pytest.mark.parametrize("kind", ["autograd", "closed form"])
+def test_surrogate_gradient_in_theta_and_psi_against_finite_differences(kind):
+    node, edge, lengths, labels, mu = _problem()
+    protos = torch.eye(3, dtype=DT)[torch.tensor([[0, 1, 2, 0], [2, 2, 1, 0]])]
+
+    def energy(psi):
+        if kind == "autograd":
+            return _quadratic(psi)
+        return NearestPrototype(protos, psi, "word", torch.tensor([4, 3]))
+
+    def loss(n, e, psi):
+        return surrogate_nll(bp.LinearChain(), bp.ChainPotentials(n, e, lengths), energy(psi), mu, labels)
+
+    psi = torch.tensor([0.7, 1.3], dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(loss, (node.requires_grad_(), edge.requires_grad_(), psi))
+
+
+def test_theta_gradient_is_marginals_minus_statistics_at_a_solution():
+    """Eq. (13): at a solution mu of (2) the marginals of Q are mu, so d(-log Q)/d theta_node = mu - S(y)."""
+    node, edge, lengths, labels, _ = _problem()
+    node.requires_grad_()
+    energy = _quadratic(torch.tensor(2.0, dtype=DT))
+    pot = bp.ChainPotentials(node, edge, lengths)
+    sol = bp.solve(bp.LinearChain(), pot, energy, method="md", tol=1e-11, max_iter=500)
+    assert bool(sol.converged.all())
+    surrogate_nll(bp.LinearChain(), pot, energy, sol.marginals, labels).sum().backward()
+    mask = torch.arange(4) < lengths[:, None]
+    onehot = torch.nn.functional.one_hot(labels.clamp(min=0), 3).to(DT) * mask[..., None]
+    assert torch.allclose(node.grad, sol.marginals.node - onehot, atol=1e-7)
+
+
+def test_psi_gradient_is_eq_15():
+    """d(-log Q)/d psi = -(d rho / d psi)^T (S(y) - m) with rho = theta - grad L_psi(mu) (eqs. 11, 14-15)."""
+    node, edge, lengths, labels, mu = _problem()
+    psi = torch.tensor(0.8, dtype=DT, requires_grad=True)
+    energy = FunctionEnergy(lambda m: psi * (m.node ** 2).sum((1, 2)))
+    pot = bp.ChainPotentials(node, edge, lengths)
+    surrogate_nll(bp.LinearChain(), pot, energy, mu, labels).sum().backward()
+    rho = pot.shifted(-2 * psi.detach() * mu.node, None)
+    m = bp.LinearChain().marginals(rho).node
+    mask = torch.arange(4) < lengths[:, None]
+    onehot = torch.nn.functional.one_hot(labels.clamp(min=0), 3).to(DT) * mask[..., None]
+    expected = (2 * mu.node * (onehot - m)).sum()          # d rho / d psi = -2 mu
+    assert torch.allclose(psi.grad, expected)
+
+
+def test_surrogate_without_energy_is_the_crf_likelihood_and_needs_marginals_with_one():
+    node, edge, lengths, labels, mu = _problem()
+    pot = bp.ChainPotentials(node, edge, lengths)
+    assert torch.allclose(surrogate_nll(bp.LinearChain(), pot, None, None, labels),
+                          bp.learning.crf_nll(bp.LinearChain(), pot, labels))
+    with pytest.raises(ValueError, match="marginals"):
+        surrogate_nll(bp.LinearChain(), pot, _quadratic(1.0), None, labels)
+
+
+def _count_energy(targets):
+    """psi/2 ||U(mu) - t||^2: the labels' counts pulled toward a target (autograd only)."""
+    def build(psi):
+        return FunctionEnergy(lambda m: 0.5 * psi * ((m.node.sum(1) - targets) ** 2).sum(-1))
+    return build
+
+
+def test_algorithm_3_recovers_a_useful_psi():
+    """Labels generated as Proposition 1's MAP with psi = 3; learning psi from 0.1 (theta known) must
+    recover a psi whose predictions reproduce them, far better than the base model's."""
+    gen = torch.Generator().manual_seed(1)
+    b, n, c, f = 300, 6, 3, 4
+    x = torch.randn(b, n, f, generator=gen, dtype=DT)
+    lengths = torch.full((b,), n)
+    theta = LinearChainCRF(f, c).double()
+    with torch.no_grad():
+        theta.node.weight.copy_(0.7 * torch.randn(c, f, generator=gen, dtype=DT))
+        theta.transitions.copy_(0.3 * torch.randn(c, c, generator=gen, dtype=DT))
+    targets = torch.tensor([3.0, 2.0, 1.0], dtype=DT)
+    truth = NonLocalCRF(theta, _count_energy(targets), ConstantPsi(3.0), method="md", max_iter=200)
+    labels = truth.predict(x, lengths)
+    model = NonLocalCRF(LinearChainCRF(f, c).double(), _count_energy(targets), ConstantPsi(0.1), method="md",
+                        max_iter=200)
+    model.theta.load_state_dict(theta.state_dict())
+    base = character_accuracy(NonLocalCRF(theta).predict(x, lengths), labels, lengths)
+    model.fit(x, labels, lengths, epochs=6, batch_size=30, lr=0.3, learn_theta=False, train_iter=50)
+    learned = model.psi.value.item()
+    accuracy = character_accuracy(model.predict(x, lengths), labels, lengths)
+    assert 2.0 < learned < 4.5, learned          # the generating psi is 3
+    assert accuracy > 0.95 and accuracy > base + 0.2, (base, accuracy)
+
+
+def _ocr_like(b=60, n=5, c=4, f=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, n, f, generator=gen)
+    lengths = torch.randint(2, n + 1, (b,), generator=gen)
+    labels = torch.randint(0, c, (b, n), generator=gen)
+    labels[torch.arange(n) >= lengths[:, None]] = -1
+    return x, labels, lengths
+
+
+def test_fit_predict_save_load_roundtrip(tmp_path):
+    x, labels, lengths = _ocr_like()
+    protos = torch.eye(4)[torch.randint(0, 4, (10, 5))]
+    plen = torch.randint(2, 6, (10,))
+    model = NonLocalCRF(LinearChainCRF(6, 4), lambda psi: NearestPrototype(protos, psi, "word", plen),
+                        MeanMapPsi(6, 50, bandwidth=2.0, init=0.5), method="rda", max_iter=5, search="global")
+    model.fit(x, labels, lengths, epochs=2, batch_size=16)
+    assert model.history_.steps == 8 and len(model.history_.loss) == 8
+    pred = model.predict(x, lengths, batch_size=7)
+    assert pred.shape == labels.shape and ((pred == -1) == (labels == -1)).all()
+    model.save(tmp_path / "model.pt")
+    clone = NonLocalCRF(LinearChainCRF(6, 4), lambda psi: NearestPrototype(protos, psi, "word", plen),
+                        MeanMapPsi(6, 50, bandwidth=2.0), method="rda", max_iter=5, search="global")
+    clone.load(tmp_path / "model.pt")
+    assert torch.equal(clone.predict(x, lengths), pred)
+    with pytest.raises(FileNotFoundError, match="checkpoint"):
+        clone.load(tmp_path / "missing.pt")
+
+
+def test_early_stopping_restores_the_best_validation_state():
+    x, labels, lengths = _ocr_like(b=80)
+    model = NonLocalCRF(LinearChainCRF(6, 4))
+    valid = (x[:20], labels[:20], lengths[:20])
+    model.fit(x[20:], labels[20:], lengths[20:], epochs=50, batch_size=20, lr=0.5, valid=valid, eval_every=1,
+              patience=3)
+    hist = model.history_
+    assert hist.stopped_early and hist.steps < 150
+    assert len(hist.valid) == hist.steps and hist.best == max(hist.valid)
+    assert character_accuracy(model.predict(*valid[::2]), valid[1], valid[2]) == hist.best
+
+
+def test_variational_em_lowers_the_loss():
+    x, labels, lengths = _ocr_like()
+    model = NonLocalCRF(LinearChainCRF(6, 4), lambda psi: bp.energies.Scaled(_quadratic(1.0), psi),
+                        ConstantPsi(0.5), method="md", max_iter=20)
+    model.fit(x, labels, lengths, algorithm="em", rounds=2, m_steps=5, batch_size=30, lr=0.05)
+    assert len(model.history_.loss) == 10 and model.history_.loss[-1] < model.history_.loss[0]
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(TypeError, match="theta"):
+        NonLocalCRF(torch.zeros(3))
+    with pytest.raises(ValueError, match="method"):
+        NonLocalCRF(LinearChainCRF(2, 2), method="newton")
+    with pytest.raises(ValueError, match="search"):
+        NonLocalCRF(LinearChainCRF(2, 2), search="everywhere")
+    x, labels, lengths = _ocr_like()
+    model = NonLocalCRF(LinearChainCRF(6, 4))
+    with pytest.raises(ValueError, match="algorithm"):
+        model.fit(x, labels, lengths, algorithm="sgd")
+    with pytest.raises(ValueError, match="labels"):
+        model.fit(x, labels[:, :2], lengths)
+    with pytest.raises(ValueError, match="optimizer"):
+        model.fit(x, labels, lengths, optimizer="lion")
+
+
+def test_mean_map_psi_averages_over_valid_positions_only():
+    psi = MeanMapPsi(3, 20, bandwidth=1.0, init=2.0)
+    x = torch.randn(2, 4, 3)
+    lengths = torch.tensor([4, 2])
+    y = x.clone()
+    y[1, 2:] = 100.0                      # padding must not matter
+    assert torch.allclose(psi.mean_map(x, lengths), psi.mean_map(y, lengths))
+    assert torch.allclose(psi(x, lengths), torch.full((2,), 2.0))   # zero weights: the bias alone
+    z = psi.features(torch.zeros(1, 3))
+    assert torch.allclose((z * z).sum(), torch.tensor(1.0), atol=0.2)   # k(x, x) = 1 approximately
+
+
+def test_marginals_are_detached_in_the_surrogate():
+    node, edge, lengths, labels, mu = _problem()
+    leaf = mu.node.clone().requires_grad_()
+    fixed = Marginals(leaf, lambda: mu.edge, None, lengths)
+    loss = surrogate_nll(bp.LinearChain(), bp.ChainPotentials(node, edge, lengths), _quadratic(1.0), fixed, labels)
+    assert not loss.requires_grad or torch.autograd.grad(loss.sum(), leaf, allow_unused=True)[0] is None
