@@ -1,5 +1,6 @@
 """The command line: the demo runs and prints what it solved; errors are one line and a non-zero exit."""
 
+import json
 import subprocess
 import sys
 
@@ -18,3 +19,40 @@ def test_usage_error_is_one_line():
     proc = subprocess.run([sys.executable, "-m", "betheproj.cli", "frobnicate"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "error" in proc.stderr
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "betheproj.cli", *args], capture_output=True, text=True)
+
+
+def test_ocr_missing_data_names_the_file(tmp_path):
+    proc = _cli("ocr", "--data", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "ocr_letters.npz" in proc.stderr
+
+
+def test_ocr_bad_folds_and_rows(tmp_path):
+    cases = ((["--folds", "0-12"], "--folds"), (["--folds", "x"], "--folds"), (["--rows", "2gram,3gram"], "--rows"))
+    for args, word in cases:
+        proc = _cli("ocr", "--data", str(tmp_path), *args)
+        assert proc.returncode == 2 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_ocr_on_a_tiny_synthetic_data_set(tmp_path, capsys):
+    from tests.experiments.test_ocr import write_synthetic_npz
+
+    write_synthetic_npz(tmp_path / "ocr_letters.npz")
+    out = tmp_path / "results"
+    assert main(["ocr", "--data", str(tmp_path), "--folds", "0", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "L^w (MM)" in printed and "98.26" in printed and "99.45" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert [f["fold"] for f in results["folds"]] == [0] and set(results["mean"]) == set(ocr_rows())
+    for png in ("accuracy_vs_iterations.png", "iterations_histogram.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def ocr_rows():
+    from betheproj.experiments.ocr import ROWS
+
+    return ROWS

@@ -1,0 +1,119 @@
+"""Global search over the convex pieces of a min-of-pieces energy (NearestPrototype): exact optima in closed form."""
+
+import pytest
+import torch
+
+import betheproj as bp
+from betheproj.energies import NearestPrototype, PrototypeDistance
+from betheproj.energies.base import FunctionEnergy
+from betheproj.inference import objective, solve_global
+
+DT = torch.float64
+C = 3
+
+
+def _theta(lengths=(4, 3, 2)):
+    torch.manual_seed(3)
+    b, n = len(lengths), max(lengths)
+    return bp.ChainPotentials(torch.randn(b, n, C, dtype=DT), torch.randn(C, C, dtype=DT), torch.tensor(lengths))
+
+
+def _words(words):
+    width = max(len(w) for w in words)
+    protos = torch.zeros(len(words), width, C, dtype=DT)
+    for i, w in enumerate(words):
+        protos[i, torch.arange(len(w)), torch.tensor(w)] = 1.0
+    return protos, torch.tensor([len(w) for w in words])
+
+
+WORDS = [(0, 1, 2, 0), (2, 2, 1, 0), (1, 0, 1), (0, 0, 2), (2, 1, 0), (1, 2)]
+
+
+def test_word_energy_global_minimum_in_closed_form():
+    # For a one-hot target t the piece is linear: 2 psi sum_n (1 - mu_n(t_n)), so its minimum over the polytope is
+    # 2 psi n - log Z(theta + 2 psi onehot(t)), and the global minimum is the least of these over same-length words.
+    theta, psi = _theta(), 0.7
+    protos, lengths = _words(WORDS)
+    chain = bp.LinearChain()
+    sol = solve_global(chain, theta, NearestPrototype(protos, psi, "word", lengths), max_iter=500, tol=1e-10)
+    for b, n in enumerate(theta.lengths.tolist()):
+        best = float("inf")
+        for w, m in zip(protos, lengths.tolist(), strict=True):
+            if m != n:
+                continue
+            one = theta.index(torch.tensor([b]))
+            shifted = one.shifted(2 * psi * w[None, : one.node.shape[1]], None)
+            best = min(best, 2 * psi * n - chain.marginals(shifted).log_partition.item())
+        assert sol.objective[b].item() == pytest.approx(best, abs=1e-8)
+
+
+def test_reported_objective_is_the_objective_of_the_returned_marginals():
+    theta, psi = _theta(), 0.9
+    protos, lengths = _words(WORDS)
+    chain = bp.LinearChain()
+    energy = NearestPrototype(protos, psi, "word", lengths)
+    sol = solve_global(chain, theta, energy, max_iter=500, tol=1e-10)
+    again = objective(chain, theta, energy, sol.marginals)
+    assert torch.allclose(again, sol.objective, atol=1e-7)
+    local = bp.solve(chain, theta, energy, max_iter=500)
+    assert bool((sol.objective <= local.objective + 1e-9).all())
+
+
+def test_unigram_pieces_restricted_by_length():
+    theta, psi = _theta(), 1.5
+    counts = torch.tensor([[2.0, 1.0, 1.0], [0.0, 3.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [0.0, 0.0, 2.0]],
+                          dtype=DT)
+    energy = NearestPrototype(counts, psi, "unigram", counts.sum(-1))
+    rows, piece = energy.pieces(theta.lengths)
+    pairs = {(r, tuple(t.tolist())) for r, t in zip(rows.tolist(), piece.targets, strict=True)}
+    assert pairs == {(0, (2.0, 1.0, 1.0)), (1, (0.0, 3.0, 0.0)), (1, (1.0, 1.0, 1.0)), (2, (1.0, 1.0, 0.0)),
+                     (2, (0.0, 0.0, 2.0))}
+    chain = bp.LinearChain()
+    sol = solve_global(chain, theta, energy, max_iter=300, tol=1e-10)
+    # each example's objective is the least over its own pieces, each solved alone
+    for b in range(3):
+        idx = torch.tensor([b])
+        values = [bp.solve(chain, theta.index(idx), PrototypeDistance(t[None], psi), max_iter=300,
+                           tol=1e-10).objective.item() for r, t in zip(rows.tolist(), piece.targets, strict=True)
+                  if r == b]
+        assert sol.objective[b].item() == pytest.approx(min(values), abs=1e-6)
+
+
+def test_example_without_a_candidate_keeps_the_base_marginals():
+    theta = _theta()
+    protos, lengths = _words([(0, 1, 2, 0)])                     # only a length-4 word: examples 1 and 2 have none
+    chain = bp.LinearChain()
+    sol = solve_global(chain, theta, NearestPrototype(protos, 2.0, "word", lengths), max_iter=50)
+    base = chain.marginals(theta)
+    assert torch.allclose(sol.marginals.node[1:], base.node[1:], atol=1e-12)
+    assert torch.allclose(sol.objective[1:], -base.log_partition[1:], atol=1e-12)
+
+
+def test_prototype_distance_value_and_gradient():
+    theta = _theta()
+    mu = bp.LinearChain().marginals(theta)
+    protos, _ = _words([(0, 1, 2, 0), (1, 0, 1), (2, 2)])
+    psi = torch.tensor([0.5, 1.0, 2.0], dtype=DT)
+    energy = PrototypeDistance(protos, psi, "word")
+    mask = mu.node_mask()
+    hit = (mu.node * protos * mask[..., None]).sum((1, 2))
+    assert torch.allclose(energy.value(mu), 2 * psi * (theta.lengths - hit), atol=1e-12)
+    by_autograd = FunctionEnergy(lambda m: PrototypeDistance(protos, psi, "word").value(m))
+    assert torch.allclose(energy.grad(mu).node, by_autograd.grad(mu).node, atol=1e-12)
+    unigram = PrototypeDistance(protos.sum(1), psi, "unigram")
+    expected = psi * ((mu.node * mask[..., None]).sum(1) - protos.sum(1)).abs().sum(-1)
+    assert torch.allclose(unigram.value(mu), expected, atol=1e-12)
+
+
+def test_bad_arguments():
+    theta = _theta()
+    chain = bp.LinearChain()
+    with pytest.raises(TypeError, match="pieces"):
+        solve_global(chain, theta, PrototypeDistance(torch.zeros(3, C, dtype=DT)))
+    with pytest.raises(ValueError, match="targets"):
+        PrototypeDistance(torch.zeros(3, 4, C, dtype=DT), statistic="unigram")
+    with pytest.raises(ValueError, match="statistic"):
+        PrototypeDistance(torch.zeros(3, C, dtype=DT), statistic="bigram")
+    protos, lengths = _words(WORDS)
+    with pytest.raises(ValueError, match="psi"):
+        NearestPrototype(protos, torch.ones(5, dtype=DT), "word", lengths).pieces(theta.lengths)
