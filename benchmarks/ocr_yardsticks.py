@@ -8,8 +8,12 @@ For each fold k: train on the words of the other nine folds, test on fold k, rep
    The data hold only 55 distinct words and every test word also occurs in the other nine folds, so this is an
    upper yardstick (a dictionary oracle), not a fair competitor.
 
-Run:  python benchmarks/ocr_yardsticks.py --data ../shared/data/ocr  [--folds 0 1] [--json results.json]
-Needs python-crfsuite (the ``bench`` extra). The main developer adds our own models' rows beside these.
+Beside them, on the same folds in the same run, our rows (``--ours``, default 2-gram, L^w and L^w (MM); see
+:mod:`betheproj.experiments.ocr`), with the differences that the issue's goals are about: our 2-gram minus
+CRFsuite, our L^w rows minus the hard snap, and our 2-gram's training time over CRFsuite's.
+
+Run:  python benchmarks/ocr_yardsticks.py --data ../shared/data/ocr  [--folds 0 1] [--ours 2gram,Lw] [--json out.json]
+Needs python-crfsuite (the ``bench`` extra).  ``--ours none`` measures the yardsticks alone.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from torch import Tensor
 
 from betheproj.data.ocr import OCRData, load_ocr
+from betheproj.experiments.ocr import ROWS, run_fold
 
 LETTERS = [chr(97 + c) for c in range(26)]
 
@@ -85,8 +90,29 @@ def hard_snap(marginals: Tensor, lengths: Tensor, train_words: list[str], fallba
     return pred
 
 
-def _row(fold: int | str, r: dict) -> str:
-    return f"{fold:>4}  {100 * r['crfsuite']:>8.2f}%  {r['train_seconds']:>8.1f}  {100 * r['hard_snap']:>8.2f}%"
+def _row(fold: int | str, r: dict, ours: list[str]) -> str:
+    line = f"{fold:>4}  {100 * r['crfsuite']:>8.2f}%  {r['train_seconds']:>8.1f}  {100 * r['hard_snap']:>8.2f}%"
+    for key in ours:
+        line += f"  {r['ours'][key]:>8.2f}%"
+    if "2gram" in ours:
+        ratio = r["ours_seconds"]["2gram"] / r["train_seconds"]
+        line += f"  {r['ours']['2gram'] - 100 * r['crfsuite']:>+8.2f}  {ratio:>6.2f}x"
+    for key in ("Lw", "Lw-mm"):
+        if key in ours:
+            line += f"  {r['ours'][key] - 100 * r['hard_snap']:>+8.2f}"
+    return line
+
+
+def _header(ours: list[str]) -> str:
+    line = f"{'fold':>4}  {'CRFsuite':>9}  {'train s':>8}  {'hard snap':>9}"
+    for key in ours:
+        line += f"  {ROWS[key]:>9}"
+    if "2gram" in ours:
+        line += f"  {'2g-CRFs':>8}  {'t ratio':>7}"
+    for key in ("Lw", "Lw-mm"):
+        if key in ours:
+            line += f"  {key + '-snap':>8}"
+    return line
 
 
 def main() -> None:
@@ -95,24 +121,36 @@ def main() -> None:
     parser.add_argument("--folds", type=int, nargs="+", default=list(range(10)))
     parser.add_argument("--c2", type=float, default=1.0)
     parser.add_argument("--max-iterations", type=int, default=100)
+    parser.add_argument("--ours", default="2gram,Lw,Lw-mm",
+                        help=f"our rows to measure beside the yardsticks, among {','.join(ROWS)}, or 'none'")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    ours = [] if args.ours == "none" else [r.strip() for r in args.ours.split(",")]
+    if any(r not in ROWS for r in ours):
+        parser.error(f"--ours must be among {', '.join(ROWS)} or 'none', got {args.ours!r}")
 
     data = load_ocr(args.data)
     rows = []
-    print(f"{'fold':>4}  {'CRFsuite':>9}  {'train s':>8}  {'hard snap':>9}", flush=True)
+    print(_header(ours), flush=True)
     for k in args.folds:
         train, test = data.subset(data.folds != k), data.subset(data.folds == k)
         res = crfsuite_fold(train, test, c2=args.c2, max_iterations=args.max_iterations)
         snap = accuracy(hard_snap(res["marginals"], test.lengths, train.words, res["pred"]), test.labels)
         rows.append({"fold": k, "crfsuite": res["accuracy"], "train_seconds": res["train_seconds"], "hard_snap": snap,
                      "test_words": len(test), "test_letters": int(test.lengths.sum())})
-        print(_row(k, rows[-1]), flush=True)
+        if ours:
+            mine = run_fold(data, k, ours)
+            rows[-1]["ours"], rows[-1]["ours_seconds"] = mine.accuracy, mine.train_seconds
+        print(_row(k, rows[-1], ours), flush=True)
     mean = {key: sum(r[key] for r in rows) / len(rows) for key in ("crfsuite", "train_seconds", "hard_snap")}
-    print(_row("mean", mean))
+    if ours:
+        for key in ("ours", "ours_seconds"):
+            mean[key] = {o: sum(r[key][o] for r in rows) / len(rows) for o in ours}
+    print(_row("mean", mean, ours))
     if args.json:
         settings = {"c1": 0.0, "c2": args.c2, "max_iterations": args.max_iterations, "algorithm": "lbfgs"}
-        Path(args.json).write_text(json.dumps({"settings": settings, "folds": rows, "mean": mean}, indent=2) + "\n")
+        out = {"settings": settings, "ours": ours, "folds": rows, "mean": mean, "threads": torch.get_num_threads()}
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

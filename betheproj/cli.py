@@ -27,6 +27,22 @@ def _parser() -> argparse.ArgumentParser:
                      help="comma-separated rows among 2gram, Lu, Lu-mm, Lw, Lw-mm, 55class (default: all)")
     ocr.add_argument("--out", default="ocr-results", help="folder for results.json and the PNGs")
     ocr.add_argument("--quiet", action="store_true", help="no progress bars or per-fold lines")
+    cgm = sub.add_parser("cgm", help="bird-migration collective graphical model (section 8.3) on a generated instance")
+    cgm.add_argument("--grid", type=int, default=10, help="G: a G x G grid of cells, s = G^4 (default 10)")
+    cgm.add_argument("--steps", type=int, default=10, help="T time steps (default 10)")
+    cgm.add_argument("--population", type=int, default=100_000, help="M individuals (default 100000)")
+    cgm.add_argument("--rate", type=float, default=0.5, help="detection rate alpha > 0 (default 0.5)")
+    cgm.add_argument("--seasons", type=int, default=1, help="independent seasons observed (default 1)")
+    cgm.add_argument("--noise", type=float, default=0.0,
+                     help="Gaussian noise on the true transition log-potentials (default 0)")
+    cgm.add_argument("--seed", type=int, default=0)
+    cgm.add_argument("--compare", action="store_true", help="also solve with CVXPY + Clarabel (the cgm extra)")
+    cgm.add_argument("--learn", action="store_true", help="learn the transition model by hard EM from the counts")
+    cgm.add_argument("--schedule", choices=("quasi_newton", "alternate"), default="quasi_newton",
+                     help="hard EM: L-BFGS on the parameters with an E-step per evaluation (default), or "
+                          "alternating E- and M-steps")
+    cgm.add_argument("--out", default="cgm-results", help="folder for results.json and flows.png")
+    cgm.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
 
@@ -82,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
             run_demo()
         elif args.command == "ocr":
             _ocr(args)
-    except (ValueError, TypeError, FileNotFoundError) as err:
+        elif args.command == "cgm":
+            from .experiments import cgm
+
+            cgm.run(args.grid, args.steps, args.population, args.rate, args.seasons, args.noise, args.seed,
+                    args.compare, args.learn, args.out, args.schedule, progress=not args.quiet)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
         print(f"betheproj {args.command}: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from betheproj.cli import main
 
 
@@ -56,3 +58,23 @@ def ocr_rows():
     from betheproj.experiments.ocr import ROWS
 
     return ROWS
+
+
+def test_cgm_runs_compares_learns_and_writes(tmp_path, capsys):
+    pytest.importorskip("cvxpy")
+    out = tmp_path / "cgm"
+    assert main(["cgm", "--grid", "3", "--steps", "4", "--population", "20000", "--compare", "--learn",
+                 "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "Bethe mirror descent: objective" in printed and "CVXPY + Clarabel" in printed and "hard EM" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert results["interior_point"]["relative_gap"] < 1e-6
+    assert results["learning"]["count_error_learned"] < results["learning"]["count_error_initial"]
+    assert (out / "flows.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cgm_bad_arguments_are_one_line():
+    for args, word in ((["--rate", "-1"], "rate"), (["--grid", "0"], "grid"), (["--population", "0"], "population"),
+                       (["--steps", "1"], "steps")):
+        proc = _cli("cgm", *args, "--out", "/tmp/never-written")
+        assert proc.returncode == 2 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, args

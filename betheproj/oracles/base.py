@@ -92,7 +92,10 @@ class PairwisePotentials:
         return self.edge.expand(b, n - 1, c, c) if self.shared_edge else self.edge
 
     def index(self, idx: Tensor) -> PairwisePotentials:
-        """The sub-batch ``idx``."""
+        """The sub-batch ``idx`` (``self`` itself when ``idx`` is the whole batch in order: no copy)."""
+        b = self.node.shape[0]
+        if idx.numel() == b and bool((idx == torch.arange(b, device=idx.device)).all()):
+            return self
         edge = self.edge if self.shared_edge else self.edge[idx]
         return _unchecked(PairwisePotentials, self.node[idx], edge, self.lengths[idx])
 

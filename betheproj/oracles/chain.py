@@ -45,11 +45,33 @@ class LinearChain:
     All methods are batched over examples of different lengths; see :class:`~betheproj.ChainPotentials`.
     """
 
+    def __init__(self) -> None:
+        self._cache: tuple | None = None
+
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
-        """Node and edge marginals and ``log Z`` (eq. 1's optimum); edge marginals are computed on access."""
+        """Node and edge marginals and ``log Z`` (eq. 1's optimum); edge marginals are computed on access.
+
+        The solvers call this with the same edge tensor and shifted node scores; the exponentiated edge
+        scores of the last call are kept (with a reference to their tensor and its version counter, so an
+        in-place change or a new tensor is never mistaken for it)."""
         pot = _check_potentials(potentials)
         with torch.no_grad():
-            return _forward_backward(pot)
+            return _forward_backward(pot, self)
+
+    def _edge_factors(self, edge: Tensor, shared: bool) -> tuple[Tensor, Tensor]:
+        """``edge_max`` and ``exp(edge - edge_max)`` (time-major [N-1, B, C, C] unless shared)."""
+        cache = getattr(self, "_cache", None)
+        if cache is not None and cache[0] is edge and cache[1] == edge._version:
+            return cache[2], cache[3]
+        zero = torch.zeros((), dtype=edge.dtype, device=edge.device)
+        edge_max = edge.amax((-1, -2), keepdim=True)
+        edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
+        m = torch.exp(edge - edge_max)                            # [C, C] or [B, N-1, C, C]
+        if not shared:
+            m = m.transpose(0, 1).contiguous()                    # [N-1, B, C, C]
+        if edge.numel() >= 4096:                                  # worth keeping
+            self._cache = (edge, edge._version, edge_max, m)
+        return edge_max, m
 
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
         """``log Z`` [B], differentiable: its gradient is the marginals."""
@@ -82,7 +104,7 @@ def _valid_node(pot: PairwisePotentials) -> tuple[Tensor, Tensor]:
     return torch.where(valid[..., None], pot.node, torch.zeros((), dtype=pot.node.dtype)), valid
 
 
-def _forward_backward(pot: PairwisePotentials) -> Marginals:
+def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None) -> Marginals:
     b, n, c = pot.node.shape
     lengths = pot.lengths
     short = lengths < n                                           # examples that end before N
@@ -100,11 +122,7 @@ def _forward_backward(pot: PairwisePotentials) -> Marginals:
     p.sub_(node_max).exp_()
     edge = pot.edge
     shared = pot.shared_edge
-    edge_max = edge.amax((-1, -2), keepdim=True)
-    edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
-    m = torch.exp(edge - edge_max)                                # [C, C] or [B, N-1, C, C]
-    if not shared:
-        m = m.transpose(0, 1).contiguous()                        # [N-1, B, C, C]
+    edge_max, m = (oracle or LinearChain())._edge_factors(edge, shared)
 
     alpha = torch.empty_like(p)
     s = torch.empty(n, b, dtype=dtype, device=device)

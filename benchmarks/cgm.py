@@ -1,0 +1,107 @@
+"""CGM MAP (eq. 23, Table 4): Bethe mirror descent against CVXPY + Clarabel, measured in the same run.
+
+For each grid G (s = G^4, the cardinality of the edge potentials): one synthetic instance (betheproj.cgm,
+T steps, population M, detection rate alpha), solved by ours (best of --repeats after a warm-up run) and
+by the interior-point solver (CVXPY building and compiling + Clarabel; once).  Prints seconds, the ratio and
+the relative objective difference; then ours alone at the --ours-only sizes and for several T; writes a
+log-log PNG of runtime against s.
+
+Run:  python benchmarks/cgm.py [--grids 5 10 15] [--ours-only 32] [--steps 10] [--png benchmarks/cgm.png]
+Needs the cgm extra (cvxpy, clarabel) and matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from betheproj.cgm import default_model, interior_point, map_counts, simulate
+
+
+def _ours(inst, repeats: int):
+    res = map_counts(inst.potentials, inst.observed, inst.rate, inst.population)           # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        res = map_counts(inst.potentials, inst.observed, inst.rate, inst.population)
+        times.append(time.perf_counter() - start)
+    return res, min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grids", type=int, nargs="*", default=[5, 10, 15], help="sizes with both solvers")
+    parser.add_argument("--ours-only", type=int, nargs="*", default=[32], help="sizes with ours alone")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--step-sweep", type=int, nargs="*", default=[5, 10, 20, 40],
+                        help="T values timed for ours at the grid --sweep-grid")
+    parser.add_argument("--sweep-grid", type=int, default=10)
+    parser.add_argument("--population", type=int, default=100_000)
+    parser.add_argument("--rate", type=float, default=0.5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--png", default="benchmarks/cgm.png")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+
+    rows = []
+    print(f"T = {args.steps}, population {args.population:,}, rate {args.rate}, {torch.get_num_threads()} threads")
+    print(f"{'G':>3} {'s':>10} {'ours s':>9} {'iters':>6} {'IP s':>9} {'Clarabel s':>11} {'IP/ours':>9} "
+          f"{'Clar/ours':>10} {'rel diff':>9}", flush=True)
+    for g in list(args.grids) + list(args.ours_only):
+        inst = simulate(default_model(g, args.steps), args.population, args.rate, seed=0)
+        res, ours = _ours(inst, args.repeats)
+        row = {"grid": g, "s": g ** 4, "ours_seconds": ours, "iterations": int(res.iterations.max()),
+               "converged": bool(res.converged.all()), "objective": float(res.objective.sum())}
+        if g in args.grids:
+            ip = interior_point(inst.potentials, inst.observed, inst.rate, inst.population)
+            row.update(ip_seconds=ip.seconds, clarabel_seconds=ip.solve_seconds, ip_status=ip.status,
+                       ip_objective=float(ip.objective.sum()),
+                       relative_difference=abs(float(ip.objective.sum()) - row["objective"]) / abs(row["objective"]))
+            print(f"{g:>3} {g ** 4:>10,} {ours:>9.4f} {row['iterations']:>6} {ip.seconds:>9.2f} "
+                  f"{ip.solve_seconds:>11.2f} {ip.seconds / ours:>8.0f}x {ip.solve_seconds / ours:>9.0f}x "
+                  f"{row['relative_difference']:>9.1e}", flush=True)
+        else:
+            print(f"{g:>3} {g ** 4:>10,} {ours:>9.4f} {row['iterations']:>6} {'-':>9} {'-':>11}", flush=True)
+        rows.append(row)
+
+    sweep = []
+    print(f"\nours against T at G = {args.sweep_grid} (s = {args.sweep_grid ** 4:,})")
+    print(f"{'T':>4} {'ours s':>9} {'iters':>6} {'s per step':>11}")
+    for t in args.step_sweep:
+        inst = simulate(default_model(args.sweep_grid, t), args.population, args.rate, seed=0)
+        res, ours = _ours(inst, args.repeats)
+        sweep.append({"steps": t, "ours_seconds": ours, "iterations": int(res.iterations.max())})
+        print(f"{t:>4} {ours:>9.4f} {sweep[-1]['iterations']:>6} {ours / t:>11.5f}", flush=True)
+
+    if args.png:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        ax.loglog([r["s"] for r in rows], [r["ours_seconds"] for r in rows], "o-", label="Bethe mirror descent (ours)")
+        both = [r for r in rows if "ip_seconds" in r]
+        ax.loglog([r["s"] for r in both], [r["ip_seconds"] for r in both], "s-", label="CVXPY + Clarabel (all told)")
+        ax.loglog([r["s"] for r in both], [r["clarabel_seconds"] for r in both], "s--", label="Clarabel solve alone")
+        paper = {625: (0.19, 2.8), 10_000: (2.7, 93), 50_625: (14, 690)}
+        ax.loglog(list(paper), [v[0] for v in paper.values()], "x:", color="gray", label="paper: Algorithm 1")
+        ax.loglog(list(paper), [v[1] for v in paper.values()], "+:", color="black", label="paper: interior point")
+        ax.set_xlabel("s = L^2 (cardinality of the edge potentials)")
+        ax.set_ylabel(f"seconds (T = {args.steps})")
+        ax.set_title("CGM MAP: runtime against problem size")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=120)
+        print(f"\nwrote {args.png}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"sizes": rows, "steps": sweep, "threads": torch.get_num_threads()},
+                                              indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

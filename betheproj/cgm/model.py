@@ -1,0 +1,153 @@
+"""Migration on a grid: a log-linear transition model and a simulator of synthetic CGM instances."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..oracles import ChainPotentials
+
+__all__ = ["TransitionModel", "MigrationInstance", "default_model", "simulate"]
+
+
+class TransitionModel(nn.Module):
+    """Individuals move on a ``grid x grid`` map for ``steps`` time steps (Sheldon et al., 2013, section 6):
+
+    ``log P_t(j | i) = distance * (-||x_j - x_i||^2) + drift * <x_j - x_i, u_t> + attraction_j - log Z_t(i)``,
+    ``log P_1(i) = log softmax(initial)_i``,
+
+    with ``x`` the cell's (row, column) in cell units and ``u_t`` the seasonal drift direction at step ``t``,
+    turning from north (+row) through east to south over the season.  As a chain MRF over the ``L = grid^2``
+    cells: node potentials ``log P_1`` at ``t = 1`` (zero after), edge potentials ``log P_t``; log Z = 0.
+    """
+
+    def __init__(self, grid: int, steps: int, distance: float = 1.0, drift: float = 1.5,
+                 attraction: Tensor | None = None, initial: Tensor | None = None,
+                 dtype: torch.dtype = torch.float64):
+        super().__init__()
+        if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+            raise ValueError(f"grid must be a positive int, got {grid!r}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+            raise ValueError(f"steps must be an int >= 2, got {steps!r}")
+        cells = grid * grid
+        self.grid, self.steps = grid, steps
+        self.distance = nn.Parameter(torch.tensor(float(distance), dtype=dtype))
+        self.drift = nn.Parameter(torch.tensor(float(drift), dtype=dtype))
+        self.attraction = nn.Parameter(self._cells("attraction", attraction, cells, dtype))
+        self.initial = nn.Parameter(self._cells("initial", initial, cells, dtype))
+        rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+        xy = torch.stack([rows.flatten(), cols.flatten()], -1).to(dtype)
+        disp = xy[None, :, :] - xy[:, None, :]                                 # [L, L, 2]: x_j - x_i
+        angle = math.pi * torch.arange(steps - 1, dtype=dtype) / max(steps - 2, 1)
+        self.register_buffer("xy", xy)
+        self.register_buffer("neg_sq_distance", -(disp ** 2).sum(-1))
+        self.register_buffer("displacement", disp)
+        self.register_buffer("directions", torch.stack([torch.cos(angle), torch.sin(angle)], -1))   # [T-1, 2]
+
+    @staticmethod
+    def _cells(name: str, value: Tensor | None, cells: int, dtype: torch.dtype) -> Tensor:
+        if value is None:
+            return torch.zeros(cells, dtype=dtype)
+        value = torch.as_tensor(value, dtype=dtype)
+        if value.shape != (cells,):
+            raise ValueError(f"{name} must have one value per cell, shape ({cells},), got {tuple(value.shape)}")
+        return value.clone()
+
+    @property
+    def cells(self) -> int:
+        return self.grid * self.grid
+
+    def log_initial(self) -> Tensor:
+        return torch.log_softmax(self.initial, -1)
+
+    def log_transitions(self) -> Tensor:
+        """``log P_t(j | i)`` [T-1, L, L], each row normalised."""
+        drift = torch.einsum("ijk,tk->tij", self.displacement, self.directions)
+        scores = self.distance * self.neg_sq_distance + self.drift * drift + self.attraction
+        return torch.log_softmax(scores, -1)
+
+    def potentials(self, batch: int = 1) -> ChainPotentials:
+        """The chain MRF of ``batch`` independent populations (seasons) following this model."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive int, got {batch!r}")
+        node = torch.zeros(batch, self.steps, self.cells, dtype=self.initial.dtype, device=self.initial.device)
+        node[:, 0] = self.log_initial()
+        edge = self.log_transitions()[None].expand(batch, -1, -1, -1)
+        return ChainPotentials(node, edge)
+
+    def centred(self) -> dict[str, Tensor]:
+        """The identifiable parameters: ``distance``, ``drift``, and ``attraction`` / ``initial`` centred
+        (the softmaxes do not see their means)."""
+        with torch.no_grad():
+            return {"distance": self.distance.clone(), "drift": self.drift.clone(),
+                    "attraction": self.attraction - self.attraction.mean(),
+                    "initial": self.initial - self.initial.mean()}
+
+
+@dataclass
+class MigrationInstance:
+    """Synthetic data: ``potentials`` (the true chain MRF, [B, T, L]), the true ``counts`` [B, T, L] and
+    ``flows`` [B, T-1, L, L] of ``population`` individuals per season, the ``observed`` counts
+    ``~ Poisson(rate * counts)`` [B, T, L], and the ``model`` that generated them."""
+
+    potentials: ChainPotentials
+    counts: Tensor
+    flows: Tensor
+    observed: Tensor
+    rate: float
+    population: int
+    model: TransitionModel
+
+
+def default_model(grid: int, steps: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> TransitionModel:
+    """Short moves with a seasonal drift, random cell attractiveness, a population starting in the south."""
+    gen = torch.Generator().manual_seed(seed)
+    cells = grid * grid
+    attraction = 0.5 * torch.randn(cells, generator=gen, dtype=dtype)
+    rows = torch.arange(grid, dtype=dtype).repeat_interleave(grid)
+    initial = -4.0 * rows / max(grid - 1, 1) + 0.5 * torch.randn(cells, generator=gen, dtype=dtype)
+    return TransitionModel(grid, steps, 1.0, 1.5, attraction, initial, dtype)
+
+
+@torch.no_grad()
+def simulate(model: TransitionModel, population: int = 10_000, rate: float = 0.5, seasons: int = 1,
+             noise: float = 0.0, seed: int = 0) -> MigrationInstance:
+    """Draw ``seasons`` independent seasons of ``population`` paths from ``model`` (its transition
+    log-potentials perturbed once by Gaussian ``noise``, the part no model of the family explains) and
+    observe each cell's count with ``Poisson(rate * count)``."""
+    if isinstance(population, bool) or not isinstance(population, int) or population < 1:
+        raise ValueError(f"population must be a positive int, got {population!r}")
+    if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a positive number, got {rate!r}")
+    if isinstance(seasons, bool) or not isinstance(seasons, int) or seasons < 1:
+        raise ValueError(f"seasons must be a positive int, got {seasons!r}")
+    if not (isinstance(noise, int | float) and noise >= 0):
+        raise ValueError(f"noise must be a non-negative number, got {noise!r}")
+    rng = np.random.default_rng(seed)
+    log_p = model.log_transitions()
+    if noise > 0:
+        gen = torch.Generator().manual_seed(seed + 1)
+        log_p = torch.log_softmax(log_p + noise * torch.randn(log_p.shape, generator=gen, dtype=log_p.dtype), -1)
+    init = model.log_initial().exp().cpu().numpy().astype(np.float64)
+    trans = log_p.exp().cpu().numpy().astype(np.float64)
+    trans /= trans.sum(-1, keepdims=True)
+    t, cells = model.steps, model.cells
+    counts = np.zeros((seasons, t, cells), dtype=np.int64)
+    flows = np.zeros((seasons, t - 1, cells, cells), dtype=np.int64)
+    for b in range(seasons):
+        counts[b, 0] = rng.multinomial(population, init / init.sum())
+        for s in range(t - 1):
+            flows[b, s] = rng.multinomial(counts[b, s], trans[s])
+            counts[b, s + 1] = flows[b, s].sum(0)
+    observed = rng.poisson(rate * counts)
+    dtype, device = model.initial.dtype, model.initial.device
+    node = torch.zeros(seasons, t, cells, dtype=dtype, device=device)
+    node[:, 0] = model.log_initial()
+    potentials = ChainPotentials(node, log_p.to(device)[None].expand(seasons, -1, -1, -1))
+    as_tensor = lambda a: torch.from_numpy(a).to(device=device, dtype=dtype)  # noqa: E731
+    return MigrationInstance(potentials, as_tensor(counts), as_tensor(flows), as_tensor(observed), float(rate),
+                             population, model)

@@ -1,0 +1,54 @@
+"""Pictures of migration: counts on the grid with the mean move out of each cell."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .model import TransitionModel
+
+__all__ = ["plot_flows"]
+
+
+def _panel(ax, model: TransitionModel, counts: Tensor, flows: Tensor | None, vmax: float) -> None:
+    g = model.grid
+    image = ax.imshow(counts.reshape(g, g).cpu().numpy(), origin="lower", cmap="Blues", vmin=0, vmax=vmax)
+    if flows is not None:
+        out = flows.sum(-1)
+        move = (flows[..., None] * model.displacement).sum(1) / out.clamp_min(1e-12)[:, None]   # [L, 2]
+        keep = (out > 0.002 * out.sum()).cpu().numpy()
+        xy, move = model.xy.cpu().numpy(), move.detach().cpu().numpy()
+        ax.quiver(xy[keep, 1], xy[keep, 0], move[keep, 1], move[keep, 0], angles="xy", scale_units="xy", scale=1,
+                  color="crimson", width=0.006 if g <= 10 else 0.003)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return image
+
+
+def plot_flows(model: TransitionModel, counts: Tensor, flows: Tensor, path: str, truth: tuple[Tensor, Tensor] | None
+               = None, panels: int = 5) -> None:
+    """Counts [T, L] at ``panels`` evenly spaced steps with the mean move out of each cell (arrows, from the
+    flows [T-1, L, L]); with ``truth = (counts, flows)`` a first row shows the true ones."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = counts.shape[0]
+    panels = max(1, min(panels, steps))
+    chosen = sorted({round(i * (steps - 1) / max(panels - 1, 1)) for i in range(panels)})
+    rows = [("inferred (MAP)", counts, flows)]
+    if truth is not None:
+        rows.insert(0, ("true", truth[0], truth[1]))
+    vmax = float(max(r[1].max() for r in rows))
+    fig, axes = plt.subplots(len(rows), len(chosen), figsize=(2.4 * len(chosen) + 1, 2.5 * len(rows)),
+                             squeeze=False)
+    image = None
+    for r, (name, c, f) in enumerate(rows):
+        for k, t in enumerate(chosen):
+            image = _panel(axes[r, k], model, c[t], f[t] if t < steps - 1 else None, vmax)
+            if r == 0:
+                axes[r, k].set_title(f"t = {t + 1}")
+        axes[r, 0].set_ylabel(name)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="individuals per cell")
+    fig.suptitle("Migration: counts per cell and mean move out of each cell (north is up)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
