@@ -12,8 +12,11 @@ from torch import Tensor
 from ..energies import Poisson
 from ..inference import Solution, solve
 from ..oracles import ChainPotentials, LinearChain
+from .fast import mirror_descent
 
 __all__ = ["CGMResult", "check_observations", "map_counts"]
+
+_FAST_CELLS = 400     # the NumPy path up to this many cells; beyond, the batched PyTorch solver is faster
 
 
 def check_observations(observed: Tensor, rate: float, population: float, potentials: ChainPotentials) -> Tensor:
@@ -48,19 +51,59 @@ def check_observations(observed: Tensor, rate: float, population: float, potenti
 
 @dataclass
 class CGMResult:
-    """The MAP counts ``population * mu*`` ([B, T, L]) with the solver's report."""
+    """The MAP counts ``population * mu*`` ([B, T, L]) with the solver's report; ``potentials`` is the dual
+    iterate ``theta~`` whose marginals are ``mu*`` (Proposition 1)."""
 
     counts: Tensor
     objective: Tensor
     iterations: Tensor
     converged: Tensor
     seconds: float
-    solution: Solution
+    potentials: ChainPotentials
     population: float
+    _solution: Solution | None = None
+
+    @property
+    def solution(self) -> Solution:
+        """The full :class:`~betheproj.inference.Solution` (marginals with edges on demand)."""
+        if self._solution is None:
+            marginals = LinearChain().marginals(self.potentials)
+            b = self.counts.shape[0]
+            self._solution = Solution(marginals, self.potentials, self.iterations, self.converged, self.objective,
+                                      self.objective[:, None], torch.zeros(b, dtype=torch.bool), torch.zeros(b),
+                                      0, "md")
+        return self._solution
 
     def flows(self) -> Tensor:
         """Expected flows ``population * mu*_t(i, j)`` [B, T-1, L, L] (the edge marginals, computed on demand)."""
         return self.population * self.solution.marginals.edge
+
+
+def _fast(potentials: ChainPotentials, observed: Tensor, rate: float, population: float, tol: float, max_iter: int,
+          warm_start: ChainPotentials | None) -> CGMResult | None:
+    """Every example through the NumPy small-problem path; ``None`` if any needs the generic solver."""
+    node = potentials.node.detach().double().numpy()
+    edge = potentials.full_edge().detach().double().numpy()
+    y = observed.detach().double().numpy()
+    delta = None if warm_start is None else (warm_start.node - potentials.node).detach().double().numpy()
+    rows = []
+    for b in range(node.shape[0]):
+        n = int(potentials.lengths[b])
+        out = mirror_descent(node[b, :n], edge[b, :n - 1], y[b, :n], rate, population, tol, max_iter,
+                             None if delta is None else delta[b, :n])
+        if out is None:
+            return None
+        rows.append(out)
+    dtype = potentials.node.dtype
+    mu = torch.zeros(potentials.node.shape, dtype=dtype)
+    offset = torch.zeros(potentials.node.shape, dtype=dtype)
+    for b, row in enumerate(rows):
+        n = row[0].shape[0]
+        mu[b, :n], offset[b, :n] = torch.from_numpy(row[0]).to(dtype), torch.from_numpy(row[1]).to(dtype)
+    tilde = potentials.shifted(offset, None)
+    as_tensor = lambda i, kind: torch.tensor([r[i] for r in rows], dtype=kind)  # noqa: E731
+    return CGMResult(population * mu, as_tensor(2, dtype), as_tensor(3, torch.long), as_tensor(4, torch.bool), 0.0,
+                     tilde, float(population))
 
 
 def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, population: float, method: str = "md",
@@ -70,16 +113,26 @@ def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, popul
     negative Poisson log-likelihood of ``observed ~ Poisson(rate * population * mu)`` scaled by
     ``1/population`` (the :class:`~betheproj.energies.Poisson` energy), i.e. minimise (2).  The objective
     reported is (2)'s, ``-H_B - <theta, mu> + L``.  Mirror descent (the default) meets tight tolerances fastest;
-    ``tol`` bounds the stationarity residual (see :func:`betheproj.solve`); at 1e-6 the objective agrees with
-    the interior-point solver's to about 1e-10 relative.  Some instances creep just above 1e-6 when the
-    objective's rounding hides further progress: ``max_iter`` bounds them and ``converged`` says which.
-    ``warm_start``: potentials whose marginals are a good guess (e.g. these potentials plus the node offset of
-    a previous solution, ``solution.potentials.node - potentials.node``)."""
+    on the CPU and up to 400 cells it runs in the NumPy small-problem path (:mod:`betheproj.cgm.fast`, the same
+    algorithm and stopping rule) unless the scaled recursion cannot be trusted there; otherwise
+    :func:`betheproj.solve`.  ``tol`` bounds the stationarity residual (see :func:`betheproj.solve`); at 1e-6
+    the objective agrees with the interior-point solver's to about 1e-8 relative or better.  Some instances
+    creep just above the tolerance when the objective's rounding hides further progress: ``max_iter`` bounds
+    them and ``converged`` says which.  ``warm_start``: potentials whose marginals are a good guess (e.g. these
+    potentials plus the node offset of a previous solution, ``result.potentials.node - potentials.node``)."""
     observed = check_observations(observed, rate, population, potentials)
-    energy = Poisson(observed, rate=float(rate), scale=float(population))
+    tol = 1e-6 if tol is None else tol
     start = time.perf_counter()
+    if method == "md" and potentials.node.device.type == "cpu" and potentials.node.shape[2] <= _FAST_CELLS:
+        if warm_start is not None and warm_start.node.shape != potentials.node.shape:
+            raise ValueError("warm_start must be potentials of the same shape as potentials")
+        result = _fast(potentials, observed, float(rate), float(population), tol, max_iter, warm_start)
+        if result is not None:
+            result.seconds = time.perf_counter() - start
+            return result
+    energy = Poisson(observed, rate=float(rate), scale=float(population))
     sol = solve(LinearChain(), potentials, energy, method=method, max_iter=max_iter, tol=tol,
                 warm_start=warm_start)
     seconds = time.perf_counter() - start
-    return CGMResult(population * sol.marginals.node, sol.objective, sol.iterations, sol.converged, seconds, sol,
-                     float(population))
+    return CGMResult(population * sol.marginals.node, sol.objective, sol.iterations, sol.converged, seconds,
+                     sol.potentials, float(population), sol)

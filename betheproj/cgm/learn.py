@@ -35,7 +35,7 @@ class HardEMHistory:
 
 def _offset(result, potentials: ChainPotentials) -> Tensor:
     """The solution's dual offset ``theta~ - theta`` on the nodes (the energy's pull, ``-grad L(mu*)``)."""
-    return result.solution.potentials.node - potentials.node
+    return result.potentials.node - potentials.node
 
 
 def _shift(potentials: ChainPotentials, offset: Tensor | None) -> ChainPotentials | None:
