@@ -35,20 +35,23 @@ class _Chain:
         alpha = np.empty_like(p)
         beta = np.empty_like(p)
         sums = np.empty(steps)
-        a = p[0]
-        for t in range(steps):
-            if t:
-                a = np.dot(a, factors[t - 1]) * p[t]
-            s = np.add.reduce(a)
-            sums[t] = s
-            a = a * (1.0 / s)
-            alpha[t] = a
-        b = np.ones(p.shape[1])
-        beta[-1] = b
+        reduce, dot, multiply = np.add.reduce, np.dot, np.multiply
+        alpha[0] = p[0]
+        sums[0] = s = reduce(p[0])
+        alpha[0] /= s
+        for t in range(1, steps):
+            a = alpha[t]
+            dot(alpha[t - 1], factors[t - 1], out=a)
+            a *= p[t]
+            sums[t] = s = reduce(a)
+            a /= s
+        beta[-1] = 1.0
+        v = np.empty(p.shape[1])
         for t in range(steps - 2, -1, -1):
-            b = np.dot(factors[t], p[t + 1] * b)
-            b = b * (1.0 / np.add.reduce(b))
-            beta[t] = b
+            b = beta[t]
+            multiply(p[t + 1], beta[t + 1], out=v)
+            dot(factors[t], v, out=b)
+            b /= reduce(b)
         if not (np.isfinite(sums).all() and (sums > 0).all() and np.isfinite(beta).all()):
             return None                                                # underflow or overflow: not trusted
         mu = alpha * beta
@@ -56,13 +59,14 @@ class _Chain:
         return mu, float(top.sum()) + self.const + float(np.log(sums).sum())
 
 
-def _residual(delta: np.ndarray, grad: np.ndarray, mu: np.ndarray) -> float:
+def _residual(delta: np.ndarray, grad: np.ndarray, mu: np.ndarray, log_mu: np.ndarray) -> float:
     """The generic solver's stationarity residual (total-variation change of a node marginal)."""
-    logits = np.log(np.maximum(mu, _TINY)) - (delta + grad)
+    logits = log_mu - (delta + grad)
     logits -= logits.max(axis=1, keepdims=True)
     q = np.exp(logits)
     q /= q.sum(axis=1, keepdims=True)
-    return float(np.abs(q - mu).sum(axis=1).max())
+    q -= mu
+    return float(np.abs(q).sum(axis=1).max())
 
 
 def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rate: float, population: float,
@@ -74,28 +78,30 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
     if not (np.isfinite(node).all() and np.isfinite(edge).all()):
         return None
     chain = _Chain(node, edge)
-    seen = observed > 0
-    weight = observed / population
-    offset = float((observed[seen] * np.log(rate * population)).sum()) / population
+    weight = observed / population                                  # zero where nothing was seen
+    offset = float((observed * np.log(rate * population)).sum()) / population
 
-    def energy(mu: np.ndarray) -> float:
-        return rate * float(mu.sum()) - offset - float((weight[seen] * np.log(mu[seen])).sum())
-
-    def gradient(mu: np.ndarray) -> np.ndarray:
-        return rate - weight / np.maximum(mu, _TINY)
+    def oracle(d: np.ndarray):
+        """Marginals, their logs and the objective at the dual offset ``d``; ``None`` if not trusted."""
+        out = chain.marginals(d)
+        if out is None:
+            return None
+        m, lz = out
+        log_m = np.log(np.maximum(m, _TINY))
+        inner = float(np.vdot(d, m))
+        val = rate * float(m.sum()) - offset - float(np.vdot(weight, log_m))
+        floor = 64 * _EPS * (abs(lz) + abs(inner) + abs(val))
+        return m, log_m, -lz + inner + val, floor, bool((m == 0).any())
 
     delta = np.zeros_like(node) if delta is None else delta.copy()
-    out = chain.marginals(delta)
-    if out is None:
+    out = oracle(delta)
+    if out is None or out[4]:
         return None
-    mu, log_z = out
-    if seen.any() and (mu[seen] == 0).any():
-        return None
-    f = -log_z + float((delta * mu).sum()) + energy(mu)
+    mu, log_mu, f, _, _ = out
     eta, residual, iterations, converged = step, np.inf, 0, False
     for _ in range(max_iter):
-        g = gradient(mu)
-        residual = _residual(delta, g, mu)
+        g = rate - weight / np.maximum(mu, _TINY)
+        residual = _residual(delta, g, mu, log_mu)
         if residual <= tol:
             converged = True
             break
@@ -103,24 +109,20 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
         for attempt in range(max_backtracks + 1):
             w = eta / (1.0 + eta)
             cand = delta + w * (-g - delta)
-            out = chain.marginals(cand)
+            out = oracle(cand)
             if out is None:
                 return None
-            m, lz = out
-            inner = float((cand * m).sum())
-            val = energy(m) if (m[seen] > 0).all() else np.inf
-            fc = -lz + inner + val
-            floor = 64 * _EPS * (abs(lz) + abs(inner) + abs(val) + abs(f))
+            m, log_m, fc, floor, collapsed = out
+            floor += 64 * _EPS * abs(f)
             ok = np.isfinite(fc) and fc <= f + floor
             if ok and abs(fc - f) <= floor:                 # rounding hides the change: the residual must fall
-                ok = _residual(cand, gradient(m), m) < residual
-            change = np.abs(np.log(np.maximum(m, _TINY)) - np.log(np.maximum(mu, _TINY))).max()
-            collapsed = bool((m == 0).any())
+                ok = _residual(cand, rate - weight / np.maximum(m, _TINY), m, log_m) < residual
+            change = float(np.abs(log_m - log_mu).max())
             ok = ok and change <= trust_region and not collapsed
             if attempt == max_backtracks:
                 ok = bool(np.isfinite(fc)) and np.isfinite(change) and not collapsed
             if ok:
-                delta, mu, f, accepted = cand, m, fc, True
+                delta, mu, log_mu, f, accepted = cand, m, log_m, fc, True
                 iterations += 1
                 break
             clean = False
