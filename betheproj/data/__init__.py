@@ -1,5 +1,6 @@
 """Data loaders; each takes a path and names the file it expects."""
 
+from .citations import Citation, load_citations, read_citations
 from .ocr import OCRData, load_ocr
 
-__all__ = ["OCRData", "load_ocr"]
+__all__ = ["Citation", "load_citations", "read_citations", "OCRData", "load_ocr"]

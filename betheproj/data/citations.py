@@ -1,0 +1,115 @@
+"""The UMass citation field extraction data (Anzaroot & McCallum, 2013) in its nested-tag format.
+
+One citation a line; tokens are separated by spaces and so, mostly, are the tags (``</thesis><institution>``
+also occurs).  Each token gets the path of the tags open around it, e.g. ``authors/person/person-last``;
+its label is that path in a BIO encoding (``B-`` where a new tag instance begins, ``O`` outside every tag).
+The full path is kept because it is what the paper's "fine-grained" label set means: ``person-last`` under
+``authors`` and under ``editor`` are different fields, and the person level separates one author from the
+next (a new ``person`` makes a new ``B-`` even when two authors' last names touch).
+
+A tag nested directly in a tag of the same name (``<venue> <venue>``, ``<person> <person>``, a few lines of
+the data) counts once in the path.  Malformed lines are repaired as they are read, and each repair is
+counted: a closing tag matching a tag further down the stack closes every tag above it; a closing tag
+matching no open tag closes the innermost one (the data's mismatched pairs such as
+``<person-middle> ... </person-first>``); tags left open at the end of a line are closed there.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Citation", "parse_citation", "read_citations", "load_citations", "SPLITS"]
+
+SPLITS = {"train": "training.docs", "dev": "dev.docs", "test": "testing.docs"}
+_TAG = re.compile(r"(</?[A-Za-z][\w.-]*>)")
+
+
+@dataclass
+class Citation:
+    """A citation's ``tokens``, each token's tag ``paths`` (tuples, ``()`` outside every tag), the BIO
+    ``labels`` over the joined paths, and the number of ``repairs`` its line needed."""
+
+    tokens: list[str]
+    paths: list[tuple[str, ...]]
+    labels: list[str] = field(default_factory=list)
+    repairs: int = 0
+
+    def segments(self) -> list[tuple[str, int, int]]:
+        """The labelled spans ``(path, start, end)`` (end exclusive) read off the BIO labels."""
+        return bio_segments(self.labels)
+
+
+def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
+    """Spans ``(type, start, end)`` of a BIO sequence; an ``I-`` that does not continue its type starts a span."""
+    spans: list[tuple[str, int, int]] = []
+    kind, start = None, 0
+    for i, label in enumerate([*labels, "O"]):
+        tag, _, name = label.partition("-")
+        if label == "O" or tag == "B" or name != kind:
+            if kind is not None:
+                spans.append((kind, start, i))
+            kind, start = (None, i) if label == "O" else (name, i)
+    return spans
+
+
+def parse_citation(line: str) -> Citation:
+    """One line of the nested-tag format (see the module docstring for the repairs)."""
+    stack: list[tuple[str, int]] = []                      # (tag, instance id)
+    tokens: list[str] = []
+    paths: list[tuple[str, ...]] = []
+    labels: list[str] = []
+    repairs, instances, previous = 0, 0, None
+    for piece in _TAG.split(line):
+        if _TAG.fullmatch(piece):
+            name = piece.strip("</>")
+            if not piece.startswith("</"):
+                instances += 1
+                stack.append((name, instances))
+                continue
+            names = [n for n, _ in stack]
+            if name in names:
+                depth = len(names) - 1 - names[::-1].index(name)
+                repairs += len(stack) - 1 - depth
+                del stack[depth:]
+            elif stack:
+                repairs += 1
+                stack.pop()
+            else:
+                repairs += 1                               # a closing tag with nothing open: ignored
+            continue
+        for token in piece.split():
+            path = tuple(n for i, (n, _) in enumerate(stack) if i == 0 or stack[i - 1][0] != n)
+            segment = stack[-1][1] if stack else None
+            tokens.append(token)
+            paths.append(path)
+            if not path:
+                labels.append("O")
+            else:
+                labels.append(("I-" if segment == previous else "B-") + "/".join(path))
+            previous = segment
+    repairs += len(stack)
+    return Citation(tokens, paths, labels, repairs)
+
+
+def read_citations(path: str | Path) -> list[Citation]:
+    """Every non-empty line of a ``.docs`` file (or its ``.docs.gz``)."""
+    path = Path(path)
+    if not path.is_file() and Path(str(path) + ".gz").is_file():
+        path = Path(str(path) + ".gz")
+    if not path.is_file():
+        raise FileNotFoundError(f"expected the citation file {path.name} (or {path.name}.gz) at {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        return [parse_citation(line) for line in handle if line.strip()]
+
+
+def load_citations(folder: str | Path) -> dict[str, list[Citation]]:
+    """The three splits from ``folder`` (``training.docs``, ``dev.docs``, ``testing.docs``, optionally
+    gzipped): ``{"train": [...], "dev": [...], "test": [...]}``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"expected a folder holding {', '.join(SPLITS.values())} at {folder}")
+    return {split: read_citations(folder / name) for split, name in SPLITS.items()}

@@ -1,0 +1,68 @@
+"""The nested-tag citation reader: hand-made lines with every repair, BIO spans, and the real files' counts."""
+
+from pathlib import Path
+
+import pytest
+
+from betheproj.data.citations import bio_segments, load_citations, parse_citation, read_citations
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "umass_citation" / "original"
+needs_data = pytest.mark.skipif(not (DATA / "training.docs.gz").is_file(), reason="../shared/data not present")
+
+
+def test_well_formed_line():
+    c = parse_citation("<ref-marker> [3] </ref-marker> <authors> <person> <person-first> A. </person-first> "
+                       "<person-last> Smith , </person-last> </person> and <person> <person-last> Jones </person-last>"
+                       " </person> </authors> <venue> <thesis> PhD thesis </thesis><institution> MIT </institution>"
+                       " </venue>")
+    assert c.tokens == ["[3]", "A.", "Smith", ",", "and", "Jones", "PhD", "thesis", "MIT"]
+    assert c.labels == ["B-ref-marker", "B-authors/person/person-first", "B-authors/person/person-last",
+                        "I-authors/person/person-last", "B-authors", "B-authors/person/person-last",
+                        "B-venue/thesis", "I-venue/thesis", "B-venue/institution"]
+    assert c.paths[4] == ("authors",) and c.repairs == 0
+    assert c.segments()[:3] == [("ref-marker", 0, 1), ("authors/person/person-first", 1, 2),
+                                ("authors/person/person-last", 2, 4)]
+
+
+def test_adjacent_instances_of_one_field_are_separate_segments():
+    c = parse_citation("<authors> <person> <person-last> Ng </person-last> </person> <person> <person-last> Li "
+                       "</person-last> </person> </authors>")
+    assert c.labels == ["B-authors/person/person-last", "B-authors/person/person-last"]
+    assert [s[1:] for s in c.segments()] == [(0, 1), (1, 2)]
+
+
+def test_repairs_of_malformed_lines():
+    # a mismatched closer closes the innermost tag; the data's <person-middle> ... </person-first>
+    c = parse_citation("<authors> <person> <person-middle> J. </person-first> <person-last> Doe </person-last> "
+                       "</person> </authors>")
+    assert c.labels == ["B-authors/person/person-middle", "B-authors/person/person-last"] and c.repairs == 1
+    # a closer further down the stack closes everything above it
+    c = parse_citation("<venue> <journal> Phys . Rev . </venue> <title> T </title>")
+    assert c.paths[0] == ("venue", "journal") and c.labels[-1] == "B-title" and c.repairs == 1
+    # a tag left open at the end of the line, and a stray closer with nothing open
+    c = parse_citation("</note> x <note> see also")
+    assert c.labels == ["O", "B-note", "I-note"] and c.repairs == 2
+    # the same tag nested in itself counts once
+    assert parse_citation("<venue> <venue> <pages> 1-2 </pages> </venue> </venue>").labels == ["B-venue/pages"]
+
+
+def test_bio_segments():
+    assert bio_segments(["B-a", "I-a", "O", "I-b", "I-b", "B-b", "I-a"]) == [("a", 0, 2), ("b", 3, 5), ("b", 5, 6),
+                                                                                ("a", 6, 7)]
+    assert bio_segments([]) == [] and bio_segments(["O", "O"]) == []
+
+
+def test_missing_files_name_what_is_expected(tmp_path):
+    with pytest.raises(FileNotFoundError, match="training.docs"):
+        load_citations(tmp_path)
+    with pytest.raises(FileNotFoundError, match="dev.docs"):
+        read_citations(tmp_path / "dev.docs")
+
+
+@needs_data
+def test_counts_match_the_source():
+    data = load_citations(DATA)
+    assert {k: len(v) for k, v in data.items()} == {"train": 1457, "dev": 660, "test": 367}
+    assert [sum(len(c.tokens) for c in v) for v in data.values()] == [37280, 16249, 9237]
+    assert [sum(c.repairs > 0 for c in v) for v in data.values()] == [9, 5, 5]          # SOURCE.md: 9, 5, 5
+    assert all(len(c.tokens) == len(c.labels) == len(c.paths) for v in data.values() for c in v)
