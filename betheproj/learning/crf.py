@@ -64,6 +64,26 @@ class LinearChainCRF(nn.Module):
         return PairwisePotentials(node, self.transitions, lengths)
 
 
+class SparseChainCRF(nn.Module):
+    """``theta(x)`` for sparse features: each position's node scores are the sum of the weight rows of its
+    feature indices (``EmbeddingBag``, index 0 = padding) plus a bias; one shared transition matrix."""
+
+    def __init__(self, num_features: int, num_labels: int):
+        super().__init__()
+        self.weights = nn.EmbeddingBag(num_features, num_labels, mode="sum", padding_idx=0)
+        nn.init.zeros_(self.weights.weight)
+        self.bias = nn.Parameter(torch.zeros(num_labels))
+        self.transitions = nn.Parameter(torch.zeros(num_labels, num_labels))
+
+    def forward(self, features: Tensor, lengths: Tensor) -> PairwisePotentials:
+        """Potentials for feature indices [B, N, K] (long)."""
+        if features.dim() != 3 or features.dtype != torch.long:
+            raise ValueError(f"features must be long indices [B, N, K], got {features.dtype} {tuple(features.shape)}")
+        b, n, k = features.shape
+        node = self.weights(features.reshape(b * n, k)).reshape(b, n, -1) + self.bias
+        return PairwisePotentials(node, self.transitions, lengths)
+
+
 def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor, oracle: Oracle | None = None,
             l2: float = 1e-3, max_iter: int = 100, tolerance: float = 1e-7) -> list[float]:
     """Full-batch L-BFGS on ``mean NLL + l2/2 ||params||^2``; returns the objective after each evaluation."""

@@ -1,0 +1,105 @@
+"""Sparse token features for citation field extraction, as indices into a weight table (no dense one-hot).
+
+Per token: the word, its lower case, its shape (``Xx.``-style, runs collapsed) and the shape with runs kept
+up to 4, prefixes and suffixes of 1-3 characters, punctuation, digit and year flags, the position in the
+citation (10 buckets, first and last), the lower-cased words and shapes at offsets -2..2, and lexicon
+features read off the training split: the leaf fields the lower-cased word was labelled with at least
+twice.  :class:`FeatureIndex` numbers the features seen in training (0 is padding); others are dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .citations import Citation
+
+__all__ = ["token_features", "FeatureIndex"]
+
+_YEAR = re.compile(r"^\(?(1[89]|20)\d\d[a-z]?\)?[.,;:]?$")
+
+
+def _shape(word: str, keep: int) -> str:
+    out, last, run = [], "", 0
+    for ch in word:
+        k = "X" if ch.isupper() else "x" if ch.islower() else "d" if ch.isdigit() else ch
+        run = run + 1 if k == last else 1
+        last = k
+        if run <= keep:
+            out.append(k)
+    return "".join(out)
+
+
+def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = None) -> list[list[str]]:
+    """The feature strings of every token of a citation."""
+    n = len(tokens)
+    lower = [t.lower() for t in tokens]
+    shape = [_shape(t, 1) for t in tokens]
+    feats = []
+    for i, (tok, low) in enumerate(zip(tokens, lower, strict=True)):
+        f = [f"w={tok}", f"l={low}", f"s={shape[i]}", f"S={_shape(tok, 4)}", f"pos={10 * i // max(n, 1)}"]
+        f += [f"p{k}={low[:k]}" for k in (1, 2, 3) if len(low) >= k]
+        f += [f"x{k}={low[-k:]}" for k in (1, 2, 3) if len(low) >= k]
+        if i == 0:
+            f.append("first")
+        if i == n - 1:
+            f.append("last")
+        if not any(ch.isalnum() for ch in tok):
+            f.append("punct")
+        if any(ch.isdigit() for ch in tok):
+            f.append("digit")
+            if tok.isdigit():
+                f.append(f"ndig={min(len(tok), 5)}")
+        if _YEAR.match(tok):
+            f.append("year")
+        for off in (-2, -1, 1, 2):
+            j = i + off
+            word, sh = (lower[j], shape[j]) if 0 <= j < n else ("<pad>", "<pad>")
+            f += [f"l{off:+d}={word}", f"s{off:+d}={sh}"]
+        if lexicon is not None:
+            f += [f"lex={leaf}" for leaf in sorted(lexicon.get(low, ()))]
+        feats.append(f)
+    return feats
+
+
+class FeatureIndex:
+    """Feature and label numbering fitted on training citations; ``encode`` gives padded index tensors."""
+
+    def __init__(self, citations: Sequence[Citation], min_count: int = 1, lexicon_count: int = 2):
+        if not citations:
+            raise ValueError("citations must not be empty")
+        leaves: dict[str, Counter] = defaultdict(Counter)
+        for c in citations:
+            for tok, path in zip(c.tokens, c.paths, strict=True):
+                if path:
+                    leaves[tok.lower()][path[-1]] += 1
+        self.lexicon = {w: {leaf for leaf, k in cnt.items() if k >= lexicon_count} for w, cnt in leaves.items()}
+        counts = Counter(f for c in citations for fs in token_features(c.tokens, self.lexicon) for f in fs)
+        self.features = {f: i + 1 for i, f in enumerate(sorted(f for f, k in counts.items() if k >= min_count))}
+        self.labels = sorted({label for c in citations for label in c.labels} | {"O"})
+        self.label_ids = {label: i for i, label in enumerate(self.labels)}
+
+    @property
+    def num_features(self) -> int:
+        return len(self.features) + 1
+
+    def encode(self, citations: Sequence[Citation]) -> tuple[Tensor, Tensor, Tensor]:
+        """Feature indices [B, N, K] (0 = padding), label ids [B, N] (-1 padding; labels unseen in training
+        map to ``O``) and lengths [B]."""
+        rows = [[[self.features[f] for f in fs if f in self.features] for fs in token_features(c.tokens, self.lexicon)]
+                for c in citations]
+        b = len(rows)
+        n = max((len(r) for r in rows), default=1)
+        k = max((len(f) for r in rows for f in r), default=1)
+        ids = torch.zeros(b, n, k, dtype=torch.long)
+        labels = torch.full((b, n), -1, dtype=torch.long)
+        o = self.label_ids["O"]
+        for i, (r, c) in enumerate(zip(rows, citations, strict=True)):
+            for j, fs in enumerate(r):
+                ids[i, j, : len(fs)] = torch.tensor(fs, dtype=torch.long)
+            labels[i, : len(c.labels)] = torch.tensor([self.label_ids.get(y, o) for y in c.labels], dtype=torch.long)
+        return ids, labels, torch.tensor([len(c.tokens) for c in citations])

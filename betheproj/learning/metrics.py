@@ -1,0 +1,48 @@
+"""Segment-level precision, recall and F1 (exact span match, per field and micro-averaged; CoNLL convention)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..data.citations import bio_segments
+
+__all__ = ["SegmentScores", "segment_f1"]
+
+
+def _prf(tp: int, n_pred: int, n_gold: int) -> tuple[float, float, float]:
+    p = tp / n_pred if n_pred else 0.0
+    r = tp / n_gold if n_gold else 0.0
+    return p, r, (2 * p * r / (p + r) if p + r else 0.0)
+
+
+@dataclass
+class SegmentScores:
+    """Micro-averaged ``precision``, ``recall``, ``f1`` (in [0, 1]) and, per field, ``(p, r, f1, gold count)``."""
+
+    precision: float
+    recall: float
+    f1: float
+    per_field: dict[str, tuple[float, float, float, int]] = field(default_factory=dict)
+
+
+def segment_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> SegmentScores:
+    """Score predicted BIO label sequences against gold ones: a segment counts only when its type, start and
+    end all match; an ``I-`` that does not continue its type starts a new segment (the conlleval reading)."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"gold and predicted must hold as many sequences, got {len(gold)} and {len(predicted)}")
+    tp, n_gold, n_pred = Counter(), Counter(), Counter()
+    for i, (g, p) in enumerate(zip(gold, predicted, strict=True)):
+        if len(g) != len(p):
+            raise ValueError(f"sequence {i}: gold has {len(g)} labels, predicted {len(p)}")
+        gs, ps = set(bio_segments(list(g))), set(bio_segments(list(p)))
+        for kind, _, _ in gs:
+            n_gold[kind] += 1
+        for kind, _, _ in ps:
+            n_pred[kind] += 1
+        for kind, _, _ in gs & ps:
+            tp[kind] += 1
+    per_field = {k: (*_prf(tp[k], n_pred[k], n_gold[k]), n_gold[k]) for k in sorted(set(n_gold) | set(n_pred))}
+    p, r, f = _prf(sum(tp.values()), sum(n_pred.values()), sum(n_gold.values()))
+    return SegmentScores(p, r, f, per_field)

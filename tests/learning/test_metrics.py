@@ -1,0 +1,36 @@
+"""Segment F1 against hand-counted cases."""
+
+import pytest
+
+from betheproj.learning.metrics import segment_f1
+
+
+def test_hand_counted_case():
+    gold = [["B-a", "I-a", "O", "B-b"], ["B-b", "I-b", "B-a"]]
+    pred = [["B-a", "I-a", "O", "B-a"], ["B-b", "O", "B-a"]]
+    # gold segments: a(0,2) b(3,4) | b(0,2) a(2,3) = 4; predicted: a(0,2) a(3,4) | b(0,1) a(2,3) = 4; correct: 2
+    s = segment_f1(gold, pred)
+    assert (s.precision, s.recall, s.f1) == (0.5, 0.5, 0.5)
+    assert s.per_field["a"] == pytest.approx((2 / 3, 1.0, 0.8, 2))
+    assert s.per_field["b"] == (0.0, 0.0, 0.0, 2)
+
+
+def test_boundaries_and_stray_inside_tags():
+    # an I- without its B- starts a segment (conlleval); a longer or shorter span is wrong
+    s = segment_f1([["I-a", "I-a", "B-a"]], [["B-a", "I-a", "B-a"]])
+    assert s.f1 == 1.0
+    s = segment_f1([["B-a", "I-a", "I-a"]], [["B-a", "I-a", "O"]])
+    assert (s.precision, s.recall) == (0.0, 0.0)
+
+
+def test_perfect_and_empty():
+    assert segment_f1([["B-x", "O"]], [["B-x", "O"]]).f1 == 1.0
+    s = segment_f1([["O"]], [["O"]])
+    assert (s.precision, s.recall, s.f1, s.per_field) == (0.0, 0.0, 0.0, {})
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="as many sequences"):
+        segment_f1([["O"]], [])
+    with pytest.raises(ValueError, match="sequence 0"):
+        segment_f1([["O", "O"]], [["O"]])
