@@ -33,8 +33,10 @@ def sequence_score(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
     node = potentials.node.gather(2, y[..., None]).squeeze(-1)
     score = torch.where(valid, node, torch.zeros((), dtype=node.dtype)).sum(-1)
     if n > 1:
-        edge = potentials.full_edge()
-        pair = edge[torch.arange(b, device=y.device)[:, None], pos[None, : n - 1], y[:, :-1], y[:, 1:]]
+        if potentials.shared_edge:        # index the [C, C] matrix itself: its gradient stays [C, C]
+            pair = potentials.edge[y[:, :-1], y[:, 1:]]
+        else:
+            pair = potentials.edge[torch.arange(b, device=y.device)[:, None], pos[None, : n - 1], y[:, :-1], y[:, 1:]]
         score = score + torch.where(valid[:, 1:], pair, torch.zeros((), dtype=pair.dtype)).sum(-1)
     return score
 
