@@ -3,7 +3,12 @@
 from .base import ChainPotentials, Marginals, Oracle, PairwisePotentials, bethe_entropy, log_partition
 from .brute_force import BruteForce
 from .chain import LinearChain
+from .dependency import DependencyMarginals, arc_potentials, arcs_to_heads, heads_to_arcs
+from .nonprojective import NonProjective, chu_liu_edmonds, matrix_tree
+from .projective import Projective, eisner, eisner_map
 from .tree import Tree
 
 __all__ = ["BruteForce", "ChainPotentials", "LinearChain", "Marginals", "Oracle", "PairwisePotentials",
-           "Tree", "bethe_entropy", "log_partition"]
+           "Tree", "bethe_entropy", "log_partition",
+           "DependencyMarginals", "NonProjective", "Projective", "arc_potentials", "arcs_to_heads",
+           "chu_liu_edmonds", "eisner", "eisner_map", "heads_to_arcs", "matrix_tree"]

@@ -1,0 +1,333 @@
+"""Dependency trees as a base structure: arc-factored distributions over trees rooted at position 0.
+
+A sentence of ``n`` words has positions ``1..n``; ``0`` is the root.  An arc-factored model scores a tree ``y``
+(every word ``m`` has one head ``y_m``) as ``sum_m theta(y_m -> m)``, so the tree is a "labelling" of the
+words whose label is the head: :class:`~betheproj.PairwisePotentials` with ``node[b, m-1, h] = theta(h -> m)``
+([B, N, N+1]) and a shared all-zero ``[N+1, N+1]`` edge table (the tree constraint replaces pairwise
+factors).  Self-loops and heads past ``lengths[b]`` are ignored whatever their score; other ``-inf`` entries
+are forbidden arcs.
+
+* :class:`~betheproj.oracles.nonprojective.NonProjective`: all arborescences (matrix-tree theorem for
+  marginals, Chu-Liu-Edmonds for MAP).
+* :class:`~betheproj.oracles.projective.Projective`: trees without crossing arcs (Eisner's algorithm).
+
+Both optionally restrict the root to a single child (``single_root=True``).  This module holds the shared
+parts: the conversions, the oracle base class and the entropy.  The functional cores (``matrix_tree``,
+``chu_liu_edmonds``, ``eisner``, ``eisner_map``) live in the two modules and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Marginals, PairwisePotentials, _check_float, _check_lengths, _unchecked, log_partition
+
+__all__ = ["arc_potentials", "heads_to_arcs", "arcs_to_heads", "DependencyMarginals"]
+# also importable from here (lazily, see __getattr__): matrix_tree, chu_liu_edmonds, NonProjective (from
+# .nonprojective) and eisner, eisner_map, Projective (from .projective)
+
+_CORE = {"matrix_tree": "nonprojective", "chu_liu_edmonds": "nonprojective", "NonProjective": "nonprojective",
+         "eisner": "projective", "eisner_map": "projective", "Projective": "projective"}
+
+
+def __getattr__(name: str):
+    # lazy re-exports: the two algorithm modules import this one
+    if name in _CORE:
+        import importlib
+        return getattr(importlib.import_module(f".{_CORE[name]}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------------------------------- conversions
+
+def arc_potentials(scores: Tensor, lengths: Tensor | None = None) -> PairwisePotentials:
+    """Potentials from head-major arc scores ``scores[b, h, m]`` = score of ``h -> m``, [B, N+1, N+1].
+
+    Column 0 (arcs into the root) is unused.  Returns ``node[b, m-1, h] = scores[b, h, m]`` [B, N, N+1] and a
+    shared zero edge table [N+1, N+1].
+    """
+    scores = _check_scores(scores, "scores")
+    node = scores[:, :, 1:].transpose(1, 2).contiguous()
+    c = scores.shape[1]
+    return PairwisePotentials(node, scores.new_zeros(c, c), lengths)
+
+
+def heads_to_arcs(heads: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
+    """One-hot arcs [B, N, N+1] (node layout, the sufficient statistics of a tree) from heads [B, N];
+    heads ``< 0`` (padding) give zero rows."""
+    if not isinstance(heads, Tensor) or heads.dim() != 2 or heads.is_floating_point():
+        raise TypeError("heads must be an integer tensor [B, N]")
+    b, n = heads.shape
+    if (heads > n).any():
+        raise ValueError(f"heads must be at most N={n}")
+    out = torch.zeros(b, n, n + 1, dtype=dtype, device=heads.device)
+    valid = heads >= 0
+    out.scatter_(2, heads.clamp_min(0)[..., None], valid[..., None].to(dtype))
+    return out
+
+
+def arcs_to_heads(arcs: Tensor) -> Tensor:
+    """Heads [B, N] (long) from arc indicators or marginals [B, N, N+1] (the most probable head of each word);
+    all-zero rows (padding) give ``-1``."""
+    if not isinstance(arcs, Tensor) or arcs.dim() != 3 or arcs.shape[2] != arcs.shape[1] + 1:
+        raise ValueError("arcs must be a tensor [B, N, N+1]")
+    heads = arcs.argmax(-1)
+    return torch.where((arcs != 0).any(-1), heads, torch.full_like(heads, -1))
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+def _check_scores(scores: object, name: str) -> Tensor:
+    scores = _check_float(name, scores, (3,))
+    b, r, c = scores.shape
+    if r != c or c < 2:
+        raise ValueError(f"{name} must be head-major arc scores [B, N+1, N+1] with N >= 1, got {tuple(scores.shape)}")
+    return scores
+
+
+def _prepare(scores: object, lengths: object) -> tuple[Tensor, Tensor]:
+    """Validated head-major scores with ignored entries set to ``-inf``, and lengths [B]."""
+    scores = _check_scores(scores, "scores")
+    b, c, _ = scores.shape
+    lengths = _check_lengths(lengths, b, c - 1, scores.device)
+    return _mask_head_major(scores, lengths), lengths
+
+
+def _arc_mask(lengths: Tensor, c: int) -> Tensor:
+    """[B, C, C] True at the arcs ``h -> m`` that exist: ``1 <= m <= n``, ``0 <= h <= n``, ``h != m``."""
+    pos = torch.arange(c, device=lengths.device)
+    inside = pos <= lengths[:, None]                                       # [B, C]
+    mod = inside & (pos >= 1)
+    return inside[:, :, None] & mod[:, None, :] & (pos[:, None] != pos[None, :])
+
+
+def _mask_head_major(scores: Tensor, lengths: Tensor) -> Tensor:
+    return torch.where(_arc_mask(lengths, scores.shape[1]), scores, torch.full((), -torch.inf, dtype=scores.dtype,
+                                                                                device=scores.device))
+
+
+def _lse(x: Tensor, dim: int) -> Tensor:
+    """``logsumexp`` whose gradient is zero (not NaN) where every input is ``-inf``."""
+    m = x.detach().amax(dim, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=x.dtype, device=x.device))
+    s = torch.exp(x - m).sum(dim)
+    pos = s > 0
+    return torch.where(pos, torch.log(torch.where(pos, s, torch.ones_like(s))) + m.squeeze(dim),
+                       torch.full((), -torch.inf, dtype=x.dtype, device=x.device))
+
+
+def _raise_no_tree(log_z: Tensor) -> None:
+    bad = torch.nonzero(~torch.isfinite(log_z)).flatten()
+    if bad.numel():
+        raise ValueError(f"no valid dependency tree (every tree uses a -inf arc) for examples {bad[:10].tolist()}")
+
+
+class _GradIsMarginals(torch.autograd.Function):
+    """``log Z`` whose gradient with respect to the arc scores is the arc marginals (first order only)."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, log_z: Tensor, marginals: Tensor) -> Tensor:
+        ctx.save_for_backward(marginals)
+        return log_z.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (marginals,) = ctx.saved_tensors
+        return grad[:, None, None] * marginals, None, None
+
+
+def _differentiable(scores: Tensor, log_z: Tensor, marginals: Tensor) -> Tensor:
+    if scores.requires_grad and torch.is_grad_enabled():
+        return _GradIsMarginals.apply(scores, log_z, marginals)
+    return log_z
+
+
+# --------------------------------------------------------------------------------------------------- oracle base
+
+class DependencyMarginals(Marginals):
+    """Arc marginals ``node[b, m-1, h] = P(head(m) = h)`` [B, N, N+1] with the (masked) potentials they came from.
+
+    The tree entropy ``H = log Z - <theta, mu>`` is not a closed function of ``mu``; keeping ``theta`` makes it
+    exact and free.  ``edge`` is a lazy all-zero [B, N-1, N+1, N+1] tensor (there are no pairwise factors;
+    it exists so that the solvers, which track edge marginals for their accelerated method, run unchanged).
+    """
+
+    def __init__(self, node: Tensor, log_partition: Tensor, lengths: Tensor, theta: Tensor, structure: tuple):
+        b, n, c = node.shape
+        super().__init__(node, lambda: node.new_zeros(b, n - 1, c, c), log_partition, lengths)
+        self.edge_sum = lambda weights: node.new_zeros(c, c)
+        self.theta = theta            # [B, N, N+1], -inf at ignored or forbidden arcs
+        self.structure = structure
+
+
+class _DependencyOracle:
+    """Shared protocol implementation; subclasses provide ``_marginals_core(scores, lengths)`` -> (log Z, arc
+    marginals, both head-major) and ``_map_core(scores, lengths)`` -> heads [B, N]."""
+
+    def __init__(self, single_root: bool = False):
+        if not isinstance(single_root, bool):
+            raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
+        self.single_root = single_root
+
+    # subclasses ---------------------------------------------------------------------------------------------
+    def _marginals_core(self, scores: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _map_core(self, scores: Tensor, lengths: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    # protocol -----------------------------------------------------------------------------------------------
+    def _scores(self, potentials: object) -> tuple[Tensor, Tensor]:
+        """Head-major masked scores [B, N+1, N+1] from validated potentials."""
+        if not isinstance(potentials, PairwisePotentials):
+            raise TypeError(f"potentials must be PairwisePotentials (see arc_potentials), got "
+                            f"{type(potentials).__name__}")
+        b, n, c = potentials.node.shape
+        if c != n + 1:
+            raise ValueError(f"potentials.node must be [B, N, N+1] (node[b, m-1, h] = score of h -> m), got "
+                             f"{tuple(potentials.node.shape)}")
+        if bool((potentials.edge != 0).any()):
+            raise ValueError("potentials.edge must be all zeros: dependency trees have no pairwise factors "
+                             "(build potentials with arc_potentials)")
+        node = potentials.node
+        scores = torch.cat([torch.full((b, c, 1), -torch.inf, dtype=node.dtype, device=node.device),
+                            node.transpose(1, 2)], 2)
+        return _mask_head_major(scores, potentials.lengths), potentials.lengths
+
+    def marginals(self, potentials: PairwisePotentials) -> DependencyMarginals:
+        """Arc marginals [B, N, N+1] (zero at padding rows and invalid heads) and ``log Z`` [B]."""
+        scores, lengths = self._scores(potentials)
+        with torch.no_grad():
+            log_z, marg = self._marginals_core(scores, lengths)
+        node = marg[:, :, 1:].transpose(1, 2).contiguous()
+        theta = scores[:, :, 1:].transpose(1, 2)
+        return DependencyMarginals(node, log_z, lengths, theta, self._structure())
+
+    def log_partition(self, potentials: PairwisePotentials) -> Tensor:
+        """``log Z`` [B], differentiable: its gradient with respect to ``potentials.node`` is the marginals."""
+        self._scores(potentials)
+        return log_partition(self, potentials)
+
+    def map(self, potentials: PairwisePotentials) -> Tensor:
+        """Highest-scoring tree: heads [B, N] (long, 0 = root), ``-1`` past each length (as the chain's MAP)."""
+        scores, lengths = self._scores(potentials)
+        with torch.no_grad():
+            return self._map_core(scores, lengths)
+
+    def degree(self, lengths: Tensor, n: int) -> Tensor:
+        """[B, N]: 1 at each word, 0 at padding.  In factor-graph terms every head variable belongs to exactly one
+        factor, the global TREE factor; there are no pairwise edges, so ``bethe_entropy`` with these degrees is
+        just a sum of per-word head entropies (an upper bound).  Use :meth:`entropy` for the tree entropy."""
+        return (torch.arange(n, device=lengths.device) < lengths[:, None]).long()
+
+    def entropy(self, marginals: Marginals) -> Tensor:
+        """Entropy [B] of the arc-factored tree distribution with arc marginals ``marginals.node``.
+
+        For marginals returned by this oracle it is ``log Z(theta) - <theta, mu>`` (exact, no work).  For any
+        other point of the marginal polytope (e.g. the accelerated solver's averages of oracle outputs) it is the
+        conjugate ``H(mu) = min_theta log Z(theta) - <theta, mu>`` (the variational representation, eq. 1's
+        duality), computed by Newton's method with the exact Hessian ``Cov(arcs)``: one batched oracle call with
+        every supported arc clamped (``Cov(a, b) = mu_a (mu_b | a) - mu_a mu_b``) per iteration.  That costs
+        ``O(B N^2)`` inferences per iteration, so it is meant for short sentences.  If ``mu`` is not in the
+        polytope the iteration cannot converge and the value returned is an upper bound.
+        """
+        if not isinstance(marginals, Marginals):
+            raise TypeError(f"marginals must be Marginals, got {type(marginals).__name__}")
+        b, n, c = marginals.node.shape
+        if c != n + 1:
+            raise ValueError(f"marginals.node must be arc marginals [B, N, N+1], got {tuple(marginals.node.shape)}")
+        if isinstance(marginals, DependencyMarginals) and marginals.structure == self._structure():
+            mu, theta = marginals.node, marginals.theta
+            lin = torch.where(mu > 0, theta * mu, torch.zeros((), dtype=mu.dtype, device=mu.device))
+            return marginals.log_partition - lin.flatten(1).sum(-1)
+        with torch.no_grad():
+            return self._conjugate_entropy(marginals.node, marginals.lengths)
+
+    def _structure(self) -> tuple:
+        return (type(self).__name__, self.single_root)
+
+    def _conjugate_entropy(self, mu: Tensor, lengths: Tensor, max_iter: int = 50) -> Tensor:
+        b, n, c = mu.shape
+        dtype, device = mu.dtype, mu.device
+        zero = torch.zeros((), dtype=dtype, device=device)
+        ninf = torch.full((), -torch.inf, dtype=dtype, device=device)
+        valid = _arc_mask(lengths, c)[:, :, 1:].transpose(1, 2)             # node layout [B, N, C]
+        support = valid & (mu > 0)
+        theta = torch.where(support, torch.log(mu.clamp_min(torch.finfo(dtype).tiny)), ninf)
+        edge = mu.new_zeros(c, c)
+
+        def evaluate(th: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
+            m = self.marginals(_unchecked(PairwisePotentials, th, edge, lengths[idx]))
+            f = m.log_partition - torch.where(support[idx], th * mu[idx], zero).flatten(1).sum(-1)
+            return f, m.node
+
+        f, cur = evaluate(theta, torch.arange(b, device=device))
+        tol = 1e3 * torch.finfo(dtype).eps
+        active = torch.arange(b, device=device)
+        v = n * c
+        for _ in range(max_iter):
+            if active.numel() == 0:
+                break
+            g = torch.where(support[active], cur[active] - mu[active], zero)            # grad of log Z - <th, mu>
+            done = g.flatten(1).abs().amax(-1) <= tol
+            active, g = active[~done], g[~done]
+            if active.numel() == 0:
+                break
+            hess = self._covariance(theta[active], cur[active], support[active], lengths[active])
+            # Newton step with the pseudo-inverse (Cov is singular along each word's head-sum and other
+            # equalities of the polytope; the gradient has no component there)
+            evals, evecs = torch.linalg.eigh(hess)
+            cut = evals.amax(-1, keepdim=True) * v * torch.finfo(dtype).eps * 10
+            inv = torch.where(evals > cut, 1.0 / torch.where(evals > cut, evals, 1.0), zero)
+            gf = g.reshape(-1, v)
+            step = -(evecs @ (inv[..., None] * (evecs.transpose(1, 2) @ gf[..., None]))).squeeze(-1)
+            step = torch.where(support[active], step.reshape(-1, n, c), zero)
+            slope = (gf * step.reshape(-1, v)).sum(-1)                  # -(Newton decrement)^2
+            # stop where the predicted decrease is below the rounding of F: H is then exact to rounding
+            far = -slope > 10 * torch.finfo(dtype).eps * f[active].abs().clamp_min(1.0)
+            active, step, slope = active[far], step[far], slope[far]
+            if active.numel() == 0:
+                break
+            t = torch.ones(active.numel(), dtype=dtype, device=device)
+            pending = torch.arange(active.numel(), device=device)
+            moved = torch.zeros(active.numel(), dtype=torch.bool, device=device)
+            for _ in range(30):                                     # backtracking (Armijo) line search
+                rows = active[pending]
+                th = theta[rows] + t[pending, None, None] * step[pending]
+                th = torch.where(support[rows], th, ninf)
+                f_new, m_new = evaluate(th, rows)
+                ok = torch.isfinite(f_new) & (f_new <= f[rows] + 1e-4 * t[pending] * slope[pending])
+                if ok.any():
+                    r = rows[ok]
+                    theta[r], f[r], cur[r] = th[ok], f_new[ok], m_new[ok]
+                    moved[pending[ok]] = True
+                pending = pending[~ok]
+                if pending.numel() == 0:
+                    break
+                t[pending] /= 2
+            active = active[moved]                                  # no decrease: at the rounding floor
+        return f
+
+    def _covariance(self, theta: Tensor, mu: Tensor, support: Tensor, lengths: Tensor) -> Tensor:
+        """``Cov(z_a, z_b) = mu_a (mu_b | arc a) - mu_a mu_b`` [B, V, V] (V = N (N+1)), by clamping every
+        supported arc ``a = (h -> m)`` (all other heads of ``m`` set to ``-inf``) in one batched oracle call."""
+        b, n, c = theta.shape
+        v = n * c
+        idx = support.nonzero()                                     # [K, 3]: example, word, head
+        bi, mi, hi = idx.unbind(1)
+        clamped = theta[bi].clone()
+        row = clamped[torch.arange(len(bi), device=theta.device), mi]
+        keep = torch.nn.functional.one_hot(hi, c).bool()
+        clamped[torch.arange(len(bi), device=theta.device), mi] = torch.where(keep, row, -torch.inf)
+        edge = theta.new_zeros(c, c)
+        cond = self.marginals(_unchecked(PairwisePotentials, clamped, edge, lengths[bi])).node   # [K, N, C]
+        flat_mu = mu.reshape(b, v)
+        a = mi * c + hi
+        hess = theta.new_zeros(b, v, v)
+        hess[bi, a] = flat_mu[bi, a, None] * (cond.reshape(-1, v) - flat_mu[bi])
+        hess = 0.5 * (hess + hess.transpose(1, 2))
+        return torch.where(support.reshape(b, v, 1) & support.reshape(b, 1, v), hess, torch.zeros((), dtype=hess.dtype))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(single_root={self.single_root})"

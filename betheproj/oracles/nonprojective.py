@@ -1,0 +1,263 @@
+"""Non-projective dependency trees: the matrix-tree theorem (marginals) and Chu-Liu-Edmonds (MAP).
+
+Matrix-tree theorem (Kirchhoff; for parsing Koo et al. 2007, Smith & Smith 2007, McDonald & Satta 2007): with
+arc weights ``A[h, m] = exp(theta(h -> m))`` and the Laplacian over the words ``1..n``
+
+    L[m, m] = sum_{h != m} A[h, m] (h = 0..n),    L[h, m] = -A[h, m] (h != m, both words),
+
+``Z = sum_trees prod_arcs A = det L`` and ``P(h -> m) = A[h, m] d log det L / d A[h, m]``.  With a single root
+child (Koo et al. 2007, sec. 3.3) the root weights leave the diagonal and replace the first row,
+``L^[0, m] = A[0, m]``, and ``Z = det L^``.
+
+Two regimes, chosen per example (as ``chain.py`` does):
+
+* fast: scores shifted by their per-modifier (column) maximum, which scales ``det L`` by a known factor, then
+  one LU factorisation; marginals in closed form from ``L^{-1}``.  Accepted when ``n kappa_1(L) eps <=
+  sqrt(eps)`` (rounding errors below ``sqrt(eps)``; marginals are clamped at 0).
+* exact: log-space Gaussian elimination that never subtracts (Grassmann-Taksar-Heyman: the Laplacian is a
+  column diagonally dominant M-matrix, so the pivots, the off-diagonals and the column excesses of every Schur
+  complement are sums of positive terms), marginals by autograd.  With one root child,
+  ``Z = sum_r A[0, r] T_r`` where ``T_r`` is the weight of the spanning arborescences of the words rooted at
+  ``r`` (the minor of the word Laplacian without ``r``), so this path costs ``O(n^4)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .dependency import _DependencyOracle, _differentiable, _lse, _prepare, _raise_no_tree
+
+__all__ = ["matrix_tree", "chu_liu_edmonds", "NonProjective"]
+
+
+def matrix_tree(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[Tensor, Tensor]:
+    """Log-partition [B] and arc marginals [B, N+1, N+1] (head-major, ``[b, h, m] = P(head(m) = h)``) of the
+    arc-factored distribution over non-projective trees, by the matrix-tree theorem (see the module docstring).
+
+    ``scores[b, h, m]`` [B, N+1, N+1] are arc log-potentials; column 0, the diagonal and positions past
+    ``lengths[b]`` are ignored (zero marginals), other ``-inf`` entries are forbidden arcs.  Raises
+    ``ValueError`` when an example has no valid tree.  ``log Z`` is differentiable (to first order) with
+    respect to ``scores``; its gradient is the marginals.
+    """
+    if not isinstance(single_root, bool):
+        raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
+    masked, lengths = _prepare(scores, lengths)
+    with torch.no_grad():
+        log_z, marg = _matrix_tree(masked.detach(), lengths, single_root)
+    return _differentiable(scores, log_z, marg), marg
+
+
+def _matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    log_z, marg, ok = _fast_matrix_tree(s, lengths, single_root)
+    slow = torch.nonzero(~ok).flatten()
+    if slow.numel():
+        lz, mg = _exact_matrix_tree(s[slow], lengths[slow], single_root)
+        _raise_no_tree(log_z.index_put((slow,), lz))
+        log_z[slow], marg[slow] = lz, mg
+    return log_z, marg
+
+
+def _fast_matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor, Tensor]:
+    b, c, _ = s.shape
+    n = c - 1
+    dtype, device = s.dtype, s.device
+    eps = torch.finfo(dtype).eps
+    w = s[:, :, 1:]                                                       # [B, N+1, N] columns = modifiers
+    shift = w.amax(1)
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros((), dtype=dtype, device=device))
+    a = torch.exp(w - shift[:, None, :])                                 # scales column m of L by exp(-shift_m)
+    root, words = a[:, 0], a[:, 1:]                                      # [B, N], [B, N, N]
+    pad = torch.arange(n, device=device) >= lengths[:, None]
+    diag = words.sum(1) + (pad.to(dtype) if single_root else root + pad.to(dtype))
+    lap = torch.diag_embed(diag) - words
+    if single_root:
+        lap[:, 0] = root
+    lu, piv, info = torch.linalg.lu_factor_ex(lap)
+    u = torch.diagonal(lu, dim1=-2, dim2=-1)
+    swaps = (piv != torch.arange(1, n + 1, device=device, dtype=piv.dtype)).sum(-1)
+    sign = torch.where(swaps % 2 == 1, -1.0, 1.0).to(dtype) * torch.sign(u).prod(-1)
+    log_det = torch.log(u.abs()).sum(-1)
+    eye = torch.eye(n, dtype=dtype, device=device).expand(b, n, n)
+    inv = torch.linalg.lu_solve(lu, piv, eye)                            # L^{-1}; d log det / d L = L^{-T}
+    # d log det / d A[h, m]: +L^{-1}[m, m] through L[m, m], -L^{-1}[m, h] through L[h, m] (rows kept), and
+    # for the root: L^{-1}[m, m] (diagonal) or L^{-1}[m, 0] (the replaced first row)
+    d = torch.diagonal(inv, dim1=-2, dim2=-1)
+    keep = torch.ones(n, dtype=dtype, device=device)
+    if single_root:
+        keep[0] = 0.0
+    word_marg = words * (d[:, None, :] * keep[None, :] - inv.transpose(1, 2) * keep[:, None])
+    root_marg = root * (inv[:, :, 0] if single_root else d)
+    marg = torch.zeros_like(s)
+    marg[:, 0, 1:] = root_marg
+    marg[:, 1:, 1:] = word_marg
+    log_z = log_det + shift.sum(-1)
+    kappa = torch.linalg.matrix_norm(lap, ord=1) * torch.linalg.matrix_norm(inv, ord=1)
+    ok = ((info == 0) & (sign > 0) & torch.isfinite(log_z) & (lengths * kappa * eps <= eps ** 0.5)
+          & torch.isfinite(marg).flatten(1).all(-1) & (marg >= -(eps ** 0.5)).flatten(1).all(-1))
+    return log_z, marg.clamp_min_(0.0), ok
+
+
+def _gth_log_det(la: Tensor, lr: Tensor) -> Tensor:
+    """``log det L`` [B] of ``L = diag(r + sum_h a[h, :]) - a`` from ``log a`` [B, n, n] (diagonal ignored) and
+    the column excesses ``log r`` [B, n], by Gaussian elimination in log space without subtraction: eliminating
+    pivot ``k`` maps ``a[i, j] += a[i, k] a[k, j] / d_k`` and ``r[j] += a[k, j] r[k] / d_k``, with
+    ``d_k = r[k] + sum_i a[i, k]`` (Grassmann-Taksar-Heyman)."""
+    b, n, _ = la.shape
+    total = la.new_zeros(b)
+    if n == 0:
+        return total
+    ninf = torch.full((), -torch.inf, dtype=la.dtype, device=la.device)
+    zero = torch.zeros((), dtype=la.dtype, device=la.device)
+    off = ~torch.eye(n, dtype=torch.bool, device=la.device)
+    la = torch.where(off, la, ninf)
+    for k in range(n):
+        col = la[:, 1:, 0]
+        ld = _lse(torch.cat([lr[:, :1], col], 1), 1)
+        total = total + ld
+        if k == n - 1:
+            break
+        ls = torch.where(torch.isfinite(ld), ld, zero)               # a singular pivot: Z = 0 already
+        row = la[:, 0, 1:]
+        upd = col[:, :, None] + row[:, None, :] - ls[:, None, None]
+        la = torch.where(off[k + 1:, k + 1:], _lse(torch.stack([la[:, 1:, 1:], upd], -1), -1), ninf)
+        lr = _lse(torch.stack([lr[:, 1:], row + (lr[:, :1] - ls[:, None])], -1), -1)
+    return total
+
+
+def _exact_log_z(x: Tensor, lengths: Tensor, single_root: bool) -> Tensor:
+    b, c, _ = x.shape
+    n = c - 1
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    pad = torch.arange(n, device=x.device) >= lengths[:, None]          # padded words: isolated, excess 1
+    la, lr = x[:, 1:, 1:], x[:, 0, 1:]
+    if not single_root:
+        return _gth_log_det(la, torch.where(pad, zero, lr))
+    # Z = sum_r A[0, r] T_r, T_r = det of the word Laplacian without r, whose excesses are the arcs out of r
+    others = torch.stack([torch.cat([torch.arange(r), torch.arange(r + 1, n)]) for r in range(n)]).to(x.device)
+    sub = la[:, others[:, :, None], others[:, None, :]]                 # [B, n, n-1, n-1]
+    excess = la[:, torch.arange(n, device=x.device)[:, None], others]   # [B, n, n-1]
+    excess = torch.where(pad[:, others], zero, excess)
+    log_t = _gth_log_det(sub.reshape(b * n, n - 1, n - 1), excess.reshape(b * n, n - 1)).reshape(b, n)
+    return _lse(lr + log_t, 1)
+
+
+def _exact_matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    with torch.enable_grad():
+        x = s.detach().requires_grad_(True)
+        log_z = _exact_log_z(x, lengths, single_root)
+        (marg,) = torch.autograd.grad(log_z.sum(), x)
+    return log_z.detach(), marg
+
+
+# --------------------------------------------------------------------------------------------------- MAP
+
+def _find_cycle(heads: np.ndarray) -> list[int] | None:
+    state = np.zeros(len(heads), dtype=np.int8)                          # 0 new, 1 on the current path, 2 done
+    for start in range(1, len(heads)):
+        path, v = [], start
+        while v > 0 and state[v] == 0:
+            state[v] = 1
+            path.append(v)
+            v = heads[v]
+        if v > 0 and state[v] == 1:
+            return path[path.index(v):]
+        state[path] = 2
+    return None
+
+
+def _cle(s: np.ndarray) -> np.ndarray | None:
+    """Maximum arborescence rooted at 0 of ``s[h, m]`` (``-inf`` = no arc): heads [V] (``heads[0] = -1``), or
+    ``None`` if none exists.  Chu-Liu-Edmonds: take every node's best head; contract a cycle ``C`` into one
+    node, where entering arc ``h -> C`` scores ``max_{m in C} s[h, m] - s[head(m), m]`` and leaving arc
+    ``C -> m`` scores ``max_{h in C} s[h, m]``; solve recursively; break the cycle where the tree enters it."""
+    v = s.shape[0]
+    heads = s.argmax(0)
+    heads[0] = -1
+    if v > 1 and np.isneginf(s[heads[1:], np.arange(1, v)]).any():
+        return None
+    cycle = _find_cycle(heads)
+    if cycle is None:
+        return heads
+    cyc = np.array(cycle)
+    in_cycle = np.zeros(v, dtype=bool)
+    in_cycle[cyc] = True
+    rest = np.nonzero(~in_cycle)[0]                                      # rest[0] = 0, the root
+    k = len(rest)
+    s2 = np.full((k + 1, k + 1), -np.inf)
+    s2[:k, :k] = s[np.ix_(rest, rest)]
+    gain = s[np.ix_(rest, cyc)] - s[heads[cyc], cyc][None, :]
+    enter = gain.argmax(1)
+    s2[:k, k] = gain[np.arange(k), enter]
+    out = s[np.ix_(cyc, rest)]
+    leave = out.argmax(0)
+    s2[k, :k] = out[leave, np.arange(k)]
+    s2[:, 0] = -np.inf
+    np.fill_diagonal(s2, -np.inf)
+    h2 = _cle(s2)
+    if h2 is None:
+        return None
+    new = heads.copy()
+    for i in range(1, k):
+        new[rest[i]] = rest[h2[i]] if h2[i] < k else cyc[leave[i]]
+    new[cyc[enter[h2[k]]]] = rest[h2[k]]
+    return new
+
+
+def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
+    """Highest-scoring non-projective tree of ONE sentence: heads [n] (long, heads of words ``1..n``, 0 = root).
+
+    ``scores[h, m]`` [n+1, n+1] head-major; column 0 and the diagonal are ignored, ``-inf`` arcs are forbidden.
+    Chu-Liu-Edmonds (recursive cycle contraction, ``O(n^3)``); with ``single_root``, unless the unconstrained
+    optimum already has one root child, it is run once per allowed root child ``r`` with the other root arcs
+    removed and the best result is kept (``O(n^4)``).  Raises
+    ``ValueError`` if no tree exists.
+    """
+    if not isinstance(scores, Tensor) or scores.dim() != 2 or scores.shape[0] != scores.shape[1] \
+            or scores.shape[0] < 2 or not scores.is_floating_point():
+        raise ValueError("scores must be a floating-point tensor [n+1, n+1] with n >= 1")
+    if torch.isnan(scores).any() or torch.isposinf(scores).any():
+        raise ValueError("scores must be finite or -inf")
+    s = scores.detach().to("cpu", torch.float64).numpy().copy()
+    s[:, 0] = -np.inf
+    np.fill_diagonal(s, -np.inf)
+    v = s.shape[0]
+    best = _cle(s)
+    if single_root and best is not None and (best[1:] == 0).sum() != 1:
+        # the unconstrained optimum has several root children: try each root child (it is optimal otherwise)
+        best, best_score = None, -np.inf
+        for r in np.nonzero(np.isfinite(s[0]))[0]:
+            sr = s.copy()
+            sr[0] = -np.inf
+            sr[0, r] = s[0, r]
+            heads = _cle(sr)
+            if heads is not None:
+                total = s[heads[1:], np.arange(1, v)].sum()
+                if total > best_score:
+                    best, best_score = heads, total
+    if best is None:
+        raise ValueError("no valid dependency tree: every tree uses a -inf arc")
+    return torch.as_tensor(best[1:], dtype=torch.long, device=scores.device)
+
+
+class NonProjective(_DependencyOracle):
+    """Arc-factored distribution over non-projective dependency trees (all arborescences rooted at 0).
+
+    Marginals and ``log Z`` by the matrix-tree theorem (:func:`matrix_tree`), MAP by Chu-Liu-Edmonds
+    (:func:`chu_liu_edmonds`); ``single_root=True`` allows exactly one child of the root.  Potentials come from
+    :func:`~betheproj.oracles.dependency.arc_potentials`.
+    """
+
+    def _marginals_core(self, scores: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        return _matrix_tree(scores, lengths, self.single_root)
+
+    def _map_core(self, scores: Tensor, lengths: Tensor) -> Tensor:
+        b, c, _ = scores.shape
+        heads = torch.full((b, c - 1), -1, dtype=torch.long, device=scores.device)
+        for i, n in enumerate(lengths.tolist()):
+            try:
+                heads[i, :n] = chu_liu_edmonds(scores[i, : n + 1, : n + 1], self.single_root)
+            except ValueError as err:
+                raise ValueError(f"example {i}: {err}") from None
+        return heads

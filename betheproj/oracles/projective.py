@@ -1,0 +1,151 @@
+"""Projective dependency trees: Eisner's algorithm (inside in log space, marginals by autograd, MAP with
+backpointers).
+
+Eisner (1996)'s first-order chart over positions ``0..n`` with complete (``C``) and incomplete (``I``) spans,
+``->`` headed at the left end and ``<-`` at the right end:
+
+    I->[s, t] = I<-[s, t] - theta(t -> s) + theta(s -> t) = (+)_{s <= r < t} C->[s, r] (x) C<-[r+1, t] (x) theta(s -> t)
+    C->[s, t] = (+)_{s < r <= t} I->[s, r] (x) C->[r, t],    C<-[s, t] = (+)_{s <= r < t} C<-[s, r] (x) I<-[r, t]
+
+in the semiring (logsumexp, +) for ``log Z`` or (max, +) for MAP.  ``log Z = C->[0, n]`` (the root may have
+several children); with a single root child ``log Z = (+)_r theta(0 -> r) (x) C<-[1, r] (x) C->[r, n]``.
+Spans of one width are computed at once (tensor ops over the diagonal), so a sentence costs ``O(n)`` steps of
+``O(n^2)`` work.  Marginals are ``d log Z / d theta`` (autograd through the chart; the outside pass).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .dependency import _DependencyOracle, _differentiable, _lse, _prepare, _raise_no_tree
+
+__all__ = ["eisner", "eisner_map", "Projective"]
+
+
+def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool):
+    """Inside pass: the root value [B] and, for ``maximize``, the backpointers and the root child [B]."""
+    b, c, _ = s.shape
+    device = s.device
+    ninf = torch.full((), -torch.inf, dtype=s.dtype, device=device)
+    c_right, c_left = s.new_full((b, c, c), -torch.inf), s.new_full((b, c, c), -torch.inf)
+    i_right, i_left = s.new_full((b, c, c), -torch.inf), s.new_full((b, c, c), -torch.inf)
+    pos = torch.arange(c, device=device)
+    c_right[:, pos, pos] = 0.0
+    c_left[:, pos, pos] = 0.0
+    if maximize:
+        bp_i, bp_cr, bp_cl = (torch.zeros(b, c, c, dtype=torch.long, device=device) for _ in range(3))
+
+    def reduce(x: Tensor) -> tuple[Tensor, Tensor | None]:
+        if maximize:
+            return x.max(-1)
+        return _lse(x, -1), None
+
+    for w in range(1, c):
+        st = torch.arange(c - w, device=device)
+        en = st + w
+        split = st[:, None] + torch.arange(w, device=device)              # r = s .. t-1
+        inner, arg = reduce(c_right[:, st[:, None], split] + c_left[:, split + 1, en[:, None]])
+        i_right[:, st, en] = inner + s[:, st, en]
+        i_left[:, st, en] = inner + s[:, en, st]
+        split2 = split + 1                                                  # r = s+1 .. t
+        cr, arg_r = reduce(i_right[:, st[:, None], split2] + c_right[:, split2, en[:, None]])
+        c_right[:, st, en] = cr
+        cl, arg_l = reduce(c_left[:, st[:, None], split] + i_left[:, split, en[:, None]])
+        c_left[:, st, en] = cl
+        if maximize:
+            bp_i[:, st, en] = arg + st
+            bp_cr[:, st, en] = arg_r + st + 1
+            bp_cl[:, st, en] = arg_l + st
+    batch = torch.arange(b, device=device)
+    if not single_root:
+        top = c_right[batch, 0, lengths]
+        root_child = None
+    else:
+        kids = pos[1:]
+        cand = s[:, 0, 1:] + c_left[:, 1, 1:] + c_right[batch[:, None], kids[None, :], lengths[:, None]]
+        cand = torch.where(kids[None, :] <= lengths[:, None], cand, ninf)
+        top, root_child = reduce(cand)
+        if root_child is not None:
+            root_child = root_child + 1
+    if maximize:
+        return top, (bp_i, bp_cr, bp_cl), root_child
+    return top, None, None
+
+
+def eisner(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[Tensor, Tensor]:
+    """Log-partition [B] and arc marginals [B, N+1, N+1] (head-major) over projective trees, by Eisner's inside
+    algorithm in the (logsumexp, +) semiring and autograd for the outside pass.  Same conventions as
+    :func:`~betheproj.oracles.nonprojective.matrix_tree`; ``ValueError`` if an example has no projective tree."""
+    if not isinstance(single_root, bool):
+        raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
+    masked, lengths = _prepare(scores, lengths)
+    log_z, marg = _eisner(masked.detach(), lengths, single_root)
+    return _differentiable(scores, log_z, marg), marg
+
+
+def _eisner(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    with torch.enable_grad():
+        x = s.detach().requires_grad_(True)
+        log_z, _, _ = _chart(x, lengths, single_root, maximize=False)
+        _raise_no_tree(log_z)
+        (marg,) = torch.autograd.grad(log_z.sum(), x)
+    return log_z.detach(), marg
+
+
+def eisner_map(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[Tensor, Tensor]:
+    """Best projective tree: its score [B] and heads [B, N] (long, 0 = root, ``-1`` past each length), by the
+    (max, +) inside pass and backpointers."""
+    if not isinstance(single_root, bool):
+        raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
+    masked, lengths = _prepare(scores, lengths)
+    with torch.no_grad():
+        return _eisner_map(masked, lengths, single_root)
+
+
+def _eisner_map(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    best, (bp_i, bp_cr, bp_cl), root_child = _chart(s, lengths, single_root, maximize=True)
+    _raise_no_tree(best)
+    b, c, _ = s.shape
+    heads = torch.full((b, c - 1), -1, dtype=torch.long)
+    bp_i, bp_cr, bp_cl = bp_i.cpu().tolist(), bp_cr.cpu().tolist(), bp_cl.cpu().tolist()
+    for i, n in enumerate(lengths.tolist()):
+        h = heads[i]
+        if root_child is None:
+            stack = [("C>", 0, n)]
+        else:
+            r = int(root_child[i])
+            h[r - 1] = 0
+            stack = [("C<", 1, r), ("C>", r, n)]
+        while stack:
+            kind, lo, hi = stack.pop()
+            if lo == hi:
+                continue
+            if kind == "C>":
+                r = bp_cr[i][lo][hi]
+                stack += [("I>", lo, r), ("C>", r, hi)]
+            elif kind == "C<":
+                r = bp_cl[i][lo][hi]
+                stack += [("C<", lo, r), ("I<", r, hi)]
+            else:
+                if kind == "I>":
+                    h[hi - 1] = lo
+                else:
+                    h[lo - 1] = hi
+                r = bp_i[i][lo][hi]
+                stack += [("C>", lo, r), ("C<", r + 1, hi)]
+    return best, heads.to(s.device)
+
+
+class Projective(_DependencyOracle):
+    """Arc-factored distribution over projective dependency trees (no crossing arcs), rooted at 0.
+
+    Marginals and ``log Z`` by Eisner's inside-outside algorithm (:func:`eisner`), MAP by Eisner's Viterbi pass
+    (:func:`eisner_map`); ``single_root=True`` allows exactly one child of the root.
+    """
+
+    def _marginals_core(self, scores: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        return _eisner(scores, lengths, self.single_root)
+
+    def _map_core(self, scores: Tensor, lengths: Tensor) -> Tensor:
+        return _eisner_map(scores, lengths, self.single_root)[1]

@@ -1,0 +1,381 @@
+"""Dependency-tree oracles (matrix-tree / Chu-Liu-Edmonds and Eisner) against enumeration of all trees (float64)."""
+
+import functools
+import itertools
+
+import pytest
+import torch
+
+import betheproj as bp
+from betheproj.energies import MeanField
+from betheproj.oracles import (
+    Marginals,
+    NonProjective,
+    PairwisePotentials,
+    Projective,
+    arc_potentials,
+    arcs_to_heads,
+    chu_liu_edmonds,
+    eisner,
+    eisner_map,
+    heads_to_arcs,
+    matrix_tree,
+)
+from betheproj.oracles.dependency import _mask_head_major
+from betheproj.oracles.nonprojective import _exact_matrix_tree, _fast_matrix_tree
+
+DT = torch.float64
+INF = float("inf")
+ORACLES = [(NonProjective, False), (NonProjective, True), (Projective, False), (Projective, True)]
+
+
+@functools.cache
+def _trees(n: int, projective: bool, single_root: bool) -> torch.Tensor:
+    """Every dependency tree of ``n`` words as heads [K, n] (position m-1 holds the head of word m)."""
+    out = []
+    for heads in itertools.product(range(n + 1), repeat=n):
+        if any(h == m + 1 for m, h in enumerate(heads)):
+            continue
+        if single_root and heads.count(0) != 1:
+            continue
+        acyclic = True
+        for m in range(1, n + 1):
+            v, steps = m, 0
+            while v != 0 and steps <= n:
+                v, steps = heads[v - 1], steps + 1
+            acyclic &= v == 0
+        if not acyclic:
+            continue
+        if projective:
+            spans = [(min(h, m + 1), max(h, m + 1)) for m, h in enumerate(heads)]
+            if any(a1 < a2 < b1 < b2 for (a1, b1), (a2, b2) in itertools.permutations(spans, 2)):
+                continue
+        out.append(heads)
+    return torch.tensor(out, dtype=torch.long).reshape(-1, n)
+
+
+def _brute(scores: torch.Tensor, n: int, projective: bool, single_root: bool):
+    """log Z, head-major marginals [n+1, n+1], best score and entropy of one sentence by enumeration."""
+    trees = _trees(n, projective, single_root)
+    mods = torch.arange(1, n + 1)
+    tree_scores = scores[trees, mods].sum(-1)
+    log_z = torch.logsumexp(tree_scores, 0)
+    p = torch.exp(tree_scores - log_z)
+    marg = torch.zeros(n + 1, n + 1, dtype=scores.dtype)
+    marg.index_put_((trees.flatten(), mods.repeat(len(trees))), p.repeat_interleave(n), accumulate=True)
+    ent = -torch.where(p > 0, p * (tree_scores - log_z), torch.zeros_like(p)).sum()
+    return log_z, marg, tree_scores.max(), ent
+
+
+def _scores(b, n, scale=1.0, forbid=0.0, dtype=DT):
+    s = torch.randn(b, n + 1, n + 1, dtype=dtype) * scale
+    if forbid:
+        s[:, 1:, :][torch.rand(b, n, n + 1) < forbid] = -INF          # some word -> word arcs
+    return s
+
+
+def _is_tree(heads: torch.Tensor, n: int) -> bool:
+    h = heads[:n].tolist()
+    if any(x < 0 or x > n or x == m + 1 for m, x in enumerate(h)):
+        return False
+    for m in range(1, n + 1):
+        v, steps = m, 0
+        while v != 0 and steps <= n:
+            v, steps = h[v - 1], steps + 1
+        if v != 0:
+            return False
+    return bool((heads[n:] == -1).all())
+
+
+def _check_against_brute(cls, single_root, scores, lengths, atol=1e-9):
+    projective = cls is Projective
+    oracle = cls(single_root=single_root)
+    pot = arc_potentials(scores, lengths)
+    mu = oracle.marginals(pot)
+    heads = oracle.map(pot)
+    ent = oracle.entropy(mu)
+    core = (eisner if projective else matrix_tree)(scores, lengths, single_root)
+    for i, n in enumerate(lengths.tolist()):
+        log_z, marg, best, h = _brute(scores[i, : n + 1, : n + 1], n, projective, single_root)
+        assert abs(mu.log_partition[i] - log_z) <= atol * max(1.0, abs(log_z))
+        assert torch.allclose(mu.node[i, :n, : n + 1], marg[:, 1:].t(), atol=atol, rtol=0)
+        assert (mu.node[i, n:] == 0).all() and (mu.node[i, :, n + 1:] == 0).all()
+        assert torch.allclose(core[1][i, : n + 1, : n + 1], marg, atol=atol, rtol=0)
+        assert (core[1][i, n + 1:] == 0).all() and (core[1][i, :, n + 1:] == 0).all()
+        assert abs(core[0][i] - log_z) <= atol * max(1.0, abs(log_z))
+        assert _is_tree(heads[i], n)
+        assert (heads[i, :n] == 0).sum() == 1 or not single_root
+        tree_score = scores[i, heads[i, :n], torch.arange(1, n + 1)].sum()
+        assert abs(tree_score - best) <= atol * max(1.0, abs(best))
+        assert abs(ent[i] - h) <= atol * max(1.0, abs(h))
+    return mu
+
+
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+@pytest.mark.parametrize("scale", [0.5, 2.0])
+def test_match_brute_force_with_padding(cls, single_root, scale):
+    lengths = torch.tensor([5, 3, 1, 4, 2])
+    for _ in range(3):
+        _check_against_brute(cls, single_root, _scores(5, 5, scale), lengths)
+
+
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_forbidden_arcs(cls, single_root):
+    lengths = torch.tensor([5, 4, 3, 5])
+    done = 0
+    while done < 3:
+        s = _scores(4, 5, forbid=0.4)
+        if single_root or cls is Projective:            # keep only batches where every sentence has a tree
+            if any(not torch.isfinite(_brute(s[i, : n + 1, : n + 1], n, cls is Projective, single_root)[0])
+                   for i, n in enumerate(lengths.tolist())):
+                continue
+        mu = _check_against_brute(cls, single_root, s, lengths)
+        forbidden = ~torch.isfinite(arc_potentials(s, lengths).node)
+        assert (mu.node[forbidden] == 0).all()
+        done += 1
+
+
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_six_words(cls, single_root):
+    _check_against_brute(cls, single_root, _scores(2, 6, 1.5), torch.tensor([6, 5]))
+
+
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_large_magnitudes_are_finite_and_exact(cls, single_root):
+    scores = _scores(4, 5, 1000.0)
+    lengths = torch.tensor([5, 4, 2, 5])
+    mu = _check_against_brute(cls, single_root, scores, lengths, atol=1e-9)
+    assert torch.isfinite(mu.node).all() and torch.isfinite(mu.log_partition).all()
+    valid = torch.arange(5)[None] < lengths[:, None]
+    assert torch.allclose(mu.node.sum(-1), valid.to(DT), atol=1e-12)
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+def test_fast_and_exact_matrix_tree_agree(single_root):
+    scores = _scores(6, 7, 1.0)
+    lengths = torch.tensor([7, 6, 1, 2, 5, 7])
+    s = _mask_head_major(scores, lengths)
+    lz_fast, m_fast, ok = _fast_matrix_tree(s, lengths, single_root)
+    lz_exact, m_exact = _exact_matrix_tree(s, lengths, single_root)
+    assert ok.all()
+    assert torch.allclose(lz_fast, lz_exact, atol=1e-11, rtol=0)
+    assert torch.allclose(m_fast, m_exact, atol=1e-11, rtol=0)
+    # the cancellation case the fast path must reject: a two-cycle of strong arcs, weak root arcs
+    hard = torch.tensor([[[0.0, 0.0, 0.0], [0.0, 0.0, 1000.0], [0.0, 1000.0, 0.0]]], dtype=DT)
+    log_z, marg = matrix_tree(hard, torch.tensor([2]), single_root)
+    assert torch.allclose(log_z, torch.tensor([1000.0 + torch.log(torch.tensor(2.0)).item()], dtype=DT))
+    assert torch.allclose(marg[0, 0, 1:], torch.tensor([0.5, 0.5], dtype=DT))
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+def test_closed_form_marginals_are_the_gradient_of_log_det(single_root):
+    scores = _scores(3, 6, 1.0)
+    lengths = torch.tensor([6, 4, 6])
+    _, marg = matrix_tree(scores, lengths, single_root)
+    for i, n in enumerate(lengths.tolist()):
+        x = scores[i, : n + 1, : n + 1].clone().requires_grad_(True)
+        a = torch.exp(x) * (1 - torch.eye(n + 1, dtype=DT))
+        words, root = a[1:, 1:], a[0, 1:]
+        lap = torch.diag(words.sum(0) + (0 if single_root else root)) - words
+        if single_root:
+            lap = torch.cat([root[None], lap[1:]], 0)                   # Koo et al. 2007: first row = root scores
+        (grad,) = torch.autograd.grad(torch.linalg.slogdet(lap)[1], x)
+        grad[:, 0] = 0
+        assert torch.allclose(marg[i, : n + 1, : n + 1], grad, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_log_partition_is_differentiable(cls, single_root):
+    scores = _scores(3, 4).requires_grad_(True)
+    lengths = torch.tensor([4, 2, 3])
+    core = eisner if cls is Projective else matrix_tree
+    log_z, marg = core(scores, lengths, single_root)
+    (grad,) = torch.autograd.grad(log_z.sum(), scores)
+    assert torch.equal(grad, marg)
+    pot = arc_potentials(scores.detach(), lengths)
+    node = pot.node.clone().requires_grad_(True)
+    lz = cls(single_root=single_root).log_partition(PairwisePotentials(node, pot.edge, lengths))
+    (g,) = torch.autograd.grad(lz.sum(), node)
+    assert torch.allclose(g, cls(single_root=single_root).marginals(pot).node, atol=1e-14)
+
+
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_entropy_of_plain_marginals_is_the_conjugate(cls, single_root):
+    oracle = cls(single_root=single_root)
+    lengths = torch.tensor([4, 2, 3])
+    pot1, pot2 = arc_potentials(_scores(3, 4, forbid=0.2), lengths), arc_potentials(_scores(3, 4, 2.0), lengths)
+    pot1.node[~torch.isfinite(pot2.node)] = -INF                   # the same support for both
+    pot2.node[~torch.isfinite(pot1.node)] = -INF
+    m1, m2 = oracle.marginals(pot1), oracle.marginals(pot2)
+    exact = oracle.entropy(m1)
+    plain = oracle.entropy(Marginals(m1.node.clone(), None, None, lengths))
+    assert torch.allclose(plain, exact, atol=1e-10, rtol=0)
+    # the accelerated solver's averaged iterates: H is concave, and the maximiser of the entropy with these
+    # marginals is arc-factored, so H(mix) is at least the entropy of the mixture's arc-factored members
+    mix = Marginals(0.5 * (m1.node + m2.node), None, None, lengths)
+    h_mix = oracle.entropy(mix)
+    assert (h_mix >= 0.5 * (oracle.entropy(m1) + oracle.entropy(m2)) - 1e-10).all()
+
+
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+def test_padding_is_ignored(cls):
+    scores = _scores(2, 5)
+    lengths = torch.tensor([5, 2])
+    other = scores.clone()
+    other[1, 3:] = torch.randn(3, 6, dtype=DT) * 100
+    other[1, :, 3:] = -INF
+    other[:, torch.arange(6), torch.arange(6)] = 7.0                 # self-loops are ignored too
+    other[:, :, 0] = 3.0                                             # and arcs into the root
+    a, b = cls().marginals(arc_potentials(scores, lengths)), cls().marginals(arc_potentials(other, lengths))
+    assert torch.equal(a.node, b.node) and torch.equal(a.log_partition, b.log_partition)
+    heads = cls().map(arc_potentials(other, lengths))
+    assert (heads[1, 2:] == -1).all() and (heads[0] >= 0).all()
+
+
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+def test_float32_agrees_with_float64(cls):
+    s64 = _scores(16, 9, 2.0)
+    lengths = torch.randint(1, 10, (16,))
+    s32 = s64.float()
+    m64 = cls().marginals(arc_potentials(s32.double(), lengths))
+    m32 = cls().marginals(arc_potentials(s32, lengths))
+    assert m32.node.dtype == torch.float32
+    assert torch.allclose(m32.node.double(), m64.node, atol=1e-4)
+    assert torch.allclose(m32.log_partition.double(), m64.log_partition, rtol=1e-5)
+    assert torch.equal(cls().map(arc_potentials(s32, lengths)), cls().map(arc_potentials(s32.double(), lengths)))
+
+
+def test_chu_liu_edmonds_and_eisner_map_directly():
+    s = torch.tensor([[0.0, 1.0, 1.0, 1.0], [0.0, 0.0, 10.0, 0.0], [0.0, 10.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]],
+                     dtype=DT)                                       # 1 <-> 2 a strong cycle, broken once
+    heads = chu_liu_edmonds(s)
+    assert heads.dtype == torch.long and heads.shape == (3,)
+    assert heads.tolist() in ([0, 1, 0], [2, 0, 0])
+    s[0, 3] = -INF
+    single = chu_liu_edmonds(s, single_root=True)
+    assert (single == 0).sum() == 1 and _is_tree(single, 3)
+    best, h = eisner_map(s[None], torch.tensor([3]), single_root=True)
+    assert _is_tree(h[0], 3) and abs(best[0] - s[h[0], torch.arange(1, 4)].sum()) < 1e-12
+    with pytest.raises(ValueError, match="no valid dependency tree"):
+        chu_liu_edmonds(torch.full((3, 3), -INF, dtype=DT))
+
+
+def test_conversions():
+    scores = _scores(2, 4)
+    pot = arc_potentials(scores, torch.tensor([4, 2]))
+    assert pot.node.shape == (2, 4, 5) and pot.edge.shape == (5, 5) and not pot.edge.any()
+    assert pot.node[1, 2, 3] == scores[1, 3, 3] and pot.node[0, 0, 2] == scores[0, 2, 1]
+    heads = NonProjective().map(pot)
+    arcs = heads_to_arcs(heads, DT)
+    assert arcs.shape == (2, 4, 5) and (arcs[1, 2:] == 0).all()
+    assert torch.equal(arcs_to_heads(arcs), heads)
+    assert repr(NonProjective(single_root=True)) == "NonProjective(single_root=True)"
+    assert NonProjective().degree(torch.tensor([4, 2]), 4).tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+def test_bad_inputs(cls):
+    oracle = cls()
+    with pytest.raises(TypeError, match="potentials"):
+        oracle.marginals(torch.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match=r"\[B, N, N\+1\]"):
+        oracle.marginals(PairwisePotentials(torch.zeros(2, 3, 3, dtype=DT), torch.zeros(3, 3, dtype=DT)))
+    pot = arc_potentials(_scores(2, 3))
+    bad_edge = PairwisePotentials(pot.node, torch.ones(4, 4, dtype=DT))
+    for call in (oracle.marginals, oracle.map):
+        with pytest.raises(ValueError, match="edge must be all zeros"):
+            call(bad_edge)
+    no_tree = pot.node.clone()
+    no_tree[1, :, 0] = -INF                                          # nothing attaches to the root
+    for call in (oracle.marginals, oracle.map):
+        with pytest.raises(ValueError, match="no valid dependency tree"):
+            call(PairwisePotentials(no_tree, pot.edge))
+    with pytest.raises(TypeError, match="single_root"):
+        cls(single_root=1)
+    core = eisner if cls is Projective else matrix_tree
+    with pytest.raises(ValueError, match="scores"):
+        core(torch.zeros(2, 3, 4, dtype=DT), torch.tensor([2, 2]))
+    with pytest.raises(ValueError, match="lengths"):
+        core(torch.zeros(2, 4, 4, dtype=DT), torch.tensor([4, 2]))
+    with pytest.raises(TypeError, match="entropy|Marginals"):
+        oracle.entropy(torch.zeros(2))
+
+
+def test_no_projective_tree_but_a_non_projective_one():
+    # only the arcs 0 -> 2, 2 -> 4, 4 -> 1, 1 -> 3 are allowed: one tree, and its arcs cross
+    s = torch.full((1, 5, 5), -INF, dtype=DT)
+    for h, m in ((0, 2), (2, 4), (4, 1), (1, 3)):
+        s[0, h, m] = 0.0
+    mu = NonProjective().marginals(arc_potentials(s))
+    assert torch.allclose(mu.log_partition, torch.zeros(1, dtype=DT))
+    with pytest.raises(ValueError, match="no valid dependency tree"):
+        Projective().marginals(arc_potentials(s))
+
+
+def _mean_field_problem(b=2, n=4, scale=0.3):
+    scores = _scores(b, n, 1.0)
+    lengths = torch.tensor([n, n - 1])[:b]
+    pairs = torch.tensor([[0, 1], [1, 2], [0, 3]])
+    weights = torch.randn(3, n + 1, n + 1, dtype=DT) * scale
+    return arc_potentials(scores, lengths), pairs, weights
+
+
+@pytest.mark.parametrize("method", ["rda", "md", "accelerated"])
+def test_solve_with_zero_energy_returns_the_oracle_marginals(method):
+    theta, pairs, weights = _mean_field_problem()
+    oracle = NonProjective()
+    sol = bp.solve(oracle, theta, MeanField(pairs, torch.zeros_like(weights)), method=method, max_iter=20)
+    assert torch.allclose(sol.marginals.node, oracle.marginals(theta).node, atol=1e-12)
+    assert torch.allclose(sol.objective, -oracle.marginals(theta).log_partition, atol=1e-10)
+
+
+@pytest.fixture(scope="module")
+def mean_field_reference():
+    torch.manual_seed(1)
+    theta, pairs, weights = _mean_field_problem()
+    sol = bp.solve(NonProjective(), theta, MeanField(pairs, weights), method="md", max_iter=500, tol=1e-9)
+    assert sol.converged.all()
+    return theta, pairs, weights, sol
+
+
+@pytest.mark.parametrize("method", ["rda", "md", "accelerated"])
+def test_solve_with_mean_field(method, mean_field_reference):
+    theta, pairs, weights, ref = mean_field_reference
+    oracle, energy = NonProjective(), MeanField(pairs, weights)
+    # mirror descent converges linearly; RDA and the accelerated method (whose iterates are averages of oracle
+    # outputs, so every objective evaluation needs the conjugate entropy) slowly: fewer iterations, looser bounds
+    iters, tol_f = (150, 1e-8) if method == "md" else (40, 2e-3)
+    sol = bp.solve(oracle, theta, energy, method=method, max_iter=iters, tol=1e-6)
+    assert torch.isfinite(sol.objectives).all()
+    # the objective the solver reports is that of (2) at its marginals, entropy included
+    assert torch.allclose(bp.objective(oracle, theta, energy, sol.marginals), sol.objective, atol=1e-8)
+    assert (sol.objective >= ref.objective - 1e-9).all() and (sol.objective - ref.objective).max() < tol_f
+    gap = (sol.marginals.node - ref.marginals.node).abs().max()
+    assert gap < max(1e-4, 10 * sol.residual.max().item())
+    # Proposition 1 at the reference: mu* = oracle(theta - grad L(mu*))
+    tilde = oracle.marginals(theta.shifted(-energy.grad(ref.marginals).node, None))
+    assert (tilde.node - ref.marginals.node).abs().max() < 1e-7
+    # the reference is a minimum: random points of the polytope (oracle outputs) score worse
+    for _ in range(5):
+        probe = oracle.marginals(theta.shifted(torch.randn_like(theta.node) * 0.5, None))
+        assert (bp.objective(oracle, theta, energy, probe) >= ref.objective - 1e-9).all()
+    heads = bp.decode(oracle, sol)
+    for i, n in enumerate(theta.lengths.tolist()):
+        assert _is_tree(heads[i], n)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_cuda_matches_cpu(cls, single_root):
+    scores = _scores(4, 6, 3.0, forbid=0.1)
+    scores[:, 0, 1:] = torch.randn(4, 6, dtype=DT)                  # root arcs stay allowed
+    scores[:, 1, 1:] = 0.0                                            # and word 1 can head every word
+    lengths = torch.tensor([6, 3, 1, 5])
+    oracle = cls(single_root=single_root)
+    cpu = oracle.marginals(arc_potentials(scores, lengths))
+    gpu = oracle.marginals(arc_potentials(scores.cuda(), lengths.cuda()))
+    assert gpu.node.device.type == "cuda"
+    assert torch.allclose(gpu.node.cpu(), cpu.node, atol=1e-10)
+    assert torch.allclose(gpu.log_partition.cpu(), cpu.log_partition, atol=1e-10)
+    assert torch.equal(oracle.map(arc_potentials(scores.cuda(), lengths.cuda())).cpu(),
+                       oracle.map(arc_potentials(scores, lengths)))
