@@ -83,6 +83,20 @@ class FeatureIndex:
         self.labels = sorted({label for c in citations for label in c.labels} | {"O"})
         self.label_ids = {label: i for i, label in enumerate(self.labels)}
 
+    def state(self) -> dict:
+        """A plain-data copy (for ``torch.save`` with ``weights_only`` loading)."""
+        return {"features": self.features, "labels": self.labels,
+                "lexicon": {w: sorted(v) for w, v in self.lexicon.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict) -> FeatureIndex:
+        """The index :meth:`state` describes."""
+        obj = cls.__new__(cls)
+        obj.features, obj.labels = dict(state["features"]), list(state["labels"])
+        obj.lexicon = {w: set(v) for w, v in state["lexicon"].items()}
+        obj.label_ids = {label: i for i, label in enumerate(obj.labels)}
+        return obj
+
     @property
     def num_features(self) -> int:
         return len(self.features) + 1

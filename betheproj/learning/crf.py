@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from ..oracles import LinearChain
 from ..oracles.base import Oracle, PairwisePotentials
 
-__all__ = ["LinearChainCRF", "sequence_score", "crf_nll", "fit_crf"]
+__all__ = ["LinearChainCRF", "SparseChainCRF", "sequence_score", "crf_nll", "fit_crf", "length_chunks"]
 
 
 def _check_labels(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
@@ -86,22 +86,43 @@ class SparseChainCRF(nn.Module):
         return PairwisePotentials(node, self.transitions, lengths)
 
 
+def length_chunks(lengths: Tensor, chunk_size: int | None) -> list[tuple[Tensor, int]]:
+    """Split a batch into chunks of similar length: ``(indices, max length)`` pairs, sorted by length, so
+    padding (and memory) stays small.  ``None`` keeps the whole batch as one chunk."""
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
+    order = torch.argsort(lengths, stable=True)
+    size = len(order) if chunk_size is None else chunk_size
+    return [(idx, int(lengths[idx].max())) for idx in torch.split(order, max(size, 1))]
+
+
 def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor, oracle: Oracle | None = None,
-            l2: float = 1e-3, max_iter: int = 100, tolerance: float = 1e-7) -> list[float]:
-    """Full-batch L-BFGS on ``mean NLL + l2/2 ||params||^2``; returns the objective after each evaluation."""
+            l2: float = 1e-3, max_iter: int = 100, tolerance: float = 1e-7, chunk_size: int | None = None
+            ) -> list[float]:
+    """Full-batch L-BFGS on ``mean NLL + l2/2 ||params||^2``; returns the objective after each evaluation.
+
+    ``chunk_size`` evaluates the (same) objective over length-sorted chunks of that many sequences, each
+    trimmed to its longest member, accumulating gradients: the memory of one chunk, little padding."""
     if l2 < 0:
         raise ValueError(f"l2 must be >= 0, got {l2}")
     oracle = oracle or LinearChain()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.LBFGS(params, max_iter=max_iter, tolerance_grad=tolerance, tolerance_change=tolerance ** 2,
                             history_size=20, line_search_fn="strong_wolfe")
+    chunks = length_chunks(lengths, chunk_size)
+    total = len(lengths)
     history: list[float] = []
 
     def closure() -> Tensor:
         opt.zero_grad()
-        loss = crf_nll(oracle, model(features, lengths), labels).mean()
-        loss = loss + 0.5 * l2 * sum((p * p).sum() for p in params)
-        loss.backward()
+        value = 0.0
+        for idx, n in chunks:
+            part = crf_nll(oracle, model(features[idx, :n], lengths[idx]), labels[idx, :n]).sum() / total
+            part.backward()
+            value += part.item()
+        penalty = 0.5 * l2 * sum((p * p).sum() for p in params)
+        penalty.backward()
+        loss = torch.tensor(value + penalty.item())
         history.append(loss.item())
         return loss
 

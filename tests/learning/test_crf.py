@@ -53,3 +53,19 @@ def test_bad_labels():
         crf_nll(bp.LinearChain(), pot, torch.tensor([[0, 1, 4], [0, 0, 0]]))
     with pytest.raises(ValueError, match="labels must have shape"):
         crf_nll(bp.LinearChain(), pot, torch.zeros(2, 2, dtype=torch.long))
+
+
+def test_chunked_training_is_the_same_objective():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 7, 3, generator=gen, dtype=DT)
+    lengths = torch.randint(1, 8, (40,), generator=gen)
+    labels = torch.randint(0, 4, (40, 7), generator=gen)
+    labels[torch.arange(7) >= lengths[:, None]] = -1
+    runs = []
+    for chunk in (None, 6):
+        model = LinearChainCRF(3, 4).double()
+        runs.append((fit_crf(model, x, labels, lengths, l2=1e-2, max_iter=5, chunk_size=chunk), model))
+    assert runs[0][0] == pytest.approx(runs[1][0], rel=1e-10)
+    assert torch.allclose(runs[0][1].transitions, runs[1][1].transitions, atol=1e-8)
+    with pytest.raises(ValueError, match="chunk_size"):
+        fit_crf(LinearChainCRF(3, 4).double(), x, labels, lengths, chunk_size=0)

@@ -1,0 +1,105 @@
+"""Soft global constraints for citations in the style of Anzaroot et al. (2014), as measurement vectors.
+
+A constraint is ``a_j^T S(y) <= b_j`` with ``a_j`` over label counts (summed over positions: a ``[C]`` row of
+a :class:`~betheproj.energies.LinearMeasurements` node table).  Two counts per field ``l`` (a full tag path):
+``seg(l)``, its number of segments (tokens labelled ``B-l``), and ``tok(l)``, its number of tokens
+(``B-l`` or ``I-l``).  The templates, instantiated where the training citations support them:
+
+* ``at_most_one``: ``seg(l) <= 1`` (a citation has one title, one journal, ...);
+* ``at_least_one``: ``seg(l) >= 1`` for fields nearly every citation has;
+* ``pair``: ``seg(l1) - seg(l2) <= 0`` (e.g. no more last names than first names) and the same for ``tok``;
+* ``exclusive``: ``seg(l1) + seg(l2) <= 1`` for fields that (almost) never occur together (journal, booktitle).
+
+A template instance is kept when the field(s) occur in at least ``min_support`` training citations and the
+constraint holds in at least ``min_agreement`` of the citations where it could be violated.  Which of them
+help, and how much, is learned afterwards (the weights ``c_j`` of eq. 20).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import permutations
+
+import torch
+from torch import Tensor
+
+from .citations import Citation
+
+__all__ = ["Constraints", "citation_constraints", "label_counts"]
+
+
+@dataclass
+class Constraints:
+    """``a`` [J, C] measurement vectors over label counts, bounds ``b`` [J] (``a^T S(y) <= b``), ``names``."""
+
+    a: Tensor
+    b: Tensor
+    names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def violations(self, counts: Tensor) -> Tensor:
+        """``a^T counts - b`` [B, J] for label counts [B, C] (positive = violated)."""
+        return counts.to(self.a) @ self.a.t() - self.b
+
+
+def label_counts(label_ids: Tensor, num_labels: int) -> Tensor:
+    """``S(y)`` summed over positions: [B, C] counts of label ids [B, N] (``-1`` padding ignored)."""
+    valid = label_ids >= 0
+    out = torch.zeros(label_ids.shape[0], num_labels, dtype=torch.float64)
+    return out.scatter_add_(1, label_ids.clamp_min(0), valid.double())
+
+
+def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], min_support: int = 10,
+                         min_agreement: float = 0.98, presence: float = 0.98) -> Constraints:
+    """Instantiate the templates on training ``citations`` for the label list ``labels`` (index = label id)."""
+    if not citations:
+        raise ValueError("citations must not be empty")
+    if not 0 < min_agreement <= 1 or not 0 < presence <= 1:
+        raise ValueError("min_agreement and presence must lie in (0, 1]")
+    ids = {label: i for i, label in enumerate(labels)}
+    fields = sorted({label[2:] for label in labels if label != "O"})
+    c = len(labels)
+    seg_rows, tok_rows = {}, {}
+    for f in fields:
+        seg, tok = torch.zeros(c, dtype=torch.float64), torch.zeros(c, dtype=torch.float64)
+        if f"B-{f}" in ids:
+            seg[ids[f"B-{f}"]] = 1.0
+            tok[ids[f"B-{f}"]] = 1.0
+        if f"I-{f}" in ids:
+            tok[ids[f"I-{f}"]] = 1.0
+        seg_rows[f], tok_rows[f] = seg, tok
+    o = ids.get("O", 0)
+    y = [torch.tensor([ids.get(label, o) for label in cite.labels]) for cite in citations]
+    counts = label_counts(torch.nn.utils.rnn.pad_sequence(y, batch_first=True, padding_value=-1), c)
+    seg = {f: counts @ seg_rows[f] for f in fields}
+    present = {f: seg[f] > 0 for f in fields}
+    frequent = [f for f in fields if int(present[f].sum()) >= min_support]
+
+    rows, bounds, names, relevant = [], [], [], []
+
+    def candidate(row: Tensor, bound: float, name: str, where: Tensor) -> None:
+        rows.append(row)
+        bounds.append(bound)
+        names.append(name)
+        relevant.append(where)
+
+    for f in frequent:
+        candidate(seg_rows[f], 1.0, f"at_most_one({f})", present[f])
+        if float(present[f].double().mean()) >= presence:
+            candidate(-seg_rows[f], -1.0, f"at_least_one({f})", torch.ones_like(present[f]))
+    for f1, f2 in permutations(frequent, 2):
+        for kind, row in (("seg", seg_rows), ("tok", tok_rows)):
+            candidate(row[f1] - row[f2], 0.0, f"{kind}({f1}) <= {kind}({f2})", present[f1])
+        if f1 < f2:
+            candidate(seg_rows[f1] + seg_rows[f2], 1.0, f"exclusive({f1}, {f2})", present[f1] | present[f2])
+    if rows:
+        held = (counts @ torch.stack(rows).t() <= torch.tensor(bounds, dtype=torch.float64))     # [D, J]
+        agree = [float(held[where, j].double().mean()) for j, where in enumerate(relevant)]
+        picked = [j for j, a in enumerate(agree) if a >= min_agreement]
+        rows, bounds, names = [rows[j] for j in picked], [bounds[j] for j in picked], [names[j] for j in picked]
+    if not rows:
+        return Constraints(torch.zeros(0, c, dtype=torch.float64), torch.zeros(0, dtype=torch.float64), [])
+    return Constraints(torch.stack(rows), torch.tensor(bounds, dtype=torch.float64), names)

@@ -1,0 +1,78 @@
+"""Constraint templates: instances, measurement vectors and violations against hand-counted citations."""
+
+import pytest
+import torch
+
+from betheproj.data.citation_constraints import citation_constraints, label_counts
+from betheproj.data.citations import parse_citation
+
+LINES = [
+    "<authors> <person> <first> A. </first> <last> Smith </last> </person> , <person> <first> B. </first> "
+    "<last> Jones </last> </person> </authors> <title> On things . </title> <venue> <journal> J. X </journal> "
+    "</venue>",
+    "<authors> <person> <first> C. </first> <last> Lee </last> </person> </authors> <title> Stuff </title> "
+    "<venue> <booktitle> Proc. Y </booktitle> </venue>",
+    "<authors> <person> <first> D. </first> <last> Wu </last> </person> </authors> <title> More </title> "
+    "<venue> <journal> J. Z </journal> </venue>",
+]
+
+
+@pytest.fixture
+def cites():
+    return [parse_citation(line) for line in LINES]
+
+
+def labels_of(cites):
+    return sorted({y for c in cites for y in c.labels} | {"O"})
+
+
+def test_hand_counted_instances(cites):
+    labels = labels_of(cites)
+    con = citation_constraints(cites, labels, min_support=1, min_agreement=1.0, presence=1.0)
+    names = set(con.names)
+    # one title and one journal per citation; two authors in the first citation
+    assert "at_most_one(title)" in names and "at_most_one(venue/journal)" in names
+    assert "at_most_one(authors/person/first)" not in names
+    # every citation has a title, first and last names
+    assert "at_least_one(title)" in names and "at_least_one(authors/person/last)" in names
+    assert "at_least_one(venue/journal)" not in names                      # the second has a booktitle
+    # first and last names come in pairs: both directions hold, for segments and tokens
+    assert {"seg(authors/person/last) <= seg(authors/person/first)",
+            "seg(authors/person/first) <= seg(authors/person/last)",
+            "tok(authors/person/last) <= tok(authors/person/first)"} <= names
+    # 2 first names vs 1 title in the first citation: fails there
+    assert "seg(authors/person/first) <= seg(title)" not in names
+    assert "seg(title) <= seg(authors/person/first)" in names
+    assert "exclusive(venue/booktitle, venue/journal)" in names
+    assert "exclusive(title, venue/journal)" not in names                   # they occur together
+
+
+def test_measurement_vectors_and_violations(cites):
+    labels = labels_of(cites)
+    ids = {y: i for i, y in enumerate(labels)}
+    con = citation_constraints(cites, labels, min_support=1, min_agreement=1.0, presence=1.0)
+    j = con.names.index("tok(authors/person/last) <= tok(authors/person/first)")
+    a = con.a[j]
+    assert a[ids["B-authors/person/last"]] == 1 and a[ids["B-authors/person/first"]] == -1
+    assert a[ids["B-title"]] == 0 and con.b[j] == 0
+    k = con.names.index("at_least_one(title)")
+    assert con.a[k][ids["B-title"]] == -1 and con.a[k][ids["I-title"]] == 0 and con.b[k] == -1
+    # the training citations satisfy every kept constraint
+    y = torch.nn.utils.rnn.pad_sequence([torch.tensor([ids[v] for v in c.labels]) for c in cites],
+                                        batch_first=True, padding_value=-1)
+    counts = label_counts(y, len(labels))
+    assert counts[0, ids["B-authors/person/first"]] == 2 and counts[0, ids["I-title"]] == 2
+    assert (con.violations(counts) <= 0).all()
+    # a labelling with two titles and a missing journal/booktitle violates exactly at_most_one(title) there
+    bad = counts[1:2].clone()
+    bad[0, ids["B-title"]] += 1
+    v = con.violations(bad)[0]
+    assert v[con.names.index("at_most_one(title)")] == 1
+    assert v[con.names.index("seg(title) <= seg(authors/person/first)")] == 1
+
+
+def test_errors(cites):
+    with pytest.raises(ValueError, match="citations"):
+        citation_constraints([], ["O"])
+    with pytest.raises(ValueError, match="min_agreement"):
+        citation_constraints(cites, labels_of(cites), min_agreement=0.0)
