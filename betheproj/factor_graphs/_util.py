@@ -1,0 +1,141 @@
+"""Input validation and log-space helpers shared by the factor-graph modules (numpy, float64)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+LOG2 = float(np.log(2.0))
+
+
+def as_log_array(name: str, x: object, ndim: int | None = None) -> np.ndarray:
+    """``x`` (array-like or torch tensor) as a float64 array of log-potentials: finite or ``-inf``."""
+    if type(x).__module__.startswith("torch"):
+        x = x.detach().cpu().numpy()  # type: ignore[attr-defined]
+    if isinstance(x, (str, bytes)) or x is None:
+        raise TypeError(f"{name} must be an array of floats, got {type(x).__name__}")
+    arr = np.asarray(x)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
+    arr = np.array(arr, dtype=np.float64)  # a copy: later edits of the caller's array do not leak in
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    if np.isnan(arr).any():
+        raise ValueError(f"{name} contains NaN")
+    if np.isposinf(arr).any():
+        raise ValueError(f"{name} contains +inf (log-potentials must be finite or -inf)")
+    return arr
+
+
+def as_index(name: str, x: object) -> int:
+    """``x`` as a non-negative Python int (bools refused)."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if int(x) < 0:
+        raise ValueError(f"{name} must be non-negative, got {int(x)}")
+    return int(x)
+
+
+def as_variables(name: str, variables: object, min_arity: int = 1, max_arity: int | None = None) -> tuple[int, ...]:
+    """A tuple of distinct non-negative variable ids."""
+    if isinstance(variables, (int, np.integer)) or not isinstance(variables, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be a sequence of variable ids, got {type(variables).__name__}")
+    out = tuple(as_index(f"{name}[{k}]", v) for k, v in enumerate(variables))
+    if len(out) < min_arity or (max_arity is not None and len(out) > max_arity):
+        want = f"exactly {min_arity}" if min_arity == max_arity else f"at least {min_arity}"
+        raise ValueError(f"{name} must hold {want} variables, got {len(out)}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} must not repeat a variable, got {out}")
+    return out
+
+
+def as_flags(name: str, flags: object, n: int) -> tuple[bool, ...]:
+    """``None`` (all False) or a length-``n`` sequence of booleans."""
+    if flags is None:
+        return (False,) * n
+    if not isinstance(flags, (Sequence, np.ndarray)) or isinstance(flags, str):
+        raise TypeError(f"{name} must be a sequence of bools, got {type(flags).__name__}")
+    if len(flags) != n:
+        raise ValueError(f"{name} must have one flag per variable ({n}), got {len(flags)}")
+    out = []
+    for k, f in enumerate(flags):
+        if not isinstance(f, (bool, np.bool_, int, np.integer)) or int(f) not in (0, 1):
+            raise TypeError(f"{name}[{k}] must be a bool, got {f!r}")
+        out.append(bool(f))
+    return tuple(out)
+
+
+def exclusive(x: np.ndarray, op: Callable, identity: float) -> np.ndarray:
+    """``out[i] = op(x[j] for j != i)`` in O(n) by prefix and suffix scans (robust to infinities)."""
+    n = len(x)
+    pre = np.full(n + 1, identity)
+    suf = np.full(n + 1, identity)
+    if n:
+        pre[1:] = op.accumulate(x)
+        suf[:n] = op.accumulate(x[::-1])[::-1]
+    return op(pre[:n], suf[1:])
+
+
+def log1mexp(s: np.ndarray | float) -> np.ndarray:
+    """``log(1 - exp(-s))`` for ``s >= 0`` (``-inf`` at 0, ``0`` at ``+inf``), stable on both ends."""
+    s = np.asarray(s, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(s < LOG2, np.log(-np.expm1(-s)), np.log1p(-np.exp(-s)))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """``log(1 + exp(x))``."""
+    return np.logaddexp(0.0, x)
+
+
+def log_sigmoid(x: np.ndarray) -> np.ndarray:
+    """``log(1 / (1 + exp(-x)))``: ``-inf`` at ``-inf`` and ``0`` at ``+inf``."""
+    return -np.logaddexp(0.0, -np.asarray(x, dtype=np.float64))
+
+
+def log_ratio(name: str, msg: np.ndarray) -> float:
+    """``log M(1) - log M(0)`` of a binary log-message (``+-inf`` allowed; all ``-inf`` refused)."""
+    a0, a1 = float(msg[0]), float(msg[1])
+    if a0 == -np.inf and a1 == -np.inf:
+        raise ValueError(f"{name} is -inf for both states (a contradictory message)")
+    if a0 == -np.inf:
+        return np.inf
+    if a1 == -np.inf:
+        return -np.inf
+    return a1 - a0
+
+
+def ratio_to_log_message(l: np.ndarray) -> list[np.ndarray]:
+    """Binary log-messages ``[log M(0), log M(1)]`` from log-ratios, normalised to max 0 (NaN stays NaN)."""
+    out = []
+    for v in np.asarray(l, dtype=np.float64):
+        if np.isnan(v):
+            out.append(np.array([np.nan, np.nan]))
+        else:
+            out.append(np.array([min(-v, 0.0), min(v, 0.0)]))
+    return out
+
+
+def xlogy(p: np.ndarray, logq: np.ndarray) -> np.ndarray:
+    """``p * logq`` with ``0 * (-inf) = 0``."""
+    p = np.asarray(p, dtype=np.float64)
+    logq = np.asarray(logq, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(p > 0, p * logq, 0.0)
+
+
+def normalise_log(v: np.ndarray, how: str) -> tuple[np.ndarray, float]:
+    """Shift a log-vector so that ``logsumexp = 0`` (``"sum"``) or ``max = 0`` (``"max"``); ``"none"`` keeps it.
+
+    Returns the shifted vector and the shift (``-inf`` when every entry is ``-inf``)."""
+    if how == "none":
+        return v, 0.0
+    top = float(v.max())
+    if top == -np.inf:
+        return v, -np.inf
+    if how == "max":
+        return v - top, top
+    w = v - top
+    c = float(np.log(np.exp(w).sum()))
+    return w - c, top + c

@@ -1,0 +1,215 @@
+"""Loopy BP: exact on tree-shaped factor graphs (marginals, log Z, max-marginals, MAP), convergence, damping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from betheproj.factor_graphs import OR, XOR, FactorGraph, belief_propagation, decode_map
+
+from ._brute import graph_reference
+from ._graphs import mixed_graph, tree_factor_graph
+
+
+def max_marginals(ref, graph):
+    """Exact max-marginals exp(max_{y: y_i = s} score(y) - MAP)."""
+    joint = ref["joint"]
+    n = joint.ndim
+    return [np.exp(joint.max(axis=tuple(j for j in range(n) if j != i)) - ref["map_score"]) for i in range(n)]
+
+
+GRAPHS = {"mixed": mixed_graph, "tree_factor": tree_factor_graph,
+          "tree_factor_single_root": lambda seed=0: tree_factor_graph(seed, single_root=True)}
+_REFS: dict = {}
+
+
+def _ref(name):
+    if name not in _REFS:
+        g = GRAPHS[name]()
+        _REFS[name] = (g, graph_reference(g))
+    return _REFS[name]
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+@pytest.mark.parametrize("schedule", ["parallel", "sequential"])
+def test_sum_product_exact_on_tree_shaped_graphs(name, schedule):
+    g, ref = _ref(name)
+    assert g.is_tree()
+    res = belief_propagation(g, "sum", schedule=schedule, tol=1e-12, max_iter=100)
+    assert res.converged and res.max_change < 1e-12 and res.iterations <= 20
+    np.testing.assert_allclose(res.log_partition, ref["log_z"], atol=1e-9)
+    assert res.bethe_free_energy == -res.log_partition
+    for got, want in zip(res.variable_beliefs, ref["marginals"], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-9)
+    for got, want in zip(res.factor_beliefs, ref["factors"], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+@pytest.mark.parametrize("schedule", ["parallel", "sequential"])
+def test_max_product_exact_on_tree_shaped_graphs(name, schedule):
+    g, ref = _ref(name)
+    res = belief_propagation(g, "max", schedule=schedule, tol=1e-12, max_iter=100)
+    assert res.converged
+    assert res.log_partition is None
+    np.testing.assert_array_equal(decode_map(res), ref["map"])
+    np.testing.assert_array_equal(res.decode(), ref["map"])
+    assert g.score(res.decode()) == pytest.approx(ref["map_score"])
+    for got, want in zip(res.variable_beliefs, max_marginals(ref, g), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-9)
+    assert res.ties() == []
+
+
+@pytest.mark.parametrize("normalize", ["sum", "max"])
+def test_normalisation_does_not_change_beliefs(normalize):
+    g, ref = _ref("mixed")
+    for mode in ("sum", "max"):
+        a = belief_propagation(g, mode, tol=1e-12)
+        b = belief_propagation(g, mode, tol=1e-12, normalize=normalize)
+        for x, y in zip(a.variable_beliefs, b.variable_beliefs, strict=True):
+            np.testing.assert_allclose(x, y, atol=1e-10)
+        for m in b.messages:
+            for msg in m:
+                top = msg.max() if normalize == "max" else np.log(np.exp(msg).sum())
+                assert abs(top) < 1e-12
+
+
+def test_pairwise_helper_matches_enumeration():
+    """FactorGraph.pairwise with per-variable label sets (2, 3, 4, 2 labels) on a star: exact BP."""
+    rng = np.random.default_rng(5)
+    cards = [2, 3, 4, 2]
+    unary = [torch.tensor(rng.normal(size=c)) for c in cards]
+    edges = [(0, 1), (0, 2), (3, 0)]
+    tables = [rng.normal(size=(cards[i], cards[j])) for i, j in edges]
+    g = FactorGraph.pairwise(unary, edges, tables)
+    assert g.cardinalities == tuple(cards) and g.num_factors == 3 and g.degree(0) == 3
+    ref = graph_reference(g)
+    res = belief_propagation(g, "sum")
+    np.testing.assert_allclose(res.log_partition, ref["log_z"], atol=1e-9)
+    np.testing.assert_array_equal(belief_propagation(g, "max").decode(), ref["map"])
+    shared = FactorGraph.pairwise([np.zeros(2)] * 3, [(0, 1), (1, 2)], np.array([[1.0, 0.0], [0.0, 1.0]]))
+    assert shared.num_factors == 2
+
+
+def _k4(seed: int, scale: float = 2.0) -> FactorGraph:
+    rng = np.random.default_rng(seed)
+    edges = [(i, j) for i in range(4) for j in range(i + 1, 4)]
+    unary = [rng.normal(scale=0.5, size=2) for _ in range(4)]
+    tables = []
+    for _ in edges:
+        coupling = rng.normal(scale=scale)
+        tables.append(np.array([[coupling, -coupling], [-coupling, coupling]]))
+    return FactorGraph.pairwise(unary, edges, tables)
+
+
+def test_loopy_graph_converges_and_approximates():
+    g = _k4(1, scale=0.3)
+    assert not g.is_tree()
+    ref = graph_reference(g)
+    for schedule in ("parallel", "sequential"):
+        res = belief_propagation(g, "sum", schedule=schedule, tol=1e-10)
+        assert res.converged and res.max_change < 1e-10 and len(res.history) == res.iterations
+        assert abs(res.log_partition - ref["log_z"]) < 0.05           # Bethe approximation, close not exact
+        for got, want in zip(res.variable_beliefs, ref["marginals"], strict=True):
+            np.testing.assert_allclose(got, want, atol=0.05)
+        mp = belief_propagation(g, "max", schedule=schedule)
+        assert mp.converged
+        np.testing.assert_array_equal(mp.decode(), ref["map"])
+
+
+def test_damping_makes_oscillating_bp_converge():
+    g = _k4(35)
+    plain = belief_propagation(g, "sum", max_iter=60, tol=1e-10)
+    assert not plain.converged and plain.iterations == 60 and plain.max_change > 1.0
+    damped = belief_propagation(g, "sum", damping=0.5, max_iter=400, tol=1e-10)
+    assert damped.converged
+    # a fixed point of damped BP is a fixed point of plain BP: a warm start does not move
+    warm = belief_propagation(g, "sum", max_iter=3, tol=1e-8, init_messages=damped)
+    assert warm.converged and warm.iterations == 1 and warm.history[0] < 1e-8
+    np.testing.assert_allclose(warm.log_partition, damped.log_partition, atol=1e-8)
+
+
+def test_unnormalised_messages_grow_on_loops():
+    """Kulesza & Pereira (2007), section 4.1: without normalisation, max-product messages on a loop grow without
+    bound; normalised (m(0) + m(1) = 1) the same iteration converges, to the same beliefs."""
+    lam = 2.0
+    table = np.array([[lam, 0.0], [0.0, lam]])
+    g = FactorGraph.pairwise([np.array([0.0, 0.3]), np.array([0.0, -0.1]), np.zeros(2)],
+                             [(0, 1), (1, 2), (2, 0)], table)
+    raw = belief_propagation(g, "max", normalize="none", max_iter=30)
+    assert not raw.converged and raw.max_change > 1.0
+    norm = belief_propagation(g, "max", normalize="sum", max_iter=200)
+    assert norm.converged
+    np.testing.assert_array_equal(raw.decode(), norm.decode())
+    np.testing.assert_array_equal(norm.decode(), graph_reference(g)["map"])
+
+
+def test_contradictory_constraints_raise():
+    g = FactorGraph([2, 2])
+    g.add_factor(XOR([0, 1]))
+    g.add_factor(OR([0, 1], negated=[True, True]))
+    g.add_factor(XOR([0]))
+    g.add_factor(XOR([1]))
+    with pytest.raises(ValueError, match="contradict"):
+        belief_propagation(g, "sum")
+
+
+def test_isolated_variables_and_empty_graph():
+    g = FactorGraph([3])
+    g.set_unary(0, [0.0, np.log(2.0), -np.inf])
+    res = belief_propagation(g, "sum")
+    assert res.converged and res.iterations == 0
+    np.testing.assert_allclose(res.variable_beliefs[0], [1 / 3, 2 / 3, 0.0])
+    np.testing.assert_allclose(res.log_partition, np.log(3.0))
+
+
+def test_bad_bp_arguments():
+    g, _ = _ref("mixed")
+    with pytest.raises(TypeError, match="graph"):
+        belief_propagation("g")
+    with pytest.raises(ValueError, match="mode"):
+        belief_propagation(g, "mean")
+    with pytest.raises(ValueError, match="schedule"):
+        belief_propagation(g, schedule="random")
+    with pytest.raises(ValueError, match="damping"):
+        belief_propagation(g, damping=1.0)
+    with pytest.raises(ValueError, match="normalize"):
+        belief_propagation(g, normalize="l2")
+    with pytest.raises(ValueError, match="normalize='none'"):
+        belief_propagation(g, normalize="none")
+    with pytest.raises(ValueError, match="max_iter"):
+        belief_propagation(g, max_iter=0)
+    with pytest.raises(ValueError, match="tol"):
+        belief_propagation(g, tol=-1.0)
+    with pytest.raises(ValueError, match="init_messages"):
+        belief_propagation(g, init_messages=[[]])
+    with pytest.raises(TypeError, match="result"):
+        decode_map(None)
+
+
+def test_turbo_parser_graph():
+    """Smith & Eisner's loopy graph (Martins et al. 2010, Fig. 1): a TREE factor plus pairwise sibling factors."""
+    from betheproj.factor_graphs import Tree, lp_map
+    rng = np.random.default_rng(0)
+    arcs = Tree.all_arcs(3)
+    g = FactorGraph([2] * len(arcs))
+    for k in range(len(arcs)):
+        g.set_unary(k, [0.0, rng.normal()])
+    g.add_factor(Tree(range(len(arcs)), arcs))
+    for h in range(4):
+        mods = [m for m in range(1, 4) if m != h]
+        for i in range(len(mods)):
+            for j in range(i + 1, len(mods)):
+                g.add_dense((arcs.index((h, mods[i])), arcs.index((h, mods[j]))), [[0.0, 0.0], [0.0, rng.normal()]])
+    assert not g.is_tree()
+    ref = graph_reference(g)
+    res = belief_propagation(g, "sum", tol=1e-10)
+    assert res.converged
+    assert abs(res.log_partition - ref["log_z"]) < 0.2
+    z = res.factor_beliefs[0]                      # the TREE factor's arc marginals: each word has one head
+    for m in range(1, 4):
+        assert sum(z[k] for k, a in enumerate(arcs) if a[1] == m) == pytest.approx(1.0)
+    mp = belief_propagation(g, "max", tol=1e-10)
+    assert mp.converged and np.isfinite(g.score(mp.decode()))
+    assert lp_map(g).objective >= ref["map_score"] - 1e-8     # the relaxation bounds the MAP from above

@@ -1,0 +1,286 @@
+"""Hard-constraint factors (Table 1 of Martins et al. 2010), the Dense factor and the TREE factor vs brute force."""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from betheproj.factor_graphs import IMPLY, NAND, OR, XOR, Dense, FactorGraph, OROut, Tree, XOROut
+
+from ._brute import PREDICATES, all_trees, allowed_set, assert_log_close, factor_reference, log_ratio, negate
+
+CLASSES = {"XOR": XOR, "OR": OR, "OROut": OROut, "NAND": NAND, "IMPLY": IMPLY, "XOROut": XOROut}
+
+
+def _cases():
+    rng = np.random.default_rng(7)
+    cases = []
+    for name, arities in (("XOR", range(1, 6)), ("OR", range(1, 6)), ("OROut", range(2, 6))):
+        for n in arities:
+            cases.append((name, n, None))
+            neg = tuple(bool(b) for b in rng.integers(0, 2, size=n))
+            if not any(neg):
+                neg = (True,) + neg[1:]
+            cases.append((name, n, neg))
+    cases += [("NAND", n, None) for n in range(1, 5)] + [("IMPLY", 2, None)]
+    cases += [("XOROut", n, None) for n in range(2, 6)]
+    return cases
+
+
+CASES = _cases()
+
+
+def _make(name, n, neg):
+    cls = CLASSES[name]
+    factor = cls(list(range(n)), neg) if name in ("XOR", "OR", "OROut") else cls(list(range(n)))
+    pred = PREDICATES[name] if neg is None else negate(PREDICATES[name], neg)
+    return factor, allowed_set(pred, n)
+
+
+def _ids(case):
+    name, n, neg = case
+    return f"{name}-{n}" + ("" if neg is None else "-neg" + "".join(str(int(b)) for b in neg))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_potential_matches_definition(case):
+    factor, configs = _make(*case)
+    n = case[1]
+    for v in itertools.product((0, 1), repeat=n):
+        assert factor.allows(v) == (v in configs)
+        assert factor.log_potential(v) == (0.0 if v in configs else -np.inf)
+
+
+def _compare_messages(factor, configs, incoming):
+    ref = factor_reference(configs, incoming)
+    for mode in ("sum", "max"):
+        ours = factor.messages(incoming, mode)
+        for i in range(factor.arity):
+            want = log_ratio(ref[mode][i])
+            got = log_ratio(ours[i]) if not np.isnan(ours[i]).any() else np.nan
+            if np.isnan(want):
+                continue  # contradictory incoming messages: the message is undefined
+            assert_log_close([got], [want], atol=1e-9)
+            # the ratio form of Table 1 agrees with the log-message form
+            assert_log_close(factor.ratio_messages([log_ratio(m) for m in incoming], mode)[i:i + 1], [want],
+                             atol=1e-9)
+    return ref
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_messages_vs_brute_force(case):
+    factor, configs = _make(*case)
+    rng = np.random.default_rng(zlib.crc32(_ids(case).encode()))
+    for _ in range(3):
+        incoming = [rng.normal(scale=2.0, size=2) for _ in range(factor.arity)]
+        _compare_messages(factor, configs, incoming)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_messages_with_clamped_inputs(case):
+    """Incoming messages with a zero entry (a clamped variable): exact, including infinite ratios."""
+    factor, configs = _make(*case)
+    rng = np.random.default_rng(1 + zlib.crc32(_ids(case).encode()))
+    for _ in range(4):
+        incoming = []
+        for _ in range(factor.arity):
+            m = rng.normal(size=2)
+            if rng.random() < 0.35:
+                m[rng.integers(0, 2)] = -np.inf
+            incoming.append(m)
+        _compare_messages(factor, configs, incoming)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_belief_entropy_vs_brute_force(case):
+    factor, configs = _make(*case)
+    rng = np.random.default_rng(2 + zlib.crc32(_ids(case).encode()))
+    incoming = [rng.normal(scale=1.5, size=2) + 3.0 for _ in range(factor.arity)]
+    ref = factor_reference(configs, incoming)
+    bel = factor.belief(incoming)
+    np.testing.assert_allclose(bel.marginals, ref["z"], atol=1e-10)
+    np.testing.assert_allclose(bel.entropy, ref["entropy"], atol=1e-10)
+    np.testing.assert_allclose(bel.log_partition, ref["log_z"], atol=1e-10)
+    assert bel.energy == 0.0
+    # MARG_i / (1 - MARG_i) = m_{C->i} m_{i->C} (Table 1's top row)
+    out = factor.messages(incoming, "sum")
+    for i in range(factor.arity):
+        z = ref["z"][i]
+        if 1e-12 < z < 1 - 1e-12:
+            np.testing.assert_allclose(np.log(z / (1 - z)), log_ratio(out[i]) + log_ratio(incoming[i]), atol=1e-8)
+
+
+def test_belief_with_clamped_input():
+    f = OROut([0, 1, 2])
+    incoming = [np.array([0.0, -np.inf]), np.array([0.3, -0.2]), np.array([-0.5, 0.5])]
+    ref = factor_reference(allowed_set(PREDICATES["OROut"], 3), incoming)
+    bel = f.belief(incoming)
+    np.testing.assert_allclose(bel.marginals, ref["z"], atol=1e-12)
+    np.testing.assert_allclose(bel.entropy, ref["entropy"], atol=1e-12)
+
+
+def test_xor_entropy_closed_form():
+    """Table 1: H_XOR = -sum_i (m_i / sum_j m_j) log(m_i / sum_j m_j)."""
+    rng = np.random.default_rng(3)
+    incoming = [rng.normal(size=2) for _ in range(4)]
+    m = np.exp([log_ratio(x) for x in incoming])
+    q = m / m.sum()
+    assert np.isclose(XOR(range(4)).belief(incoming).entropy, -np.sum(q * np.log(q)))
+
+
+def test_named_negated_variants():
+    assert NAND([0, 1, 2]).negated == (True, True, True)
+    assert IMPLY([4, 5]).negated == (True, False)
+    assert XOROut([0, 1, 2]).negated == (False, False, True)
+    assert "negated" in repr(IMPLY([0, 1]))
+
+
+def test_dense_messages_and_belief():
+    rng = np.random.default_rng(4)
+    table = rng.normal(size=(2, 3, 2))
+    table[0, 1, 1] = -np.inf
+    factor = Dense((0, 1, 2), table)
+    incoming = [rng.normal(size=c) for c in (2, 3, 2)]
+    configs = list(itertools.product(range(2), range(3), range(2)))
+    ref = factor_reference(configs, incoming, [table[c] for c in configs])
+    for mode in ("sum", "max"):
+        for got, want in zip(factor.messages(incoming, mode), ref[mode], strict=True):
+            np.testing.assert_allclose(got - got.max(), want - want.max(), atol=1e-12)
+    bel = factor.belief(incoming)
+    np.testing.assert_allclose(bel.marginals.reshape(-1), ref["belief"], atol=1e-12)
+    np.testing.assert_allclose(bel.entropy, ref["entropy"], atol=1e-12)
+    energy = float(sum(b * table[c] for b, c in zip(ref["belief"], configs, strict=True) if b > 0))
+    np.testing.assert_allclose(bel.energy, energy, atol=1e-12)
+
+
+def test_dense_accepts_torch_table():
+    f = Dense([0], torch.tensor([0.5, -1.0], dtype=torch.float32))
+    assert f.table.dtype == np.float64 and f.table.shape == (2,)
+
+
+# --------------------------------------------------------------------------------------------- TREE factor
+
+def _tree_case(n, single_root, prune, rng):
+    arcs = Tree.all_arcs(n)
+    if prune:
+        keep = [a for a in arcs if rng.random() < 0.8 or a[0] == 0]
+        arcs = keep
+    factor = Tree(list(range(len(arcs))), arcs, n=n, single_root=single_root)
+    index = {a: k for k, a in enumerate(arcs)}
+    configs = []
+    for heads in all_trees(n, single_root):
+        if all((h, m + 1) in index for m, h in enumerate(heads)):
+            v = [0] * len(arcs)
+            for m, h in enumerate(heads):
+                v[index[(h, m + 1)]] = 1
+            configs.append(tuple(v))
+    return factor, configs
+
+
+TREE_CASES = [(n, sr, pr) for n in (2, 3, 4) for sr in (False, True) for pr in (False, True) if not (n == 2 and pr)]
+
+
+@pytest.mark.parametrize("n,single_root,prune", TREE_CASES)
+def test_tree_factor_vs_brute_force(n, single_root, prune):
+    rng = np.random.default_rng(10 * n + 2 * single_root + prune)
+    factor, configs = _tree_case(n, single_root, prune, rng)
+    assert configs
+    for v in configs[:20]:
+        assert factor.allows(v)
+    incoming = [rng.normal(scale=1.5, size=2) for _ in range(factor.arity)]
+    ref = _compare_messages(factor, configs, incoming)
+    bel = factor.belief(incoming)
+    np.testing.assert_allclose(bel.marginals, ref["z"], atol=1e-9)
+    np.testing.assert_allclose(bel.entropy, ref["entropy"], atol=1e-9)
+    np.testing.assert_allclose(bel.log_partition, ref["log_z"], atol=1e-9)
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+def test_tree_factor_clamped_arcs(single_root):
+    """Arcs clamped on (+inf ratio) or off (-inf): exact messages to every arc (cavities) and beliefs."""
+    rng = np.random.default_rng(11 + single_root)
+    factor, configs = _tree_case(3, single_root, False, rng)
+    arcs = factor.arcs
+    incoming = [rng.normal(size=2) for _ in arcs]
+    incoming[arcs.index((2, 1))][0] = -np.inf      # 2 -> 1 forced on
+    incoming[arcs.index((0, 3))][1] = -np.inf      # 0 -> 3 forced off
+    ref = _compare_messages(factor, configs, incoming)
+    bel = factor.belief(incoming)
+    np.testing.assert_allclose(bel.marginals, ref["z"], atol=1e-9)
+    np.testing.assert_allclose(bel.entropy, ref["entropy"], atol=1e-9)
+
+
+def test_tree_factor_rejects_non_trees():
+    f = Tree(range(4), Tree.all_arcs(2), n=2)
+    arcs = f.arcs
+    cyc = [1 if a in ((1, 2), (2, 1)) else 0 for a in arcs]
+    assert not f.allows(cyc)
+    two_heads = [1 if a in ((0, 1), (0, 2), (2, 1)) else 0 for a in arcs]
+    assert not f.allows(two_heads)
+    both_root = [1 if a in ((0, 1), (0, 2)) else 0 for a in arcs]
+    assert f.allows(both_root)
+    assert not Tree(range(4), arcs, n=2, single_root=True).allows(both_root)
+
+
+# --------------------------------------------------------------------------------------------- bad inputs
+
+def test_bad_factor_inputs():
+    with pytest.raises(TypeError, match="variables"):
+        XOR(3)
+    with pytest.raises(ValueError, match="variables"):
+        XOR([0, 0])
+    with pytest.raises(ValueError, match="variables"):
+        OROut([0])
+    with pytest.raises(ValueError, match="variables"):
+        IMPLY([0, 1, 2])
+    with pytest.raises(ValueError, match="negated"):
+        OR([0, 1], negated=[True])
+    with pytest.raises(TypeError, match=r"variables\[1\]"):
+        XOR([0, 1.5])
+    with pytest.raises(ValueError, match="table"):
+        Dense((0, 1), np.zeros(3))
+    with pytest.raises(ValueError, match="table"):
+        Dense((0,), [np.nan, 0.0])
+    with pytest.raises(ValueError, match="table"):
+        Dense((0,), [np.inf, 0.0])
+    with pytest.raises(TypeError, match="table"):
+        Dense((0,), ["a", "b"])
+    with pytest.raises(ValueError, match="arcs"):
+        Tree([0, 1], [(0, 1)])
+    with pytest.raises(ValueError, match="arcs"):
+        Tree([0], [(1, 1)])
+    with pytest.raises(ValueError, match="mode"):
+        XOR([0, 1]).messages([np.zeros(2), np.zeros(2)], "avg")
+    with pytest.raises(ValueError, match="incoming"):
+        XOR([0, 1]).messages([np.zeros(2)])
+    with pytest.raises(ValueError, match=r"incoming\[1\]"):
+        XOR([0, 1]).messages([np.zeros(2), np.zeros(3)])
+
+
+def test_bad_graph_inputs():
+    g = FactorGraph([2, 3, 2])
+    with pytest.raises(ValueError, match="binary"):
+        g.add_factor(XOR([0, 1]))
+    with pytest.raises(ValueError, match="binary"):
+        g.add_factor(Tree([0, 1], [(0, 1), (2, 1)]))
+    with pytest.raises(ValueError, match=r"factor.variables\[1\] = 7"):
+        g.add_factor(OR([0, 7]))
+    with pytest.raises(ValueError, match=r"table must have shape \(2, 3\)"):
+        g.add_factor(Dense((0, 1), np.zeros((3, 2))))
+    with pytest.raises(TypeError, match="factor"):
+        g.add_factor("xor")
+    with pytest.raises(ValueError, match="unary"):
+        g.set_unary(1, [0.0, 1.0])
+    with pytest.raises(ValueError, match="variable = 5"):
+        g.set_unary(5, [0.0, 1.0])
+    with pytest.raises(ValueError, match="cardinality"):
+        g.add_variable(0)
+    with pytest.raises(TypeError, match=r"cardinalities\[0\]"):
+        FactorGraph([2.0])
+    with pytest.raises(ValueError, match="assignment"):
+        g.score([0, 3, 0])
+    assert g.num_factors == 0
