@@ -1,0 +1,267 @@
+"""The structured perceptron (Collins 2002), plain and averaged, over any MAP routine, exact or approximate.
+
+For examples ``(x_i, z_i)`` and a MAP routine ``A_w(x)`` (exact, LP-relaxed, loopy BP, or the chain and tree
+oracles), each step predicts ``z = A_w(x_i)`` and, on a mistake (``z != z_i``), updates
+
+    w <- w + eta (Phi(x_i, z_i) - Phi(x_i, z)),
+
+Collins' rule with step ``eta`` (1 in Collins 2002; the paper's update of section 4.2 is ``eta = 1/2`` for the
+Figure 3 data, whose feature difference is twice ``x_alpha + x_beta``).  A fractional LP prediction
+``z = z_LP`` is a mistake and updates with the expected features ``Phi(x, z_LP)`` (Kulesza & Pereira 2007,
+section 5.1, eq. 7), which is what makes Theorem 1 hold: under algorithmic separability with margin ``gamma``
+and radius ``R`` the perceptron makes at most ``R^2 / gamma^2`` mistakes.  The averaged perceptron returns
+``(1/T) sum_t w_t`` over all ``T`` steps (Collins 2002, section 2.5).
+
+A MAP routine is any callable ``(x, w) -> prediction`` returning label indices (array, list or tensor, an
+oracle's ``[1, N]`` output included), a :class:`~betheproj.mrf.LocalMarginals` point or a
+:class:`~betheproj.mrf.MAPResult`.  :func:`mrf_map` and :func:`oracle_map` build them for
+:class:`~betheproj.mrf.LinearPairwiseMRF` inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..mrf.pairwise import (
+    LinearPairwiseMRF,
+    LocalMarginals,
+    MAPResult,
+    exact_map,
+    lbp_map,
+    lp_map,
+    lp_margin_bounds,
+    lp_radius_bounds,
+)
+
+__all__ = ["PerceptronResult", "MistakeBound", "structured_perceptron", "mrf_map", "oracle_map", "lp_mistake_bound",
+           "predict"]
+
+MapFn = Callable[[Any, np.ndarray], Any]
+
+
+@dataclass
+class PerceptronResult:
+    """What :func:`structured_perceptron` returns.
+
+    ``weights``: the returned vector (the average when ``averaged=True``, else the last iterate); ``last`` and
+    ``average`` both.  ``path``: ``[T + 1, d]``, ``w`` before the first step and after every step (Figure 4).
+    ``mistakes``: mistakes per epoch; ``converged``: an epoch ended without a mistake (the data are separated by
+    ``last`` under the MAP routine).  ``update_vectors`` ``[K, d]``: ``Phi(x, z_i) - Phi(x, z)`` of the ``K``
+    updates (unscaled), ``update_examples`` their example indices, ``fractional_updates`` how many used a fractional
+    prediction."""
+
+    weights: np.ndarray
+    last: np.ndarray
+    average: np.ndarray
+    path: np.ndarray
+    mistakes: list[int]
+    converged: bool
+    epochs: int
+    steps: int
+    update_vectors: np.ndarray
+    update_examples: list[int] = field(default_factory=list)
+    fractional_updates: int = 0
+
+    @property
+    def total_mistakes(self) -> int:
+        return int(sum(self.mistakes))
+
+
+@dataclass
+class MistakeBound:
+    """Theorem 1's quantities, bracketed: ``gamma_lower <= gamma <= gamma_upper`` and ``R_lower <= R <= R_upper``,
+    so ``R^2 / gamma^2`` lies in ``[bound_lower, bound_upper]`` (see :func:`lp_mistake_bound`)."""
+
+    gamma_lower: float
+    gamma_upper: float
+    radius_lower: float
+    radius_upper: float
+
+    @property
+    def bound_lower(self) -> float:
+        return self.radius_lower ** 2 / self.gamma_upper ** 2
+
+    @property
+    def bound_upper(self) -> float:
+        return self.radius_upper ** 2 / self.gamma_lower ** 2 if self.gamma_lower > 0 else float("inf")
+
+
+def _check_examples(examples: object) -> list[tuple[Any, Any]]:
+    if not isinstance(examples, Sequence) or isinstance(examples, str):
+        raise TypeError(f"examples must be a sequence of (x, gold) pairs, got {type(examples).__name__}")
+    if len(examples) == 0:
+        raise ValueError("examples is empty")
+    out = []
+    for k, ex in enumerate(examples):
+        if not isinstance(ex, (tuple, list)) or len(ex) != 2:
+            raise ValueError(f"examples[{k}] must be an (x, gold) pair, got {type(ex).__name__}")
+        out.append((ex[0], ex[1]))
+    return out
+
+
+def _as_labels(z: object) -> np.ndarray | None:
+    """Integer labels from an integral prediction, ``None`` for a fractional one."""
+    if isinstance(z, MAPResult):
+        return z.labels if z.integral else None
+    if isinstance(z, LocalMarginals):
+        return z.argmax() if z.is_integral() else None
+    if type(z).__module__.startswith("torch"):
+        z = z.detach().cpu().numpy()  # type: ignore[attr-defined]
+    arr = np.asarray(z)
+    if arr.ndim == 2 and arr.shape[0] == 1:                 # an oracle's [1, N] output
+        arr = arr[0]
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"a prediction must be integer labels, LocalMarginals or a MAPResult, got {z!r}")
+    return arr[arr >= 0].astype(np.int64)                   # drop the oracles' -1 padding
+
+
+def _default_features(x: Any, z: Any) -> np.ndarray:
+    if not hasattr(x, "features"):
+        raise TypeError(f"x of type {type(x).__name__} has no features(z) method; pass features=")
+    if not isinstance(z, (MAPResult, LocalMarginals)):
+        z = _as_labels(z)
+    return np.asarray(x.features(z), dtype=np.float64)
+
+
+def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *, epochs: int = 10,
+                          averaged: bool = False, step: float = 1.0, initial: np.ndarray | None = None,
+                          features: Callable[[Any, Any], np.ndarray] | None = None,
+                          num_features: int | None = None, shuffle: bool = False, seed: int | None = None,
+                          stop_when_separated: bool = True) -> PerceptronResult:
+    """Run the structured perceptron (Collins 2002; see the module docstring) for at most ``epochs`` passes.
+
+    ``examples``: ``(x, gold)`` pairs, ``gold`` label indices.  ``map_fn(x, w)``: the MAP routine.
+    ``features(x, z)``: ``Phi`` (default ``x.features(z)``, e.g. :meth:`LinearPairwiseMRF.features`, which gives the
+    expected features of a fractional ``z``).  ``num_features``: ``d`` (default: from ``x.num_features`` or
+    ``initial``).  ``shuffle``: visit the examples in a fresh random order each epoch.  ``stop_when_separated``:
+    stop after the first epoch without a mistake."""
+    data = _check_examples(examples)
+    if not callable(map_fn):
+        raise TypeError(f"map_fn must be callable (x, w) -> prediction, got {type(map_fn).__name__}")
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
+        raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not np.isfinite(step) or step <= 0:
+        raise ValueError(f"step must be a positive float, got {step!r}")
+    feat = features or _default_features
+    if initial is not None:
+        w = np.array(initial, dtype=np.float64)
+        if w.ndim != 1 or not np.isfinite(w).all():
+            raise ValueError(f"initial must be a finite 1-D weight vector, got shape {w.shape}")
+        if num_features is not None and w.shape != (num_features,):
+            raise ValueError(f"initial must have shape ({num_features},), got {w.shape}")
+    else:
+        d = num_features if num_features is not None else getattr(data[0][0], "num_features", None)
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+            raise ValueError("cannot tell the number of features: pass num_features or initial")
+        w = np.zeros(int(d))
+    rng = np.random.default_rng(seed)
+    golds = [_as_labels(g) for _, g in data]
+    if any(g is None for g in golds):
+        raise ValueError("gold labellings must be integral")
+    path = [w.copy()]
+    total = np.zeros_like(w)
+    mistakes: list[int] = []
+    updates: list[np.ndarray] = []
+    update_examples: list[int] = []
+    fractional = 0
+    converged = False
+    steps = 0
+    for _epoch in range(int(epochs)):
+        order = rng.permutation(len(data)) if shuffle else range(len(data))
+        m = 0
+        for k in order:
+            x, gold = data[k]
+            z = map_fn(x, w.copy())
+            labels = _as_labels(z)
+            wrong = labels is None or labels.shape != golds[k].shape or bool(np.any(labels != golds[k]))
+            if wrong:
+                delta = feat(x, golds[k]) - feat(x, z)
+                if delta.shape != w.shape:
+                    raise ValueError(f"features returned shape {delta.shape}, the weights have {w.shape}")
+                w = w + step * delta
+                updates.append(delta)
+                update_examples.append(int(k))
+                fractional += labels is None
+                m += 1
+            steps += 1
+            total += w
+            path.append(w.copy())
+        mistakes.append(m)
+        if m == 0:
+            converged = True
+            if stop_when_separated:
+                break
+    average = total / max(steps, 1)
+    return PerceptronResult(weights=average if averaged else w, last=w, average=average, path=np.array(path),
+                            mistakes=mistakes, converged=converged, epochs=len(mistakes), steps=steps,
+                            update_vectors=np.array(updates).reshape(len(updates), w.size),
+                            update_examples=update_examples, fractional_updates=int(fractional))
+
+
+def predict(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, w: np.ndarray) -> list[bool]:
+    """Whether ``map_fn(x, w)`` returns exactly the gold labelling, per example (fractional = wrong)."""
+    out = []
+    for x, gold in _check_examples(examples):
+        labels = _as_labels(map_fn(x, np.asarray(w, dtype=np.float64)))
+        g = _as_labels(gold)
+        out.append(labels is not None and labels.shape == g.shape and bool(np.all(labels == g)))
+    return out
+
+
+def mrf_map(method: str = "exact", **options: Any) -> MapFn:
+    """A MAP routine ``(x, w) -> MAPResult`` for :class:`~betheproj.mrf.LinearPairwiseMRF` inputs:
+    ``method`` ``"exact"`` (:func:`~betheproj.mrf.exact_map`), ``"lp"`` (:func:`~betheproj.mrf.lp_map`, fractional
+    ``mu`` returned as is) or ``"lbp"`` (:func:`~betheproj.mrf.lbp_map`); ``options`` go to that routine."""
+    routines = {"exact": exact_map, "lp": lp_map, "lbp": lbp_map}
+    if method not in routines:
+        raise ValueError(f"method must be one of {tuple(routines)}, got {method!r}")
+    fn = routines[method]
+
+    def run(x: LinearPairwiseMRF, w: np.ndarray) -> MAPResult:
+        if not isinstance(x, LinearPairwiseMRF):
+            raise TypeError(f"x must be a LinearPairwiseMRF, got {type(x).__name__}")
+        return fn(x.potentials(w), **options)
+
+    run.__name__ = f"mrf_map_{method}"
+    return run
+
+
+def oracle_map(oracle: Any, parents: Sequence[int] | None = None) -> MapFn:
+    """A MAP routine from a chain or tree oracle's ``map(PairwisePotentials)`` (e.g. :class:`~betheproj.LinearChain`,
+    :class:`~betheproj.Tree`) for :class:`~betheproj.mrf.LinearPairwiseMRF` inputs whose graph is that chain or
+    tree (``parents``; default: the oracle's own ``parents`` if it has them, else the chain
+    ``0 - 1 - ... - N-1``).  Returns label indices."""
+    if not callable(getattr(oracle, "map", None)):
+        raise TypeError(f"oracle must have a map(PairwisePotentials) method, got {type(oracle).__name__}")
+    if parents is None and hasattr(oracle, "parents"):
+        parents = [int(p) for p in oracle.parents]
+
+    def run(x: LinearPairwiseMRF, w: np.ndarray) -> np.ndarray:
+        if not isinstance(x, LinearPairwiseMRF):
+            raise TypeError(f"x must be a LinearPairwiseMRF, got {type(x).__name__}")
+        pot = x.potentials(w).to_pairwise_potentials(parents)
+        return oracle.map(pot)[0].cpu().numpy().astype(np.int64)
+
+    run.__name__ = f"oracle_map_{type(oracle).__name__}"
+    return run
+
+
+def lp_mistake_bound(examples: Sequence[tuple[LinearPairwiseMRF, Any]], w_star: np.ndarray) -> MistakeBound:
+    """Theorem 1 (Kulesza & Pereira 2007, section 5.1) for LP-relaxed inference: brackets of the margin
+    ``gamma = min_i min_{z in Z'(x_i) \\ {z_i}} u . (Phi(x_i, z_i) - Phi(x_i, z))`` with ``u = w_star / ||w_star||``
+    and of the radius ``R = max_i max_{z in Z'(x_i)} ||Phi(x_i, z_i) - Phi(x_i, z)||``, from
+    :func:`~betheproj.mrf.lp_margin_bounds` and :func:`~betheproj.mrf.lp_radius_bounds` (binary label sets,
+    models small enough to enumerate).  The perceptron with LP-relaxed inference makes at most ``R^2/gamma^2``
+    mistakes, which lies in ``[bound_lower, bound_upper]``."""
+    data = _check_examples(examples)
+    g_lo, g_hi, r_lo, r_hi = np.inf, np.inf, 0.0, 0.0
+    for x, gold in data:
+        lo, hi = lp_margin_bounds(x, gold, w_star)
+        g_lo, g_hi = min(g_lo, lo), min(g_hi, hi)
+        lo, hi = lp_radius_bounds(x, gold)
+        r_lo, r_hi = max(r_lo, lo), max(r_hi, hi)
+    return MistakeBound(float(g_lo), float(g_hi), float(r_lo), float(r_hi))
