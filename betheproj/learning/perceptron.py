@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..mrf.bounds import lp_margin_bounds, lp_radius_bounds
 from ..mrf.pairwise import (
     LinearPairwiseMRF,
     LocalMarginals,
@@ -33,8 +34,6 @@ from ..mrf.pairwise import (
     exact_map,
     lbp_map,
     lp_map,
-    lp_margin_bounds,
-    lp_radius_bounds,
 )
 
 __all__ = ["PerceptronResult", "MistakeBound", "structured_perceptron", "mrf_map", "oracle_map", "lp_mistake_bound",

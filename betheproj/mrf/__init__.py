@@ -1,25 +1,25 @@
 """Pairwise MRFs with per-node label sets: exact, LP-relaxed and loopy-BP MAP, and the constructions of
 Kulesza & Pereira, *Structured Learning with Approximate Inference* (NIPS 2007)."""
 
+from .bounds import LocalPolytope, lp_margin_bounds, lp_radius_bounds
 from .pairwise import (
-    TRIANGLE_INPUTS,
     LinearPairwiseMRF,
     LocalMarginals,
-    LocalPolytope,
     MAPResult,
     PairwiseMRF,
     agreement_table,
     exact_map,
+    grid_edges,
+    lbp_map,
+    lp_map,
+)
+from .paper import (
+    TRIANGLE_INPUTS,
     figure2_mrf,
     figure3_dataset,
-    grid_edges,
     lbp_decision_boundary,
     lbp_exponents,
     lbp_gamma,
-    lbp_map,
-    lp_map,
-    lp_margin_bounds,
-    lp_radius_bounds,
     random_grid_dataset,
     triangle_correct,
     triangle_model,

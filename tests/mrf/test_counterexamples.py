@@ -24,7 +24,7 @@ from betheproj.mrf import (
     triangle_correct,
     triangle_model,
 )
-from betheproj.mrf.pairwise import FIGURE2_LABELS
+from betheproj.mrf.paper import FIGURE2_LABELS
 
 PAPER_GAMMA = 1.089339
 
