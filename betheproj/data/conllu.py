@@ -1,0 +1,197 @@
+"""CoNLL-U reader and writer (Universal Dependencies format, https://universaldependencies.org/format.html).
+
+A sentence is a block of lines ended by a blank line: ``#`` comments, then one line per word with 10 tab-separated
+columns ``ID FORM LEMMA UPOS XPOS FEATS HEAD DEPREL DEPS MISC``.  Multi-word token lines (ID ``1-2``) and empty
+nodes of the enhanced graph (ID ``8.1``) are not words of the basic tree: they are skipped for parsing but kept,
+in place, so that writing a sentence back reproduces the input (with the predicted ``HEAD`` when one is given).
+Files may be gzip-compressed (``.gz``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+__all__ = ["Sentence", "parse_conllu", "read_conllu", "load_conllu", "format_conllu", "write_conllu"]
+
+_COLUMNS = 10
+ID, FORM, LEMMA, UPOS, XPOS, FEATS, HEAD, DEPREL, DEPS, MISC = range(_COLUMNS)
+
+
+@dataclass
+class Sentence:
+    """One sentence: its comment lines (without the newline), the 10 columns of each word (``words[i]`` is word
+    ``i + 1``) and the multi-word token / empty node lines as ``(k, columns)``: written just before word ``k + 1``
+    (``k = len(words)``: after the last word)."""
+
+    comments: list[str] = field(default_factory=list)
+    words: list[list[str]] = field(default_factory=list)
+    extra: list[tuple[int, list[str]]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def _column(self, j: int) -> list[str]:
+        return [w[j] for w in self.words]
+
+    @property
+    def forms(self) -> list[str]:
+        return self._column(FORM)
+
+    @property
+    def lemmas(self) -> list[str]:
+        return self._column(LEMMA)
+
+    @property
+    def upos(self) -> list[str]:
+        return self._column(UPOS)
+
+    @property
+    def xpos(self) -> list[str]:
+        return self._column(XPOS)
+
+    @property
+    def deprels(self) -> list[str]:
+        return self._column(DEPREL)
+
+    @property
+    def heads(self) -> np.ndarray:
+        """HEAD of every word [N] (int64; 0 = root, -1 where the column is ``_``)."""
+        return np.array([-1 if w[HEAD] == "_" else int(w[HEAD]) for w in self.words], dtype=np.int64)
+
+    @property
+    def text(self) -> str:
+        """The ``# text = ...`` comment, or the forms joined by spaces."""
+        for c in self.comments:
+            if c.startswith("# text = "):
+                return c[len("# text = "):]
+        return " ".join(self.forms)
+
+    def with_heads(self, heads: Sequence[int] | np.ndarray) -> Sentence:
+        """A copy with the HEAD column replaced (every other column kept)."""
+        heads = np.asarray(heads)
+        if heads.shape != (len(self.words),):
+            raise ValueError(f"heads must have shape ({len(self.words)},), got {heads.shape}")
+        if len(heads) and (heads.min() < 0 or heads.max() > len(self.words)):
+            raise ValueError(f"heads must lie in [0, {len(self.words)}]")
+        words = [list(w) for w in self.words]
+        for w, h in zip(words, heads.tolist(), strict=True):
+            w[HEAD] = str(int(h))
+        return Sentence(list(self.comments), words, [(k, list(c)) for k, c in self.extra])
+
+
+def _lines(source: str | Path | TextIO) -> Iterator[str]:
+    if isinstance(source, str | Path):
+        path = Path(source)
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            yield from f
+    else:
+        yield from source
+
+
+def _read(lines: Iterable[str], name: str) -> list[Sentence]:
+    sentences: list[Sentence] = []
+    cur = Sentence()
+    start = 1
+
+    def finish(lineno: int) -> None:
+        nonlocal cur
+        if cur.words:
+            n = len(cur.words)
+            for i, w in enumerate(cur.words):
+                if w[ID] != str(i + 1):
+                    raise ValueError(f"{name}:{start}: word IDs must be 1..{n} in order, got {w[ID]!r} at word {i + 1}")
+                if w[HEAD] != "_" and not (w[HEAD].isdigit() and int(w[HEAD]) <= n):
+                    raise ValueError(f"{name}:{start}: HEAD of word {i + 1} must be an integer in 0..{n} or '_', "
+                                     f"got {w[HEAD]!r}")
+            sentences.append(cur)
+        elif cur.comments or cur.extra:
+            raise ValueError(f"{name}:{start}: sentence without word lines (line {lineno})")
+        cur = Sentence()
+
+    lineno = 0
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.rstrip("\r\n")
+        if not line.strip():
+            finish(lineno)
+            start = lineno + 1
+            continue
+        if line.startswith("#"):
+            if cur.words or cur.extra:
+                raise ValueError(f"{name}:{lineno}: comment line inside a sentence")
+            cur.comments.append(line)
+            continue
+        cols = line.split("\t")
+        if len(cols) != _COLUMNS:
+            raise ValueError(f"{name}:{lineno}: expected {_COLUMNS} tab-separated columns, got {len(cols)}")
+        if "-" in cols[ID] or "." in cols[ID]:              # multi-word token or empty node
+            cur.extra.append((len(cur.words), cols))
+        else:
+            cur.words.append(cols)
+    finish(lineno + 1)
+    return sentences
+
+
+def parse_conllu(text: str, name: str = "<string>") -> list[Sentence]:
+    """Sentences of a CoNLL-U string."""
+    return _read(io.StringIO(text), name)
+
+
+def read_conllu(source: str | Path | TextIO) -> list[Sentence]:
+    """Sentences of a ``.conllu`` / ``.conllu.gz`` file (path) or an open text stream."""
+    name = str(source) if isinstance(source, str | Path) else getattr(source, "name", "<stream>")
+    return _read(_lines(source), name)
+
+
+def load_conllu(path: str | Path) -> list[Sentence]:
+    """:func:`read_conllu`, with a clear error naming the expected file when it is missing."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"expected a CoNLL-U file (.conllu or .conllu.gz) at {p}, found none")
+    return read_conllu(p)
+
+
+def format_conllu(sentences: Iterable[Sentence]) -> str:
+    """CoNLL-U text: every sentence followed by a blank line."""
+    out: list[str] = []
+    for s in sentences:
+        out.extend(s.comments)
+        extra = iter(s.extra)
+        pending = next(extra, None)
+        for i in range(len(s.words) + 1):
+            while pending is not None and pending[0] == i:
+                out.append("\t".join(pending[1]))
+                pending = next(extra, None)
+            if i < len(s.words):
+                out.append("\t".join(s.words[i]))
+        out.append("")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def write_conllu(sentences: Iterable[Sentence], target: str | Path | TextIO,
+                 heads: Iterable[Sequence[int] | np.ndarray] | None = None) -> None:
+    """Write sentences (with ``heads[i]`` as the HEAD column of sentence ``i`` when given) to a path (gzip when it
+    ends in ``.gz``) or a text stream."""
+    sentences = list(sentences)
+    if heads is not None:
+        heads = list(heads)
+        if len(heads) != len(sentences):
+            raise ValueError(f"got {len(heads)} head arrays for {len(sentences)} sentences")
+        sentences = [s.with_heads(h) for s, h in zip(sentences, heads, strict=True)]
+    text = format_conllu(sentences)
+    if isinstance(target, str | Path):
+        path = Path(target)
+        if path.suffix == ".gz":
+            with gzip.open(path, "wt", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            path.write_text(text, encoding="utf-8")
+    else:
+        target.write(text)

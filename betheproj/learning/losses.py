@@ -1,0 +1,211 @@
+"""The loss family ``L_{beta,gamma}`` of Martins et al. (EMNLP 2010, "Turbo Parsers", section 5, Figure 4, eq. 22)
+over any oracle (linear chains, trees, dependency trees)::
+
+    L_{beta,gamma}(theta; x, y) = 1/beta log sum_{y'} exp(beta (s(y') - s(y) + gamma cost(y', y)))
+
+with ``s(y) = <theta, S(y)>`` the score of a structure.  Particular cases (the named presets):
+
+=================  ========  =====  ==========================================
+preset             beta      gamma  loss
+=================  ========  =====  ==========================================
+``crf``            1         0      negative log-likelihood ``log Z - s(y)``
+``softmax_margin`` 1         1      softmax-margin (Gimpel and Smith, 2010)
+``svm``            inf       1      structured hinge ``max_y' s(y') + cost - s(y)``
+``perceptron``     inf       0      perceptron loss ``max_y' s(y') - s(y)``
+=================  ========  =====  ==========================================
+
+The cost must decompose over the parts: ``cost(y', y) = <p, S(y')> + q`` (footnote 11).  For the Hamming cost
+(the number of positions whose label differs) this holds on the node parts with ``p = 1 - onehot(y)`` and
+``q = 0`` (the paper's ``p = 1 - 2 mu, q = 1^T mu`` counts every error twice, once per indicator).  Then
+(eq. 24 and Prop. 1 of the paper) the loss is a log-partition of the *cost-augmented* potentials::
+
+    L_{beta,gamma} = 1/beta log Z(beta (theta + gamma p)) + gamma q - s(y),
+    grad_theta L   = mu_{beta (theta + gamma p)} - S(y),
+
+and for ``beta = inf`` the log-partition becomes cost-augmented MAP: ``L = max_y' (s(y') + gamma cost) - s(y)``
+with the subgradient ``S(y_hat) - S(y)``.  For ``beta > 0, gamma >= 0`` the loss is convex in ``theta`` and
+nonnegative (``y' = y`` contributes ``exp(0)``); it decreases in ``beta`` towards ``L_{inf,gamma}`` with
+``L_{inf,gamma} <= L_{beta,gamma} <= L_{inf,gamma} + log|Y| / beta``, and it increases with ``gamma``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..oracles.base import Oracle, PairwisePotentials, _unchecked, log_partition
+from .crf import _check_labels, sequence_score
+
+__all__ = ["LOSSES", "LossGradient", "resolve_loss", "hamming_cost", "cost_augmented", "structured_loss",
+           "loss_and_gradient"]
+
+LOSSES: dict[str, tuple[float, float]] = {
+    "crf": (1.0, 0.0),
+    "softmax_margin": (1.0, 1.0),
+    "svm": (math.inf, 1.0),
+    "perceptron": (math.inf, 0.0),
+}
+"""The named members of the family (Figure 4): name -> (beta, gamma)."""
+
+CostFn = Callable[[PairwisePotentials, Tensor], tuple[Tensor, Tensor | None, Tensor | None]]
+"""``cost(potentials, gold) -> (p_node [B, N, C], p_edge (like potentials.edge) or None, q [B] or None)``."""
+
+
+def resolve_loss(loss: str | None = None, beta: float | None = None,
+                 gamma: float | None = None) -> tuple[float, float]:
+    """``(beta, gamma)`` from a preset name (``crf``, ``svm``, ``softmax_margin``, ``perceptron``) and/or explicit
+    values (which override the preset's).  ``beta`` must be ``> 0`` (``math.inf`` allowed), ``gamma >= 0`` finite."""
+    if loss is not None:
+        if not isinstance(loss, str) or loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+        b0, g0 = LOSSES[loss]
+        beta = b0 if beta is None else beta
+        gamma = g0 if gamma is None else gamma
+    if beta is None or gamma is None:
+        raise ValueError("give a loss name or both beta and gamma")
+    try:
+        beta, gamma = float(beta), float(gamma)
+    except (TypeError, ValueError):
+        raise TypeError(f"beta and gamma must be numbers, got {beta!r} and {gamma!r}") from None
+    if math.isnan(beta) or beta <= 0:
+        raise ValueError(f"beta must be > 0 (math.inf for the max-margin/perceptron limit), got {beta}")
+    if not math.isfinite(gamma) or gamma < 0:
+        raise ValueError(f"gamma must be a finite number >= 0, got {gamma}")
+    return beta, gamma
+
+
+def hamming_cost(potentials: PairwisePotentials, gold: Tensor) -> tuple[Tensor, None, None]:
+    """Hamming cost as ``p = 1 - onehot(gold)`` on the node parts (zero at padding), no edge part, ``q = 0``."""
+    y = _check_labels(potentials, gold)
+    b, n, c = potentials.node.shape
+    valid = torch.arange(n, device=y.device) < potentials.lengths[:, None]
+    p = valid[..., None].to(potentials.node.dtype).expand(b, n, c).clone()
+    p.scatter_(2, y[..., None], 0.0)
+    return p, None, None
+
+
+_COSTS: dict[str, CostFn] = {"hamming": hamming_cost}
+
+
+def _cost_fn(cost: str | CostFn) -> CostFn:
+    if callable(cost):
+        return cost
+    if cost not in _COSTS:
+        raise ValueError(f"cost must be one of {', '.join(_COSTS)} or a callable, got {cost!r}")
+    return _COSTS[cost]
+
+
+def cost_augmented(potentials: PairwisePotentials, gold: Tensor, gamma: float, beta: float = 1.0,
+                   cost: str | CostFn = "hamming") -> tuple[PairwisePotentials, Tensor | None]:
+    """``beta (theta + gamma p)`` (``beta = inf``: ``theta + gamma p``) and ``gamma q`` [B] (or ``None``)."""
+    scale = 1.0 if math.isinf(beta) else beta
+    if gamma == 0:
+        pot = potentials
+        q = None
+    else:
+        p_node, p_edge, q = _cost_fn(cost)(potentials, gold)
+        pot = potentials.shifted(gamma * p_node, None if p_edge is None else gamma * p_edge)
+        q = None if q is None else gamma * q
+    if scale != 1.0:
+        pot = _unchecked(PairwisePotentials, pot.node * scale, pot.edge * scale, pot.lengths)
+    return pot, q
+
+
+def structured_loss(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor, beta: float | None = None,
+                    gamma: float | None = None, cost: str | CostFn = "hamming", loss: str | None = None) -> Tensor:
+    """``L_{beta,gamma}`` [B] of Figure 4 (eq. 22), differentiable in the potentials: autograd gives
+    ``mu_{beta(theta + gamma p)} - S(y)`` (eq. 24 / Prop. 1; for ``beta = inf`` the subgradient
+    ``S(y_hat) - S(y)`` at the cost-augmented MAP ``y_hat``).
+
+    ``loss`` names a preset (``crf``, ``svm``, ``softmax_margin``, ``perceptron``); explicit ``beta``/``gamma``
+    override it.  ``gold`` [B, N] holds labels (for dependency oracles: heads), ignored past ``lengths``.
+    """
+    if loss is None and beta is None and gamma is None:
+        raise ValueError("give a loss name (crf, svm, softmax_margin, perceptron) or beta and gamma")
+    beta, gamma = resolve_loss(loss, beta, gamma)
+    aug, q = cost_augmented(potentials, gold, gamma, beta, cost)
+    if math.isinf(beta):
+        y_hat = oracle.map(aug)
+        value = sequence_score(aug, y_hat)
+    else:
+        value = log_partition(oracle, aug) / beta
+    value = value - sequence_score(potentials, gold)
+    return value if q is None else value + q
+
+
+@dataclass
+class LossGradient:
+    """Loss [B] and its (sub)gradient w.r.t. the potentials, without autograd.
+
+    ``node`` [B, N, C] is per example (``mu - onehot(y)``, zero at padding); ``edge`` is per example
+    [B, N-1, C, C] for per-example edge potentials and summed over the batch [C, C] for a shared edge table
+    (the gradient of the summed loss), or ``None`` when not asked for.  ``prediction`` [B, N] is the
+    cost-augmented MAP for ``beta = inf`` (``None`` otherwise)."""
+
+    loss: Tensor
+    node: Tensor
+    edge: Tensor | None
+    prediction: Tensor | None = None
+
+
+def _onehot(potentials: PairwisePotentials, y: Tensor) -> Tensor:
+    b, n, c = potentials.node.shape
+    valid = torch.arange(n, device=y.device) < potentials.lengths[:, None]
+    out = torch.zeros_like(potentials.node)
+    out.scatter_(2, y.clamp_min(0)[..., None], valid[..., None].to(out.dtype))
+    return out
+
+
+def _pair_counts(potentials: PairwisePotentials, y: Tensor) -> Tensor:
+    """``S(y)`` on the edge parts: [B, N-1, C, C] indicators, or their batch sum [C, C] for a shared table."""
+    b, n, c = potentials.node.shape
+    y = y.clamp_min(0)
+    valid = (torch.arange(n - 1, device=y.device) < (potentials.lengths[:, None] - 1)).to(potentials.node.dtype)
+    flat = y[:, :-1] * c + y[:, 1:]                                     # [B, N-1]
+    if potentials.shared_edge:
+        out = potentials.node.new_zeros(c * c)
+        out.index_add_(0, flat.reshape(-1), valid.reshape(-1))
+        return out.reshape(c, c)
+    out = potentials.node.new_zeros(b, max(n - 1, 0), c * c)
+    out.scatter_(2, flat[..., None], valid[..., None])
+    return out.reshape(b, max(n - 1, 0), c, c)
+
+
+def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor, beta: float | None = None,
+                      gamma: float | None = None, cost: str | CostFn = "hamming", loss: str | None = None,
+                      edge: bool = True) -> LossGradient:
+    """``L_{beta,gamma}`` [B] and its (sub)gradient ``mu_hat - S(y)`` (Algorithm 1, lines 5-6) computed from one
+    oracle call (marginals for finite ``beta``, MAP for ``beta = inf``), without building an autograd graph.
+    ``edge=False`` skips the edge gradient (for models whose edge potentials are constant)."""
+    if loss is None and beta is None and gamma is None:
+        raise ValueError("give a loss name (crf, svm, softmax_margin, perceptron) or beta and gamma")
+    beta, gamma = resolve_loss(loss, beta, gamma)
+    y = _check_labels(potentials, gold)
+    with torch.no_grad():
+        aug, q = cost_augmented(potentials, gold, gamma, beta, cost)
+        gold_score = sequence_score(potentials, y)
+        prediction = None
+        if math.isinf(beta):
+            prediction = oracle.map(aug)
+            value = sequence_score(aug, prediction) - gold_score
+            g_node = _onehot(potentials, prediction) - _onehot(potentials, y)
+            g_edge = _pair_counts(potentials, prediction) - _pair_counts(potentials, y) if edge else None
+        else:
+            mu = oracle.marginals(aug)
+            value = mu.log_partition / beta - gold_score
+            g_node = mu.node - _onehot(potentials, y)
+            g_edge = None
+            if edge:
+                if potentials.shared_edge:
+                    ones = torch.ones_like(value)
+                    mu_edge = mu.edge_sum(ones) if mu.edge_sum is not None else mu.edge.sum((0, 1))
+                else:
+                    mu_edge = mu.edge
+                g_edge = mu_edge - _pair_counts(potentials, y)
+        if q is not None:
+            value = value + q
+    return LossGradient(value, g_node, g_edge, prediction)

@@ -1,0 +1,137 @@
+"""``betheproj parse``: train, evaluate and run the arc-factored dependency parser on CoNLL-U files.
+
+Hooked into the main command line by :func:`register` (adds the ``parse`` subcommand) and :func:`run`
+(executes it; raises ``ValueError`` / ``FileNotFoundError`` for the caller's one-line error report).
+:func:`main` runs the subcommand on its own with the same error style.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["register", "run", "main"]
+
+LOSS_NAMES = ("crf", "svm", "softmax_margin", "perceptron")
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``parse {train,eval,predict}`` to ``subparsers`` (of the ``betheproj`` parser); returns its parser."""
+    parse = subparsers.add_parser("parse", help="arc-factored dependency parser (Turbo Parsers, Algorithm 1) on "
+                                  "CoNLL-U files: train, eval, predict")
+    sub = parse.add_subparsers(dest="parse_command", required=True, parser_class=type(parse),
+                               metavar="{train,eval,predict}")
+    train = sub.add_parser("train", help="train a parser on a CoNLL-U treebank (gold UPOS, lemmas and heads)")
+    train.add_argument("--train", required=True, metavar="FILE", help="training treebank (.conllu or .conllu.gz)")
+    train.add_argument("--dev", metavar="FILE", help="development treebank: UAS after every epoch")
+    train.add_argument("--model", required=True, metavar="OUT", help="where to write the model")
+    train.add_argument("--loss", choices=LOSS_NAMES, default="crf",
+                       help="member of the loss family L_{beta,gamma} (Figure 4; default crf)")
+    train.add_argument("--epochs", type=int, default=10, help="passes over the data (default 10)")
+    train.add_argument("--lam", type=float, default=1e-4,
+                       help="regularisation lambda: steps are capped at 1/(lambda m) (default 1e-4)")
+    train.add_argument("--bits", type=int, default=22, help="hashed weight vector of 2^bits entries (default 22)")
+    train.add_argument("--projective", action="store_true", help="projective trees (Eisner) instead of CLE")
+    train.add_argument("--single-root", action="store_true", help="exactly one word attaches to the root")
+    train.add_argument("--xpos", action="store_true", help="also use feature templates over the XPOS column")
+    train.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
+    train.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
+    ev = sub.add_parser("eval", help="UAS of a model on a treebank (punctuation excluded)")
+    ev.add_argument("--model", required=True, metavar="M", help="a model written by 'parse train'")
+    ev.add_argument("--data", required=True, metavar="FILE", help="treebank with gold heads")
+    ev.add_argument("--punct", action="store_true", help="also score punctuation (gold UPOS PUNCT)")
+    ev.add_argument("--batch-size", type=int, default=256, help="sentences per decoding batch (default 256)")
+    ev.add_argument("--quiet", action="store_true", help="no progress bar")
+    pred = sub.add_parser("predict", help="parse a CoNLL-U file: write it back with predicted HEAD")
+    pred.add_argument("--model", required=True, metavar="M", help="a model written by 'parse train'")
+    pred.add_argument("--input", required=True, metavar="FILE", help="CoNLL-U input (FORM, LEMMA, UPOS used)")
+    pred.add_argument("--output", metavar="FILE", help="output CoNLL-U (default: standard output)")
+    pred.add_argument("--batch-size", type=int, default=256, help="sentences per decoding batch (default 256)")
+    pred.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parse
+
+
+def _log(quiet: bool):
+    return None if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def _positive(value: int, name: str) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def run(args: argparse.Namespace) -> None:
+    """Execute ``parse train|eval|predict`` for parsed ``args``."""
+    from ..data.conllu import load_conllu, write_conllu
+    from .parser import DependencyParser
+
+    if args.parse_command == "train":
+        _positive(args.epochs, "--epochs")
+        if not 8 <= args.bits <= 30:
+            raise ValueError(f"--bits must lie in 8..30, got {args.bits}")
+        if not args.lam > 0:
+            raise ValueError(f"--lam must be > 0, got {args.lam}")
+        out = Path(args.model)
+        if out.parent and not out.parent.exists():
+            raise FileNotFoundError(f"the folder of --model {out} does not exist")
+        train = load_conllu(args.train)
+        dev = load_conllu(args.dev) if args.dev else None
+        log = _log(args.quiet)
+        parser = DependencyParser(bits=args.bits, projective=args.projective, single_root=args.single_root,
+                                  xpos=args.xpos)
+        start = time.perf_counter()
+        parser.fit(train, loss=args.loss, epochs=args.epochs, lam=args.lam, seed=args.seed, dev=dev,
+                   progress=not args.quiet, log=log)
+        seconds = time.perf_counter() - start
+        parser.save(out)
+        line = f"trained on {len(train)} sentences in {seconds:.1f}s ({args.loss}, {args.epochs} epochs)"
+        if dev is not None:
+            line += f"; dev UAS {parser.info['dev_uas'][-1]:.2f}"
+        print(f"{line}; wrote {out}")
+    elif args.parse_command == "eval":
+        _positive(args.batch_size, "--batch-size")
+        parser = DependencyParser.load(args.model)
+        data = load_conllu(args.data)
+        start = time.perf_counter()
+        heads = parser.predict(data, batch_size=args.batch_size, progress=not args.quiet)
+        seconds = time.perf_counter() - start
+        from .metrics import attachment_counts
+
+        correct, total = attachment_counts(data, heads, punct=args.punct)
+        words = sum(len(s) for s in data)
+        scope = "all words" if args.punct else "punctuation excluded"
+        print(f"UAS {100.0 * correct / max(total, 1):.2f} ({correct}/{total}, {scope}) on {len(data)} sentences; "
+              f"parsed {words} words in {seconds:.2f}s ({words / max(seconds, 1e-9):.0f} words/s)")
+    elif args.parse_command == "predict":
+        _positive(args.batch_size, "--batch-size")
+        parser = DependencyParser.load(args.model)
+        data = load_conllu(args.input)
+        heads = parser.predict(data, batch_size=args.batch_size, progress=not args.quiet)
+        if args.output:
+            write_conllu(data, args.output, heads)
+            print(f"parsed {len(data)} sentences; wrote {args.output}", file=sys.stderr)
+        else:
+            write_conllu(data, sys.stdout, heads)
+    else:  # pragma: no cover - argparse enforces the choices
+        raise ValueError(f"unknown parse command {args.parse_command!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``parse ...`` on its own (``python -m betheproj.parsing.cli train ...``), errors as one line on stderr."""
+    from ..cli import _Parser
+
+    top = _Parser(prog="betheproj")
+    register(top.add_subparsers(dest="command", required=True, parser_class=_Parser))
+    args = top.parse_args(["parse", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        run(args)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
+        print(f"betheproj parse: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Attachment scores for dependency trees."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..data.conllu import Sentence
+
+__all__ = ["PUNCT", "uas", "attachment_counts"]
+
+PUNCT = "PUNCT"
+"""Punctuation convention: a word is punctuation iff its *gold* UPOS is ``PUNCT`` (UD's universal tag; ``SYM`` and
+everything else are scored).  This is the usual "UAS without punctuation" on UD treebanks (e.g. Dozat & Manning
+2017); the CoNLL-X ``eval.pl`` instead excludes tokens made only of Unicode punctuation characters."""
+
+
+def _heads(x: Sentence | Sequence[int] | np.ndarray) -> np.ndarray:
+    return x.heads if isinstance(x, Sentence) else np.asarray(x, dtype=np.int64)
+
+
+def attachment_counts(gold: Sequence[Sentence], predicted: Sequence[Sentence | Sequence[int] | np.ndarray],
+                      punct: bool = False) -> tuple[int, int]:
+    """``(correct, total)`` heads over all words (punctuation included only when ``punct``)."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"got {len(predicted)} predicted sentences for {len(gold)} gold ones")
+    correct = total = 0
+    for i, (g, p) in enumerate(zip(gold, predicted, strict=True)):
+        gh, ph = g.heads, _heads(p)
+        if gh.shape != ph.shape:
+            raise ValueError(f"sentence {i}: {len(ph)} predicted heads for {len(gh)} words")
+        keep = np.ones(len(gh), dtype=bool) if punct else np.array([u != PUNCT for u in g.upos], dtype=bool)
+        keep &= gh >= 0
+        correct += int((gh[keep] == ph[keep]).sum())
+        total += int(keep.sum())
+    return correct, total
+
+
+def uas(gold: Sequence[Sentence], predicted: Sequence[Sentence | Sequence[int] | np.ndarray],
+        punct: bool = False) -> float:
+    """Unlabeled attachment score in percent: the share of scored words whose predicted head is the gold one.
+    By default words whose gold UPOS is ``PUNCT`` are excluded (see :data:`PUNCT`); ``punct=True`` scores all."""
+    correct, total = attachment_counts(gold, predicted, punct)
+    return 100.0 * correct / total if total else float("nan")

@@ -1,0 +1,99 @@
+"""CoNLL-U reader/writer: comments, multi-word tokens, empty nodes, round trips, the real EWT counts."""
+
+import gzip
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from betheproj.data.conllu import format_conllu, load_conllu, parse_conllu, read_conllu, write_conllu
+from betheproj.parsing.metrics import attachment_counts, uas
+
+EWT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ud_english_ewt"
+
+SAMPLE = """# newdoc id = doc1
+# sent_id = s1
+# text = I don't know.
+1\tI\tI\tPRON\tPRP\tCase=Nom\t4\tnsubj\t4:nsubj\t_
+2-3\tdon't\t_\t_\t_\t_\t_\t_\t_\t_
+2\tdo\tdo\tAUX\tVBP\t_\t4\taux\t4:aux\t_
+3\tn't\tnot\tPART\tRB\t_\t4\tadvmod\t4:advmod\t_
+4\tknow\tknow\tVERB\tVB\t_\t0\troot\t0:root\tSpaceAfter=No
+4.1\tknow\tknow\tVERB\tVB\t_\t_\t_\t0:root\t_
+5\t.\t.\tPUNCT\t.\t_\t4\tpunct\t4:punct\t_
+
+# sent_id = s2
+1\tYes\tyes\tINTJ\tUH\t_\t0\troot\t0:root\t_
+2\t!\t!\tPUNCT\t.\t_\t1\tpunct\t1:punct\t_
+
+"""
+
+
+def test_reader_skips_comments_multiword_tokens_and_empty_nodes():
+    s1, s2 = parse_conllu(SAMPLE)
+    assert len(s1) == 5 and len(s2) == 2
+    assert s1.forms == ["I", "do", "n't", "know", "."]
+    assert s1.lemmas == ["I", "do", "not", "know", "."]
+    assert s1.upos == ["PRON", "AUX", "PART", "VERB", "PUNCT"]
+    assert s1.xpos == ["PRP", "VBP", "RB", "VB", "."]
+    assert s1.deprels == ["nsubj", "aux", "advmod", "root", "punct"]
+    assert s1.heads.tolist() == [4, 4, 4, 0, 4] and s1.heads.dtype == np.int64
+    assert s1.comments == ["# newdoc id = doc1", "# sent_id = s1", "# text = I don't know."]
+    assert s1.text == "I don't know." and s2.text == "Yes !"
+    assert [k for k, _ in s1.extra] == [1, 4]          # before word 2, after word 4
+
+
+def test_round_trip_and_predicted_heads(tmp_path):
+    sentences = parse_conllu(SAMPLE)
+    assert format_conllu(sentences) == SAMPLE
+    for name in ("out.conllu", "out.conllu.gz"):
+        write_conllu(sentences, tmp_path / name, heads=[[2, 4, 4, 0, 1], [0, 1]])
+        again = read_conllu(tmp_path / name)
+        assert again[0].heads.tolist() == [2, 4, 4, 0, 1]
+        assert again[0].deprels == sentences[0].deprels and again[0].extra == sentences[0].extra
+        assert format_conllu(again).replace("\t2\tnsubj", "\t4\tnsubj").replace("\t1\tpunct\t4:", "\t4\tpunct\t4:") \
+            == SAMPLE
+    buf = io.StringIO()
+    write_conllu(sentences, buf)
+    assert buf.getvalue() == SAMPLE
+    with pytest.raises(ValueError, match="head arrays"):
+        write_conllu(sentences, buf, heads=[[0]])
+    with pytest.raises(ValueError, match=r"heads must lie in \[0, 2\]"):
+        sentences[1].with_heads([0, 3])
+
+
+def test_missing_head_and_errors(tmp_path):
+    (s,) = parse_conllu("1\ta\ta\tX\t_\t_\t_\t_\t_\t_\n")
+    assert s.heads.tolist() == [-1]
+    with pytest.raises(ValueError, match=r"<string>:1: expected 10 tab-separated columns, got 3"):
+        parse_conllu("1\ta\tb\n")
+    with pytest.raises(ValueError, match="word IDs must be 1..2 in order"):
+        parse_conllu("1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n3\tb\tb\tX\t_\t_\t1\t_\t_\t_\n")
+    with pytest.raises(ValueError, match="HEAD of word 1 must be an integer in 0..1"):
+        parse_conllu("1\ta\ta\tX\t_\t_\t5\t_\t_\t_\n")
+    with pytest.raises(FileNotFoundError, match=r"expected a CoNLL-U file \(.conllu or .conllu.gz\) at .*nope.conllu"):
+        load_conllu(tmp_path / "nope.conllu")
+
+
+def test_uas_excludes_gold_punctuation():
+    gold = parse_conllu(SAMPLE)
+    pred = [[4, 4, 1, 0, 1], [0, 1]]       # word 3 wrong; the punctuation of sentence 1 wrong
+    assert attachment_counts(gold, pred) == (4, 5)
+    assert uas(gold, pred) == pytest.approx(80.0)
+    assert attachment_counts(gold, pred, punct=True) == (5, 7)
+    assert uas(gold, gold) == 100.0
+    with pytest.raises(ValueError, match="2 predicted heads for 5 words"):
+        uas(gold, [[0, 1], [0, 1]])
+
+
+@pytest.mark.skipif(not EWT.is_dir(), reason="../shared/data/ud_english_ewt is absent")
+@pytest.mark.parametrize("split,sentences,words,extra", [("dev", 2001, 25147, 363), ("test", 2077, 25094, 356)])
+def test_real_ewt_counts_and_byte_identical_round_trip(split, sentences, words, extra):
+    path = EWT / f"en_ewt-ud-{split}.conllu.gz"
+    data = load_conllu(path)
+    assert len(data) == sentences
+    assert sum(len(s) for s in data) == words
+    assert sum(len(s.extra) for s in data) == extra          # multiword tokens + empty nodes (SOURCE.md)
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        assert format_conllu(data) == f.read()

@@ -1,0 +1,198 @@
+"""The loss family L_{beta,gamma} (Turbo Parsers, Figure 4, eq. 22) against brute-force enumeration."""
+
+import math
+
+import pytest
+import torch
+
+import betheproj as bp
+from betheproj.learning import crf_nll, sequence_score
+from betheproj.learning.losses import LOSSES, loss_and_gradient, resolve_loss, structured_loss
+
+DT = torch.float64
+INF = math.inf
+
+
+def _problem(seed=0, b=3, n=4, c=3, shared=False, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    node = torch.randn(b, n, c, generator=gen, dtype=DT) * scale
+    shape = (c, c) if shared else (b, n - 1, c, c)
+    edge = torch.randn(*shape, generator=gen, dtype=DT)
+    lengths = torch.tensor([n, n - 1, 1][:b])
+    gold = torch.randint(0, c, (b, n), generator=gen)
+    gold[torch.arange(n) >= lengths[:, None]] = -1
+    return bp.ChainPotentials(node, edge * scale, lengths), gold
+
+
+def _brute(pot, gold, beta, gamma):
+    out = []
+    for b in range(pot.node.shape[0]):
+        ys, score = bp.BruteForce()._joint(pot, b)
+        y = gold[b, : ys.shape[1]]
+        s_gold = score[(ys == y).all(1)].item()
+        cost = (ys != y).sum(1).to(DT)
+        arg = score - s_gold + gamma * cost
+        out.append(arg.max() if math.isinf(beta) else torch.logsumexp(beta * arg, 0) / beta)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("beta,gamma", [(1.0, 0.0), (1.0, 1.0), (0.5, 2.0), (3.0, 0.5), (INF, 1.0), (INF, 0.0),
+                                        (INF, 2.5)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_loss_matches_brute_force(beta, gamma, shared):
+    pot, gold = _problem(shared=shared)
+    expected = _brute(pot, gold, beta, gamma)
+    got = structured_loss(bp.LinearChain(), pot, gold, beta, gamma)
+    assert torch.allclose(got, expected, atol=1e-10)
+    lg = loss_and_gradient(bp.LinearChain(), pot, gold, beta, gamma)
+    assert torch.allclose(lg.loss, expected, atol=1e-10)
+    assert (lg.prediction is not None) == math.isinf(beta)
+
+
+@pytest.mark.parametrize("beta,gamma", [(1.0, 0.0), (1.0, 1.0), (0.7, 2.0), (4.0, 0.3)])
+def test_gradient_against_finite_differences(beta, gamma):
+    pot, gold = _problem(seed=1)
+    node = pot.node.clone().requires_grad_(True)
+    edge = pot.edge.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda n, e: structured_loss(bp.LinearChain(), bp.ChainPotentials(n, e, pot.lengths), gold, beta, gamma),
+        (node, edge))
+
+
+@pytest.mark.parametrize("beta,gamma", [(1.0, 1.0), (2.0, 0.0), (INF, 1.0), (INF, 0.0)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_explicit_gradient_equals_autograd(beta, gamma, shared):
+    pot, gold = _problem(seed=2, shared=shared)
+    node = pot.node.clone().requires_grad_(True)
+    edge = pot.edge.clone().requires_grad_(True)
+    structured_loss(bp.LinearChain(), bp.ChainPotentials(node, edge, pot.lengths), gold, beta, gamma).sum().backward()
+    lg = loss_and_gradient(bp.LinearChain(), pot, gold, beta, gamma)
+    assert torch.allclose(lg.node, node.grad, atol=1e-10)
+    assert torch.allclose(lg.edge, edge.grad, atol=1e-10)
+    valid = torch.arange(4) < pot.lengths[:, None]
+    assert (lg.node[~valid] == 0).all()
+    if math.isinf(beta):                 # subgradient S(y_hat) - S(y) at the cost-augmented MAP
+        assert set(lg.node.unique().tolist()) <= {-1.0, 0.0, 1.0}
+
+
+def test_presets_and_their_properties():
+    pot, gold = _problem(seed=3)
+    oracle = bp.LinearChain()
+    assert resolve_loss("crf") == (1.0, 0.0) and resolve_loss("svm") == (INF, 1.0)
+    assert resolve_loss("softmax_margin") == (1.0, 1.0) and resolve_loss("perceptron") == (INF, 0.0)
+    losses = {name: structured_loss(oracle, pot, gold, loss=name) for name in LOSSES}
+    # CRF loss = negative log-likelihood
+    assert torch.allclose(losses["crf"], crf_nll(oracle, pot, gold))
+    # perceptron loss = s(MAP) - s(gold) >= 0
+    y_map = oracle.map(pot)
+    assert torch.allclose(losses["perceptron"], sequence_score(pot, y_map) - sequence_score(pot, gold))
+    # SVM (structured hinge) upper-bounds the Hamming cost of the MAP prediction
+    hamming = ((y_map != gold) & (gold >= 0)).sum(1).to(DT)
+    assert (losses["svm"] >= hamming - 1e-12).all()
+    # every member is >= 0, and the loss grows with gamma (softmax-margin >= CRF, SVM >= perceptron)
+    for value in losses.values():
+        assert (value >= -1e-12).all()
+    assert (losses["softmax_margin"] >= losses["crf"] - 1e-12).all()
+    assert (losses["svm"] >= losses["perceptron"] - 1e-12).all()
+
+
+def test_finite_beta_converges_to_the_limit():
+    pot, gold = _problem(seed=4)
+    oracle = bp.LinearChain()
+    for gamma in (0.0, 1.0):
+        limit = structured_loss(oracle, pot, gold, INF, gamma)
+        previous = None
+        log_y = math.log(3 ** 4)
+        for beta in (0.5, 1.0, 4.0, 16.0, 64.0, 1e3):
+            value = structured_loss(oracle, pot, gold, beta, gamma)
+            # L_inf <= L_beta <= L_inf + log|Y| / beta, and L_beta decreases with beta
+            assert (value >= limit - 1e-9).all() and (value <= limit + log_y / beta + 1e-9).all()
+            if previous is not None:
+                assert (value <= previous + 1e-9).all()
+            previous = value
+        assert torch.allclose(previous, limit, atol=1e-2)
+
+
+def test_loss_is_zero_on_a_confident_correct_model():
+    pot, gold = _problem(seed=5, b=2)
+    gold = gold.clamp_min(0)
+    big = torch.nn.functional.one_hot(gold, 3).to(DT) * 50.0
+    sure = bp.ChainPotentials(big, torch.zeros(3, 3, dtype=DT), pot.lengths)
+    assert (structured_loss(bp.LinearChain(), sure, gold, loss="svm") == 0).all()       # margin 50 > cost 1
+    assert (structured_loss(bp.LinearChain(), sure, gold, loss="crf") < 1e-15).all()
+
+
+def test_custom_cost_and_validation():
+    pot, gold = _problem(seed=6)
+
+    def double_hamming(potentials, y):           # the paper's p = 1 - 2 mu(y), q = 1^T mu(y): twice the errors
+        onehot = torch.nn.functional.one_hot(y.clamp_min(0), 3).to(DT)
+        valid = (torch.arange(4) < potentials.lengths[:, None]).to(DT)[..., None]
+        return (1 - 2 * onehot) * valid, None, (onehot * valid).sum((1, 2))
+
+    got = structured_loss(bp.LinearChain(), pot, gold, 1.0, 1.0, cost=double_hamming)
+    assert torch.allclose(got, _brute(pot, gold, 1.0, 2.0))
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        structured_loss(bp.LinearChain(), pot, gold, 0.0, 1.0)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        resolve_loss(beta=-1.0, gamma=0.0)
+    with pytest.raises(ValueError, match="gamma must be a finite number >= 0"):
+        resolve_loss(beta=1.0, gamma=-0.5)
+    with pytest.raises(ValueError, match="gamma must be a finite number >= 0"):
+        resolve_loss("svm", gamma=INF)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        resolve_loss("hinge")
+    with pytest.raises(ValueError, match="give a loss name"):
+        structured_loss(bp.LinearChain(), pot, gold)
+    with pytest.raises(ValueError, match="cost must be one of"):
+        structured_loss(bp.LinearChain(), pot, gold, loss="svm", cost="zero-one")
+    with pytest.raises(ValueError, match="labels must lie"):
+        structured_loss(bp.LinearChain(), pot, torch.full((3, 4), 7), loss="crf")
+
+
+def _trees(n, projective):
+    """All dependency trees of n words (heads of words 1..n, 0 = root)."""
+    import itertools
+
+    out = []
+    for heads in itertools.product(range(n + 1), repeat=n):
+        if any(h == m for m, h in enumerate(heads, 1)):
+            continue
+        ok = True
+        for m in range(1, n + 1):                       # every word reaches the root
+            v, steps = m, 0
+            while v != 0 and steps <= n:
+                v, steps = heads[v - 1], steps + 1
+            ok &= v == 0
+        arcs = [(min(h, m), max(h, m)) for m, h in enumerate(heads, 1)]
+        if ok and projective:
+            ok = not any(a < c < b < d for a, b in arcs for c, d in arcs)
+        if ok:
+            out.append(heads)
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("projective", [False, True])
+@pytest.mark.parametrize("beta,gamma", [(1.0, 0.0), (1.0, 1.0), (2.0, 0.5), (INF, 1.0), (INF, 0.0)])
+def test_loss_over_dependency_trees_matches_enumeration(projective, beta, gamma):
+    from betheproj.oracles.dependency import arc_potentials
+    from betheproj.oracles.nonprojective import NonProjective
+    from betheproj.oracles.projective import Projective
+
+    gen = torch.Generator().manual_seed(7)
+    n = 4
+    scores = torch.randn(2, n + 1, n + 1, generator=gen, dtype=DT)
+    pot = arc_potentials(scores, torch.tensor([n, n]))
+    trees = _trees(n, projective)
+    gold = trees[torch.tensor([3, len(trees) - 1])]
+    oracle = Projective() if projective else NonProjective()
+    got = structured_loss(oracle, pot, gold, beta, gamma)
+    for b in range(2):
+        s = pot.node[b, torch.arange(n), trees].sum(1)                       # [T]
+        s_gold = pot.node[b, torch.arange(n), gold[b]].sum()
+        arg = s - s_gold + gamma * (trees != gold[b]).sum(1).to(DT)
+        expected = arg.max() if math.isinf(beta) else torch.logsumexp(beta * arg, 0) / beta
+        assert torch.allclose(got[b], expected, atol=1e-9)
+    lg = loss_and_gradient(oracle, pot, gold, beta, gamma, edge=False)
+    assert torch.allclose(lg.loss, got, atol=1e-9)
+    assert torch.allclose(lg.node.sum(-1), torch.zeros(2, n, dtype=DT), atol=1e-9)   # mu - onehot rows sum to 0

@@ -1,0 +1,141 @@
+"""Algorithm 1 (aggressive online learning, Turbo Parsers section 5) on small linear-chain problems."""
+
+import math
+
+import pytest
+import torch
+
+import betheproj as bp
+from betheproj.learning.losses import structured_loss
+from betheproj.learning.online import SparseExample, fit_online, sparse_potentials
+
+DT = torch.float64
+C, F, K = 3, 12, 4          # labels, observation features, features per position
+D = F * C                   # weight ids: feature f with label c -> f * C + c
+
+
+def _data(m, seed=0, n_max=6):
+    """Examples whose labels are the MAP of a random model with the same features: separable by construction."""
+    gen = torch.Generator().manual_seed(seed)
+    w_true = torch.randn(D + 1 + C * C, generator=gen, dtype=DT) * 2
+    w_true[D] = 0
+    examples = []
+    for _ in range(m):
+        n = int(torch.randint(2, n_max + 1, (1,), generator=gen))
+        feats = torch.stack([torch.randperm(F, generator=gen)[:K] for _ in range(n)])       # [N, K]
+        ids = feats[:, None, :] * C + torch.arange(C)[None, :, None]                      # [N, C, K]
+        ids[:, :, -1] = D                                                                 # one unused slot
+        ex = SparseExample(ids, torch.zeros(n, dtype=torch.long))
+        ex.gold = bp.LinearChain().map(sparse_potentials(w_true, [ex], D, C))[0]
+        examples.append(ex)
+    return examples
+
+
+def _errors(weights, examples):
+    pred = bp.LinearChain().map(sparse_potentials(weights, examples, D, C))
+    gold = torch.full_like(pred, -1)
+    for b, ex in enumerate(examples):
+        gold[b, : len(ex.gold)] = ex.gold
+    return int(((pred != gold) & (gold >= 0)).sum())
+
+
+@pytest.mark.parametrize("loss", ["svm", "softmax_margin", "crf"])
+def test_separable_chains_are_learned(loss):
+    examples = _data(40)
+    result = fit_online(bp.LinearChain(), examples, D, loss=loss, lam=1e-3, epochs=15, transitions=C)
+    assert _errors(result.weights, examples) <= (0 if loss == "svm" else 3)
+    assert result.steps == 40 * 15
+    assert result.losses[-1] < 0.5 * result.losses[0]
+    assert result.weights[D] == 0                       # the unused slot stays zero
+
+
+def test_perceptron_loss_never_leaves_zero():
+    # at w = 0 every structure ties, so L_{inf,0} = max_y' s(y') - s(y) = 0 and the step L / ||g||^2 is 0:
+    # Algorithm 1 with the perceptron loss needs a margin (gamma > 0) or a non-zero start to move at all
+    examples = _data(10)
+    result = fit_online(bp.LinearChain(), examples, D, loss="perceptron", epochs=2, transitions=C)
+    assert result.updates == 0 and (result.weights == 0).all()
+
+
+def test_generalises_to_held_out_chains():
+    examples = _data(250, seed=1)
+    result = fit_online(bp.LinearChain(), examples[:150], D, loss="svm", lam=1e-3, epochs=8, transitions=C)
+    tokens = sum(len(ex.gold) for ex in examples[150:])
+    assert _errors(result.weights, examples[150:]) / tokens < 0.1
+
+
+def _reference(examples, beta, gamma, lam, epochs, seed):
+    """Dense Algorithm 1 with autograd gradients and explicit averaging of w_2 .. w_{T+1}."""
+    m = len(examples)
+    w = torch.zeros(D + 1 + C * C, dtype=DT)
+    iterates, etas = [], []
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        for i in torch.randperm(m, generator=gen).tolist():
+            ex = examples[i]
+            w_var = w.clone().requires_grad_(True)
+            ex = SparseExample(ex.global_ids(), ex.gold)
+            value = structured_loss(bp.LinearChain(), sparse_potentials(w_var, [ex], D, C), ex.gold[None],
+                                    beta, gamma).sum()
+            value.backward()
+            g = w_var.grad.clone()
+            g[D] = 0
+            eta = min(1 / (lam * m), value.item() / float(g @ g)) if value.item() > 0 else 0.0
+            etas.append(eta)
+            w = w - eta * g
+            iterates.append(w)
+    return torch.stack(iterates).mean(0), w, etas
+
+
+@pytest.mark.parametrize("beta,gamma", [(1.0, 0.0), (1.0, 1.0), (math.inf, 1.0)])
+@pytest.mark.parametrize("lam", [1e-3, 10.0])           # the loss-driven step and the capped step 1/(lambda m)
+@pytest.mark.parametrize("compact", [False, True])
+def test_steps_and_averaging_match_a_dense_reference(beta, gamma, lam, compact):
+    examples = _data(5, seed=2)
+    if compact:
+        examples = [ex.compact() for ex in examples]
+        assert torch.equal(examples[0].global_ids(), _data(5, seed=2)[0].ids)
+    result = fit_online(bp.LinearChain(), examples, D, loss=None, beta=beta, gamma=gamma, lam=lam, epochs=3,
+                        transitions=C, seed=7, record_steps=True)
+    avg, last, etas = _reference(examples, beta, gamma, lam, 3, 7)
+    assert torch.allclose(torch.tensor(result.etas, dtype=DT), torch.tensor(etas, dtype=DT), atol=1e-10)
+    assert torch.allclose(result.last, last, atol=1e-10)
+    assert torch.allclose(result.weights, avg, atol=1e-10)
+    if lam == 10.0:
+        assert max(etas) == pytest.approx(1 / (10.0 * 5))
+
+
+def test_first_crf_step_by_hand():
+    ex = _data(1, seed=3)[0]
+    n = len(ex.gold)
+    result = fit_online(bp.LinearChain(), [ex], D, loss="crf", lam=1e-6, epochs=1, transitions=C, record_steps=True)
+    # at w = 0: L = log C^n, g = F(x)(1/C - onehot(y)) plus the transition part (n-1)/C^2 - pair indicators
+    g = torch.zeros(D + 1 + C * C, dtype=DT)
+    for t in range(n):
+        for c in range(C):
+            for k in range(K):
+                g[ex.ids[t, c, k]] += 1 / C - float(c == int(ex.gold[t]))
+    g[D] = 0
+    g[D + 1:] += (n - 1) / C ** 2
+    for t in range(n - 1):
+        g[D + 1 + ex.gold[t] * C + ex.gold[t + 1]] -= 1
+    assert result.etas[0] == pytest.approx(n * math.log(C) / float(g @ g))
+    assert torch.allclose(result.last, -result.etas[0] * g)
+
+
+def test_validation():
+    examples = _data(3)
+    with pytest.raises(ValueError, match="lam"):
+        fit_online(bp.LinearChain(), examples, D, lam=0.0, transitions=C)
+    with pytest.raises(ValueError, match="epochs"):
+        fit_online(bp.LinearChain(), examples, D, epochs=0, transitions=C)
+    with pytest.raises(ValueError, match="no training examples"):
+        fit_online(bp.LinearChain(), [], D)
+    with pytest.raises(ValueError, match="feature ids must lie"):
+        fit_online(bp.LinearChain(), examples, D - 1, transitions=C)
+    with pytest.raises(ValueError, match="transitions=4"):
+        fit_online(bp.LinearChain(), examples, D, transitions=4)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        fit_online(bp.LinearChain(), examples, D, loss=None, beta=-1.0, gamma=0.0, transitions=C)
+    with pytest.raises(ValueError, match="gold must be"):
+        SparseExample(torch.zeros(2, 3, 1, dtype=torch.long), torch.zeros(3, dtype=torch.long))

@@ -1,0 +1,180 @@
+"""The arc-factored parser: hashed features, learning a tiny synthetic treebank, the ``parse`` CLI round trip."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from betheproj.data.conllu import Sentence, format_conllu, load_conllu, parse_conllu
+from betheproj.parsing.cli import main
+from betheproj.parsing.features import ArcFeatures
+from betheproj.parsing.metrics import uas
+from betheproj.parsing.parser import DependencyParser
+
+VOCAB = {"DET": ["the", "a", "every"], "ADJ": ["big", "red", "old", "tiny"], "NOUN": ["dog", "cat", "idea", "car"],
+         "VERB": ["sees", "likes", "took"], "ADP": ["with", "near", "of"], "PUNCT": ["."]}
+
+
+def _np(rng, words):
+    """Append DET ADJ* NOUN; return the NOUN's position (1-based)."""
+    start = len(words)
+    n_adj = rng.randint(0, 2)
+    noun = start + 2 + n_adj
+    words.append(("DET", noun))
+    words.extend(("ADJ", noun) for _ in range(n_adj))
+    words.append(("NOUN", None))
+    return noun
+
+
+def _sentence(rng):
+    words: list = []
+    subj = _np(rng, words)
+    words.append(("VERB", 0))
+    verb = len(words)
+    words[subj - 1] = ("NOUN", verb)
+    obj = _np(rng, words)
+    words[obj - 1] = ("NOUN", verb)
+    if rng.random() < 0.5:                                 # a PP attached to the object noun
+        words.append(("ADP", None))
+        adp = len(words)
+        noun = _np(rng, words)
+        words[adp - 1] = ("ADP", noun)
+        words[noun - 1] = ("NOUN", obj)
+    words.append(("PUNCT", verb))
+    lines = []
+    for i, (tag, head) in enumerate(words, 1):
+        form = rng.choice(VOCAB[tag])
+        lines.append(f"{i}\t{form}\t{form}\t{tag}\t_\t_\t{head}\t_\t_\t_")
+    return "\n".join(lines) + "\n\n"
+
+
+def _treebank(n, seed=0):
+    rng = random.Random(seed)
+    return "".join(_sentence(rng) for _ in range(n))
+
+
+def test_features_are_deterministic_and_in_range():
+    sentences = parse_conllu(_treebank(20))
+    f = ArcFeatures(bits=16)
+    ids = f.batch(sentences)
+    again = ArcFeatures(bits=16).batch(sentences, chunk_arcs=50)            # another instance, other chunks
+    for s, a, b in zip(sentences, ids, again, strict=True):
+        n = len(s)
+        assert a.shape == (n, n + 1, f.num_slots) and a.dtype == np.int32
+        assert np.array_equal(a, b)
+        assert a.min() >= 0 and a.max() <= f.num_features
+        assert (a[np.arange(n), np.arange(1, n + 1)] == f.num_features).all()    # self-arcs: all unused
+        assert len(np.unique(a)) > n * (n + 1)                               # many distinct features
+    single = f(sentences[3])
+    assert np.array_equal(single, ids[3])
+    flat, sent, mod, head = f.flat(sentences[:2])
+    assert len(flat) == sum(len(s) * (len(s) + 1) for s in sentences[:2])
+    assert np.array_equal(flat[(sent == 1) & (mod == 2) & (head == 0)][0], ids[1][1, 0])
+    with pytest.raises(ValueError, match="bits must be"):
+        ArcFeatures(bits=4)
+    with_xpos = ArcFeatures(bits=16, xpos=True)
+    assert with_xpos.num_slots == f.num_slots + 22
+    assert np.array_equal(with_xpos(sentences[0])[..., :22], ids[0][..., :22])    # the UPOS templates are kept
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+def test_greedy_first_decoding_equals_chu_liu_edmonds(single_root):
+    from betheproj.oracles.dependency import arc_potentials
+    from betheproj.oracles.nonprojective import NonProjective
+    from betheproj.parsing.parser import GreedyFirst
+
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(64, 9, 9, generator=gen, dtype=torch.float64)
+    scores[:32] += 4 * torch.eye(9, dtype=torch.float64).roll(-1, 0)      # near-chains: greedy is often a tree
+    lengths = torch.randint(1, 9, (64,), generator=gen)
+    pot = arc_potentials(scores, lengths)
+    exact = NonProjective(single_root=single_root)
+    fast, slow = GreedyFirst(exact).map(pot), exact.map(pot)
+
+    def total(heads):
+        valid = heads >= 0
+        return torch.where(valid, pot.node.gather(2, heads.clamp_min(0)[..., None]).squeeze(-1), 0.0).sum(1)
+
+    assert torch.equal(fast < 0, slow < 0)
+    assert torch.allclose(total(fast), total(slow))
+
+
+def test_tiny_synthetic_treebank_is_learned():
+    sentences = parse_conllu(_treebank(40))
+    for loss in ("crf", "svm"):
+        parser = DependencyParser(bits=16)
+        result = parser.fit(sentences, loss=loss, epochs=8)
+        assert result.losses[-1] < result.losses[0]
+        assert uas(sentences, parser.predict(sentences), punct=True) == 100.0
+    held_out = parse_conllu(_treebank(20, seed=1))
+    assert parser.evaluate(held_out) > 90.0
+    projective = DependencyParser(bits=16, projective=True, single_root=True)
+    projective.fit(sentences, loss="svm", epochs=5)
+    heads = projective.predict(sentences, batch_size=7)
+    assert all((h == 0).sum() == 1 for h in heads)
+    assert uas(sentences, heads) == 100.0
+
+
+def test_save_load_and_errors(tmp_path):
+    sentences = parse_conllu(_treebank(10))
+    parser = DependencyParser(bits=12, xpos=True)
+    with pytest.raises(ValueError, match="not trained"):
+        parser.predict(sentences)
+    parser.fit(sentences, loss="softmax_margin", epochs=2)
+    parser.save(tmp_path / "m.pt")
+    loaded = DependencyParser.load(tmp_path / "m.pt")
+    assert torch.equal(loaded.weights, parser.weights) and loaded.config() == parser.config()
+    assert loaded.features.xpos
+    assert [h.tolist() for h in loaded.predict(sentences)] == [h.tolist() for h in parser.predict(sentences)]
+    (tmp_path / "junk.pt").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="not a parser model file"):
+        DependencyParser.load(tmp_path / "junk.pt")
+    with pytest.raises(FileNotFoundError, match="expected a parser model file"):
+        DependencyParser.load(tmp_path / "missing.pt")
+    with pytest.raises(ValueError, match="word without a gold HEAD"):
+        DependencyParser(bits=12).fit(parse_conllu("1\ta\ta\tX\t_\t_\t_\t_\t_\t_\n"))
+    with pytest.raises(ValueError, match="loss must be one of"):
+        DependencyParser(bits=12).fit(sentences, loss="hinge")
+
+
+def test_cli_train_eval_predict_round_trip(tmp_path, capsys):
+    train, dev = tmp_path / "train.conllu", tmp_path / "dev.conllu"
+    train.write_text(_treebank(40))
+    dev.write_text(_treebank(10, seed=2))
+    model = tmp_path / "model.pt"
+    assert main(["train", "--train", str(train), "--dev", str(dev), "--model", str(model), "--epochs", "6",
+                 "--bits", "16", "--loss", "svm", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "trained on 40 sentences" in out and "dev UAS" in out and model.is_file()
+    assert main(["eval", "--model", str(model), "--data", str(dev), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("UAS ") and "punctuation excluded" in out
+    pred = tmp_path / "pred.conllu"
+    assert main(["predict", "--model", str(model), "--input", str(dev), "--output", str(pred), "--quiet"]) == 0
+    gold, parsed = load_conllu(dev), load_conllu(pred)
+    assert [s.forms for s in parsed] == [s.forms for s in gold]
+    assert uas(gold, parsed) > 80.0
+    assert format_conllu([Sentence(s.comments, s.words, s.extra).with_heads(g.heads) for s, g in
+                          zip(parsed, gold, strict=True)]) == dev.read_text()
+    capsys.readouterr()
+    assert main(["predict", "--model", str(model), "--input", str(dev), "--quiet"]) == 0
+    assert capsys.readouterr().out == pred.read_text()
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["eval", "--model", str(tmp_path / "none.pt"), "--data", str(tmp_path / "x.conllu")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("betheproj parse: error: expected a parser model file")
+    (tmp_path / "t.conllu").write_text(_treebank(3))
+    assert main(["train", "--train", str(tmp_path / "missing.conllu"), "--model", str(tmp_path / "m.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expected a CoNLL-U file" in err and "missing.conllu" in err
+    assert main(["train", "--train", str(tmp_path / "t.conllu"), "--model", str(tmp_path / "m.pt"),
+                 "--epochs", "0"]) == 2
+    assert "--epochs must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--model", "m.pt"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the following arguments are required: --train" in err
