@@ -205,21 +205,8 @@ def _cle(s: np.ndarray) -> np.ndarray | None:
     return new
 
 
-def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
-    """Highest-scoring non-projective tree of ONE sentence: heads [n] (long, heads of words ``1..n``, 0 = root).
-
-    ``scores[h, m]`` [n+1, n+1] head-major; column 0 and the diagonal are ignored, ``-inf`` arcs are forbidden.
-    Chu-Liu-Edmonds (recursive cycle contraction, ``O(n^3)``); with ``single_root``, unless the unconstrained
-    optimum already has one root child, it is run once per allowed root child ``r`` with the other root arcs
-    removed and the best result is kept (``O(n^4)``).  Raises
-    ``ValueError`` if no tree exists.
-    """
-    if not isinstance(scores, Tensor) or scores.dim() != 2 or scores.shape[0] != scores.shape[1] \
-            or scores.shape[0] < 2 or not scores.is_floating_point():
-        raise ValueError("scores must be a floating-point tensor [n+1, n+1] with n >= 1")
-    if torch.isnan(scores).any() or torch.isposinf(scores).any():
-        raise ValueError("scores must be finite or -inf")
-    s = scores.detach().to("cpu", torch.float64).numpy().copy()
+def _best_tree(s: np.ndarray, single_root: bool) -> np.ndarray | None:
+    """:func:`chu_liu_edmonds` on a float64 array it may modify: heads [n+1] (``heads[0] = -1``) or ``None``."""
     s[:, 0] = -np.inf
     np.fill_diagonal(s, -np.inf)
     v = s.shape[0]
@@ -236,6 +223,24 @@ def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
                 total = s[heads[1:], np.arange(1, v)].sum()
                 if total > best_score:
                     best, best_score = heads, total
+    return best
+
+
+def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
+    """Highest-scoring non-projective tree of ONE sentence: heads [n] (long, heads of words ``1..n``, 0 = root).
+
+    ``scores[h, m]`` [n+1, n+1] head-major; column 0 and the diagonal are ignored, ``-inf`` arcs are forbidden.
+    Chu-Liu-Edmonds (recursive cycle contraction, ``O(n^3)``); with ``single_root``, unless the unconstrained
+    optimum already has one root child, it is run once per allowed root child ``r`` with the other root arcs
+    removed and the best result is kept (``O(n^4)``).  Raises
+    ``ValueError`` if no tree exists.
+    """
+    if not isinstance(scores, Tensor) or scores.dim() != 2 or scores.shape[0] != scores.shape[1] \
+            or scores.shape[0] < 2 or not scores.is_floating_point():
+        raise ValueError("scores must be a floating-point tensor [n+1, n+1] with n >= 1")
+    if torch.isnan(scores).any() or torch.isposinf(scores).any():
+        raise ValueError("scores must be finite or -inf")
+    best = _best_tree(scores.detach().to("cpu", torch.float64).numpy().copy(), single_root)
     if best is None:
         raise ValueError("no valid dependency tree: every tree uses a -inf arc")
     return torch.as_tensor(best[1:], dtype=torch.long, device=scores.device)
@@ -254,10 +259,11 @@ class NonProjective(_DependencyOracle):
 
     def _map_core(self, scores: Tensor, lengths: Tensor) -> Tensor:
         b, c, _ = scores.shape
-        heads = torch.full((b, c - 1), -1, dtype=torch.long, device=scores.device)
+        out = np.full((b, c - 1), -1, dtype=np.int64)
+        s = scores.detach().to("cpu", torch.float64).numpy()        # one conversion for the whole batch
         for i, n in enumerate(lengths.tolist()):
-            try:
-                heads[i, :n] = chu_liu_edmonds(scores[i, : n + 1, : n + 1], self.single_root)
-            except ValueError as err:
-                raise ValueError(f"example {i}: {err}") from None
-        return heads
+            best = _best_tree(s[i, : n + 1, : n + 1].copy(), self.single_root)
+            if best is None:
+                raise ValueError(f"example {i}: no valid dependency tree: every tree uses a -inf arc")
+            out[i, :n] = best[1:]
+        return torch.as_tensor(out, device=scores.device)
