@@ -5,7 +5,9 @@ from .linear import LOSSES, LinearMeasurements, Loss, smoothed_abs, smoothed_hin
 from .mean_field import MeanField
 from .poisson import Poisson
 from .prototype import NearestPrototype, PrototypeDistance
+from .second_order import SecondOrderArcs
 
 __all__ = ["Energy", "EnergySum", "FunctionEnergy", "Gradient", "LOSSES", "LinearMeasurements", "Loss",
-           "MeanField", "NearestPrototype", "Poisson", "PrototypeDistance", "Scaled", "autograd_gradient",
+           "MeanField", "NearestPrototype", "Poisson", "PrototypeDistance", "Scaled", "SecondOrderArcs",
+           "autograd_gradient",
            "smoothed_abs", "smoothed_hinge", "squared", "squared_hinge"]
