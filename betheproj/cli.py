@@ -27,6 +27,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="comma-separated rows among 2gram, Lu, Lu-mm, Lw, Lw-mm, 55class (default: all)")
     ocr.add_argument("--out", default="ocr-results", help="folder for results.json and the PNGs")
     ocr.add_argument("--quiet", action="store_true", help="no progress bars or per-fold lines")
+    cit = sub.add_parser("citations", help="citation field extraction with learned soft global constraints "
+                         "(section 8.1, Table 1, Figures 1 and 2)")
+    cit.add_argument("--data", help="folder holding training.docs, dev.docs and testing.docs")
+    cit.add_argument("--out", default="citations-results",
+                     help="folder for results.json, the PNGs and model.pt (default citations-results)")
+    cit.add_argument("--predict", metavar="FILE",
+                     help="tag the raw citation strings of FILE (one a line) with the model in --out; prints "
+                          "nested tags")
+    cit.add_argument("--quiet", action="store_true", help="no progress bars")
     cgm = sub.add_parser("cgm", help="bird-migration collective graphical model (section 8.3) on a generated instance")
     cgm.add_argument("--grid", type=int, default=10, help="G: a G x G grid of cells, s = G^4 (default 10)")
     cgm.add_argument("--steps", type=int, default=10, help="T time steps (default 10)")
@@ -43,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                           "alternating E- and M-steps")
     cgm.add_argument("--out", default="cgm-results", help="folder for results.json and flows.png")
     cgm.add_argument("--quiet", action="store_true", help="no progress bars")
+    from .parsing.cli import register as register_parse
+
+    register_parse(sub)
     return parser
 
 
@@ -90,6 +102,37 @@ def _ocr(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(str(p) for p in written))
 
 
+def _citations(args: argparse.Namespace) -> None:
+    import json
+    from pathlib import Path
+
+    from .experiments import citations
+
+    out = Path(args.out)
+    if args.predict is not None:
+        source = Path(args.predict)
+        if not source.is_file():
+            raise FileNotFoundError(f"--predict: no file at {source}")
+        index, model = citations.load_model(out / "model.pt")
+        for line in citations.tag_strings(source.read_text(encoding="utf-8").splitlines(), index, model):
+            print(line)
+        return
+    if args.data is None:
+        raise ValueError("--data is required (or --predict FILE to tag with a trained model)")
+    from .data.citations import load_citations
+
+    data = load_citations(args.data)
+    out.mkdir(parents=True, exist_ok=True)
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
+    results = citations.run(data, progress=not args.quiet, log=log, save=out / "model.pt")
+    print(citations.format_table(results))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    citations.plot_iterations(results, str(out / "f1_vs_iterations.png"))
+    citations.plot_histogram(results, str(out / "iterations_histogram.png"))
+    print(f"wrote {out / 'results.json'}, {out / 'f1_vs_iterations.png'}, {out / 'iterations_histogram.png'}, "
+          f"{out / 'model.pt'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -98,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
             run_demo()
         elif args.command == "ocr":
             _ocr(args)
+        elif args.command == "citations":
+            _citations(args)
+        elif args.command == "parse":
+            from .parsing.cli import run as run_parse
+
+            run_parse(args)
         elif args.command == "cgm":
             from .experiments import cgm
 
