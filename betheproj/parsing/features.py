@@ -87,9 +87,9 @@ class _Hasher:
 
 def _mix(seed: int, parts: Sequence[np.ndarray]) -> np.ndarray:
     """A 64-bit hash of the tuple ``(seed, *parts)``, elementwise (uint64 arithmetic wraps around)."""
-    h = np.full(parts[0].shape, np.uint64(seed & _MASK64), dtype=np.uint64)
+    h = np.full(np.shape(parts[0]), np.uint64(seed & _MASK64), dtype=np.uint64)
     for a in parts:
-        h ^= a
+        h ^= a.astype(np.uint64, copy=False)
         h *= _P1
         h ^= h >> np.uint64(31)
     h *= _P2

@@ -24,7 +24,6 @@ that a tree always survives, plus the gold head when training), which keeps the 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +43,7 @@ from ..learning.train import _progress
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
 from ..oracles.nonprojective import NonProjective, matrix_tree
+from .features import _hash_string, _mix
 from .metrics import uas
 from .parser import DependencyParser, GreedyFirst
 
@@ -52,29 +52,6 @@ __all__ = ["SecondOrderFeatures", "Candidates", "prune", "BPResult", "loopy_bp",
 
 _FORMAT = "betheproj-second-order-parser"
 _VERSION = 1
-_P1 = np.uint64(0x9E3779B97F4A7C15)
-_P2 = np.uint64(0xBF58476D1CE4E5B9)
-_P3 = np.uint64(0x94D049BB133111EB)
-
-
-# ------------------------------------------------------------------------------------------------ hashing
-
-def _hash_string(s: str) -> int:
-    return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8).digest(), "little")
-
-
-def _mix(seed: int, parts: Sequence[np.ndarray]) -> np.ndarray:
-    """Deterministic 64-bit hash of ``(seed, *parts)`` elementwise (uint64 arithmetic wraps)."""
-    h = np.full(np.shape(parts[0]), np.uint64(seed & ((1 << 64) - 1)), dtype=np.uint64)
-    for a in parts:
-        h ^= a.astype(np.uint64, copy=False)
-        h *= _P1
-        h ^= h >> np.uint64(31)
-    h *= _P2
-    h ^= h >> np.uint64(29)
-    h *= _P3
-    h ^= h >> np.uint64(32)
-    return h
 
 
 def _bucket(d: np.ndarray) -> np.ndarray:
