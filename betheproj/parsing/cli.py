@@ -15,6 +15,8 @@ from pathlib import Path
 __all__ = ["register", "run", "main"]
 
 LOSS_NAMES = ("crf", "svm", "softmax_margin", "perceptron")
+DECODERS = ("mean_field", "loopy_bp")
+_DECODING = {"mean_field": {"max_iter": 10}, "loopy_bp": {"max_iter": 20, "damping": 0.3}}   # chosen on dev
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,7 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--model", required=True, metavar="OUT", help="where to write the model")
     train.add_argument("--loss", choices=LOSS_NAMES, default="crf",
                        help="member of the loss family L_{beta,gamma} (Figure 4; default crf)")
-    train.add_argument("--epochs", type=int, default=10, help="passes over the data (default 10)")
+    train.add_argument("--epochs", type=int, default=None,
+                       help="passes over the data (default 10; 2 with --second-order)")
+    train.add_argument("--second-order", metavar="FIRST",
+                       help="train a second-order (sibling + grandparent) model by Algorithm 3 with the mean-field "
+                            "energy on top of the arc-factored model FIRST (which also prunes arcs)")
     train.add_argument("--lam", type=float, default=1e-4,
                        help="regularisation lambda: steps are capped at 1/(lambda m) (default 1e-4)")
     train.add_argument("--bits", type=int, default=22, help="hashed weight vector of 2^bits entries (default 22)")
@@ -43,12 +49,16 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ev.add_argument("--data", required=True, metavar="FILE", help="treebank with gold heads")
     ev.add_argument("--punct", action="store_true", help="also score punctuation (gold UPOS PUNCT)")
     ev.add_argument("--batch-size", type=int, default=256, help="sentences per decoding batch (default 256)")
+    ev.add_argument("--decoder", choices=DECODERS, default="mean_field",
+                       help="second-order models: Bethe-RDA mean field (10 iterations) or loopy BP (20, damping 0.3)")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     pred = sub.add_parser("predict", help="parse a CoNLL-U file: write it back with predicted HEAD")
     pred.add_argument("--model", required=True, metavar="M", help="a model written by 'parse train'")
     pred.add_argument("--input", required=True, metavar="FILE", help="CoNLL-U input (FORM, LEMMA, UPOS used)")
     pred.add_argument("--output", metavar="FILE", help="output CoNLL-U (default: standard output)")
     pred.add_argument("--batch-size", type=int, default=256, help="sentences per decoding batch (default 256)")
+    pred.add_argument("--decoder", choices=DECODERS, default="mean_field",
+                       help="second-order models: Bethe-RDA mean field (10 iterations) or loopy BP (20, damping 0.3)")
     pred.add_argument("--quiet", action="store_true", help="no progress bar")
     return parse
 
@@ -62,13 +72,36 @@ def _positive(value: int, name: str) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
+def _load(path: str):
+    """An arc-factored or a second-order model, whichever ``path`` holds."""
+    from .parser import DependencyParser
+    from .second_order import SecondOrderParser
+
+    try:
+        return DependencyParser.load(path)
+    except ValueError:
+        try:
+            return SecondOrderParser.load(path)
+        except ValueError:
+            raise ValueError(f"{path} is neither an arc-factored nor a second-order parser model") from None
+
+
+def _heads(parser, data, args: argparse.Namespace) -> list:
+    from .second_order import SecondOrderParser
+
+    if isinstance(parser, SecondOrderParser):
+        return parser.predict(data, method=args.decoder, progress=not args.quiet, **_DECODING[args.decoder])
+    return parser.predict(data, batch_size=args.batch_size, progress=not args.quiet)
+
+
 def run(args: argparse.Namespace) -> None:
     """Execute ``parse train|eval|predict`` for parsed ``args``."""
     from ..data.conllu import load_conllu, write_conllu
     from .parser import DependencyParser
 
     if args.parse_command == "train":
-        _positive(args.epochs, "--epochs")
+        if args.epochs is not None:
+            _positive(args.epochs, "--epochs")
         if not 8 <= args.bits <= 30:
             raise ValueError(f"--bits must lie in 8..30, got {args.bits}")
         if not args.lam > 0:
@@ -79,23 +112,34 @@ def run(args: argparse.Namespace) -> None:
         train = load_conllu(args.train)
         dev = load_conllu(args.dev) if args.dev else None
         log = _log(args.quiet)
-        parser = DependencyParser(bits=args.bits, projective=args.projective, single_root=args.single_root,
-                                  xpos=args.xpos)
         start = time.perf_counter()
-        parser.fit(train, loss=args.loss, epochs=args.epochs, lam=args.lam, seed=args.seed, dev=dev,
-                   progress=not args.quiet, log=log)
+        if args.second_order:
+            from .second_order import SecondOrderParser
+
+            epochs = 2 if args.epochs is None else args.epochs
+            parser = SecondOrderParser(DependencyParser.load(args.second_order))
+            parser.fit(train, epochs=epochs, seed=args.seed, dev=dev, progress=not args.quiet, log=log)
+            kind = "second order"
+        else:
+            epochs = 10 if args.epochs is None else args.epochs
+            parser = DependencyParser(bits=args.bits, projective=args.projective, single_root=args.single_root,
+                                      xpos=args.xpos)
+            parser.fit(train, loss=args.loss, epochs=epochs, lam=args.lam, seed=args.seed, dev=dev,
+                       progress=not args.quiet, log=log)
+            kind = args.loss
         seconds = time.perf_counter() - start
         parser.save(out)
-        line = f"trained on {len(train)} sentences in {seconds:.1f}s ({args.loss}, {args.epochs} epochs)"
-        if dev is not None:
-            line += f"; dev UAS {parser.info['dev_uas'][-1]:.2f}"
+        line = f"trained on {len(train)} sentences in {seconds:.1f}s ({kind}, {epochs} epochs)"
+        dev_uas = parser.info["dev_uas"][-1] if parser.info.get("dev_uas") else parser.info.get("best_dev")
+        if dev is not None and dev_uas is not None:
+            line += f"; dev UAS {dev_uas:.2f}"
         print(f"{line}; wrote {out}")
     elif args.parse_command == "eval":
         _positive(args.batch_size, "--batch-size")
-        parser = DependencyParser.load(args.model)
+        parser = _load(args.model)
         data = load_conllu(args.data)
         start = time.perf_counter()
-        heads = parser.predict(data, batch_size=args.batch_size, progress=not args.quiet)
+        heads = _heads(parser, data, args)
         seconds = time.perf_counter() - start
         from .metrics import attachment_counts
 
@@ -106,9 +150,9 @@ def run(args: argparse.Namespace) -> None:
               f"parsed {words} words in {seconds:.2f}s ({words / max(seconds, 1e-9):.0f} words/s)")
     elif args.parse_command == "predict":
         _positive(args.batch_size, "--batch-size")
-        parser = DependencyParser.load(args.model)
+        parser = _load(args.model)
         data = load_conllu(args.input)
-        heads = parser.predict(data, batch_size=args.batch_size, progress=not args.quiet)
+        heads = _heads(parser, data, args)
         if args.output:
             write_conllu(data, args.output, heads)
             print(f"parsed {len(data)} sentences; wrote {args.output}", file=sys.stderr)

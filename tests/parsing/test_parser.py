@@ -162,6 +162,29 @@ def test_cli_train_eval_predict_round_trip(tmp_path, capsys):
     assert capsys.readouterr().out == pred.read_text()
 
 
+def test_cli_second_order_train_eval_predict(tmp_path, capsys):
+    train, dev = tmp_path / "train.conllu", tmp_path / "dev.conllu"
+    train.write_text(_treebank(30))
+    dev.write_text(_treebank(8, seed=2))
+    first, second = tmp_path / "first.pt", tmp_path / "second.pt"
+    assert main(["train", "--train", str(train), "--model", str(first), "--epochs", "3", "--bits", "16",
+                 "--quiet"]) == 0
+    assert main(["train", "--train", str(train), "--dev", str(dev), "--model", str(second), "--second-order",
+                 str(first), "--epochs", "1", "--quiet"]) == 0
+    assert "second order, 1 epochs" in capsys.readouterr().out and second.is_file()
+    for decoder in ("mean_field", "loopy_bp"):
+        assert main(["eval", "--model", str(second), "--data", str(dev), "--decoder", decoder, "--quiet"]) == 0
+        assert capsys.readouterr().out.startswith("UAS ")
+    pred = tmp_path / "pred.conllu"
+    assert main(["predict", "--model", str(second), "--input", str(dev), "--output", str(pred), "--quiet"]) == 0
+    assert [s.forms for s in load_conllu(pred)] == [s.forms for s in load_conllu(dev)]
+    junk = tmp_path / "junk.pt"
+    torch.save({"format": "something else"}, junk)
+    capsys.readouterr()
+    assert main(["eval", "--model", str(junk), "--data", str(dev)]) == 2
+    assert "neither an arc-factored nor a second-order" in capsys.readouterr().err
+
+
 def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["eval", "--model", str(tmp_path / "none.pt"), "--data", str(tmp_path / "x.conllu")]) == 2
     err = capsys.readouterr().err
