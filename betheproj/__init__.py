@@ -10,8 +10,19 @@ Structure (oracle) -> energy -> solver -> decoder::
 
 from . import energies
 from .inference import Solution, decode, objective, solve
-from .oracles import BruteForce, ChainPotentials, LinearChain, Marginals, Oracle, PairwisePotentials, Tree
+from .oracles import (
+    BruteForce,
+    ChainPotentials,
+    LinearChain,
+    Marginals,
+    NonProjective,
+    Oracle,
+    PairwisePotentials,
+    Projective,
+    Tree,
+    arc_potentials,
+)
 
-__all__ = ["BruteForce", "ChainPotentials", "LinearChain", "Marginals", "Oracle", "PairwisePotentials",
-           "Solution", "Tree", "decode", "energies", "objective", "solve"]
+__all__ = ["BruteForce", "ChainPotentials", "LinearChain", "Marginals", "NonProjective", "Oracle", "PairwisePotentials",
+           "Projective", "Solution", "Tree", "arc_potentials", "decode", "energies", "objective", "solve"]
 __version__ = "0.1.0"
