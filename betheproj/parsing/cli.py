@@ -73,17 +73,17 @@ def _positive(value: int, name: str) -> None:
 
 
 def _load(path: str):
-    """An arc-factored or a second-order model, whichever ``path`` holds."""
-    from .parser import DependencyParser
-    from .second_order import SecondOrderParser
+    """An arc-factored or a second-order model, whichever ``path`` holds (the file is read once)."""
+    from . import parser, second_order
 
+    formats = {parser.FORMAT: parser.VERSION, second_order.FORMAT: second_order.VERSION}
     try:
-        return DependencyParser.load(path)
+        state = parser.read_model(path, formats, "parser model file")
     except ValueError:
-        try:
-            return SecondOrderParser.load(path)
-        except ValueError:
-            raise ValueError(f"{path} is neither an arc-factored nor a second-order parser model") from None
+        raise ValueError(f"{path} is neither an arc-factored nor a second-order parser model") from None
+    if state["format"] == second_order.FORMAT:
+        return second_order.SecondOrderParser.from_state(state)
+    return parser.DependencyParser.from_state(state, path)
 
 
 def _heads(parser, data, args: argparse.Namespace) -> list:

@@ -24,10 +24,28 @@ from ..oracles.base import PairwisePotentials
 from .features import ArcFeatures
 from .metrics import uas
 
-__all__ = ["DependencyParser", "GreedyFirst"]
+__all__ = ["DependencyParser", "GreedyFirst", "read_model"]
 
-_FORMAT = "betheproj-dependency-parser"
-_VERSION = 1
+FORMAT = "betheproj-dependency-parser"
+VERSION = 1
+
+
+def read_model(path: str | Path, formats: dict[str, int], what: str) -> dict:
+    """The ``torch.save``d state at ``path``, checked to carry one of the headers ``formats`` (format name ->
+    version); ``what`` names the kind of file in the errors."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"expected a {what} (written by 'parse train --model') at {p}, found none")
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means "not a model file"
+        raise ValueError(f"{p} is not a {what} ({type(err).__name__}: {err})") from None
+    if not isinstance(state, dict) or state.get("format") not in formats:
+        raise ValueError(f"{p} is not a {what} (no '{' or '.join(formats)}' header)")
+    if state.get("version") != formats[state["format"]]:
+        raise ValueError(f"{p}: unsupported model version {state.get('version')!r} "
+                         f"(expected {formats[state['format']]})")
+    return state
 
 
 class GreedyFirst:
@@ -101,6 +119,12 @@ class DependencyParser:
 
     def config(self) -> dict:
         return {**self.features.config(), "projective": self.projective, "single_root": self.single_root}
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> DependencyParser:
+        """An untrained parser with the configuration :meth:`config` returned."""
+        return cls(bits=cfg["bits"], projective=cfg["projective"], single_root=cfg["single_root"],
+                   lowercase=cfg["lowercase"], xpos=cfg.get("xpos", False))
 
     def __repr__(self) -> str:
         state = "trained" if self.weights is not None else "untrained"
@@ -214,30 +238,22 @@ class DependencyParser:
     def save(self, path: str | Path) -> None:
         """Write the configuration and weights (float32) with ``torch.save``."""
         w = self._require_weights()
-        torch.save({"format": _FORMAT, "version": _VERSION, "config": self.config(), "info": self.info,
+        torch.save({"format": FORMAT, "version": VERSION, "config": self.config(), "info": self.info,
                     "weights": w}, Path(path))
 
     @classmethod
     def load(cls, path: str | Path) -> DependencyParser:
         """A parser written by :meth:`save`."""
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"expected a parser model file (written by 'parse train --model') at {p}, "
-                                    f"found none")
-        try:
-            state = torch.load(p, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - any unpickling failure means "not a model file"
-            raise ValueError(f"{p} is not a parser model file ({type(err).__name__}: {err})") from None
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError(f"{p} is not a parser model file (no '{_FORMAT}' header)")
-        if state.get("version") != _VERSION:
-            raise ValueError(f"{p}: unsupported model version {state.get('version')!r} (expected {_VERSION})")
+        return cls.from_state(read_model(path, {FORMAT: VERSION}, "parser model file"), path)
+
+    @classmethod
+    def from_state(cls, state: dict, path: str | Path) -> DependencyParser:
+        """The parser a state read by :func:`read_model` describes (``path`` names it in errors)."""
         cfg = state["config"]
-        parser = cls(bits=cfg["bits"], projective=cfg["projective"], single_root=cfg["single_root"],
-                     lowercase=cfg["lowercase"], xpos=cfg.get("xpos", False))
+        parser = cls.from_config(cfg)
         weights = state["weights"]
         if not isinstance(weights, Tensor) or weights.shape != (parser.features.num_features + 1,):
-            raise ValueError(f"{p}: weights do not match bits={cfg['bits']}")
+            raise ValueError(f"{path}: weights do not match bits={cfg['bits']}")
         parser.weights = weights
         parser.info = state.get("info", {})
         return parser

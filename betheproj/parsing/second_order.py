@@ -43,15 +43,15 @@ from ..learning.train import _progress
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
 from ..oracles.nonprojective import NonProjective, matrix_tree
-from .features import _hash_string, _mix
+from .features import _hash_string, _Hasher, _mix
 from .metrics import uas
-from .parser import DependencyParser, GreedyFirst
+from .parser import DependencyParser, GreedyFirst, read_model
 
 __all__ = ["SecondOrderFeatures", "Candidates", "prune", "BPResult", "loopy_bp", "loopy_bp_parse",
            "mean_field_parse", "SecondOrderParser"]
 
-_FORMAT = "betheproj-second-order-parser"
-_VERSION = 1
+FORMAT = "betheproj-second-order-parser"
+VERSION = 1
 
 
 def _bucket(d: np.ndarray) -> np.ndarray:
@@ -87,7 +87,7 @@ class SecondOrderFeatures:
             raise ValueError(f"bits must be an int in [8, 28], got {bits!r}")
         self.bits = bits
         self.lowercase = bool(lowercase)
-        self._cache: dict[str, int] = {}
+        self._hash = _Hasher()
         self._sib_seeds = [_hash_string("sib:" + "+".join(t)) for t in _SIB_TEMPLATES]
         self._grand_seeds = [_hash_string("grand:" + "+".join(t)) for t in _GRAND_TEMPLATES]
 
@@ -97,16 +97,6 @@ class SecondOrderFeatures:
 
     def config(self) -> dict:
         return {"bits": self.bits, "lowercase": self.lowercase}
-
-    def _hash(self, values: Sequence[str]) -> np.ndarray:
-        out = np.empty(len(values), dtype=np.uint64)
-        cache = self._cache
-        for i, v in enumerate(values):
-            h = cache.get(v)
-            if h is None:
-                h = cache[v] = _hash_string(v)
-            out[i] = h
-        return out
 
     def tokens(self, sentences: Sequence[Sentence]) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Hashed forms ``w`` and UPOS ``p`` of all tokens (a root token before each sentence) and the offset of
@@ -630,7 +620,7 @@ class SecondOrderParser:
     # ------------------------------------------------------------------------------------------------ storage
     def save(self, path: str | Path) -> None:
         """Write the first-order configuration, the pruner, ``w1``, ``w2`` and the settings with ``torch.save``."""
-        torch.save({"format": _FORMAT, "version": _VERSION, "first_config": self.first.config(),
+        torch.save({"format": FORMAT, "version": VERSION, "first_config": self.first.config(),
                     "features": self.features.config(), "top_k": self.top_k, "min_prob": self.min_prob,
                     "pruner": self.pruner, "w1": self.w1.detach(), "w2": self.w2.detach(), "info": self.info},
                    Path(path))
@@ -638,17 +628,12 @@ class SecondOrderParser:
     @classmethod
     def load(cls, path: str | Path) -> SecondOrderParser:
         """A parser written by :meth:`save`."""
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"no second-order parser model at {p}")
-        state = torch.load(p, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError(f"{p} is not a second-order parser model (no '{_FORMAT}' header)")
-        if state.get("version") != _VERSION:
-            raise ValueError(f"{p}: unsupported version {state.get('version')!r} (expected {_VERSION})")
-        cfg = state["first_config"]
-        first = DependencyParser(bits=cfg["bits"], projective=cfg["projective"], single_root=cfg["single_root"],
-                                 lowercase=cfg["lowercase"], xpos=cfg.get("xpos", False))
+        return cls.from_state(read_model(path, {FORMAT: VERSION}, "second-order parser model"))
+
+    @classmethod
+    def from_state(cls, state: dict) -> SecondOrderParser:
+        """The parser a state read by :func:`~betheproj.parsing.parser.read_model` describes."""
+        first = DependencyParser.from_config(state["first_config"])
         first.weights = state["pruner"].to(torch.float32)
         parser = cls(first, bits=state["features"]["bits"], top_k=state["top_k"], min_prob=state["min_prob"])
         parser.pruner, parser.w1, parser.w2 = state["pruner"], state["w1"], state["w2"]
