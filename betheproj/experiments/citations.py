@@ -33,6 +33,7 @@ from ..learning.crf import length_chunks
 from ..learning.metrics import segment_f1
 from ..learning.train import fit_doubly_stochastic
 from ..oracles import LinearChain
+from ._plot import figure
 
 __all__ = ["PAPER", "CitationConfig", "train_baseline", "constraint_model", "f1_of", "run", "format_table",
            "plot_iterations", "plot_histogram", "tag_strings", "to_nested_tags", "save_model", "load_model"]
@@ -193,43 +194,27 @@ def format_table(results: dict) -> str:
 
 def plot_iterations(results: dict, path: str) -> None:
     """Figure 1: test F1 against the maximum number of test-time inference iterations."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(results["test_iters"], results["f1_vs_iterations"]["test"], "o-", label="non-local energies")
-    ax.axhline(results["rows"]["baseline"]["test"], color="gray", ls="--", label="baseline chain CRF")
-    ax.set_xscale("log")
-    ax.set_xlabel("maximum inference iterations (test time)")
-    ax.set_ylabel("test segment F1 (%)")
-    ax.set_title("Citation extraction: F1 vs. iterations")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, (5, 3.5)) as ax:
+        ax.plot(results["test_iters"], results["f1_vs_iterations"]["test"], "o-", label="non-local energies")
+        ax.axhline(results["rows"]["baseline"]["test"], color="gray", ls="--", label="baseline chain CRF")
+        ax.set_xscale("log")
+        ax.set_xlabel("maximum inference iterations (test time)")
+        ax.set_ylabel("test segment F1 (%)")
+        ax.set_title("Citation extraction: F1 vs. iterations")
+        ax.legend()
 
 
 def plot_histogram(results: dict, path: str) -> None:
     """Figure 2: histogram of the iterations each test citation took to converge (capped at ``max_iter``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     its = results["test_iterations_to_converge"]
     cap = results["max_iter"]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.hist(its, bins=range(0, cap + 2), weights=[100.0 / len(its)] * len(its), color="tab:blue")
-    ax.set_xlabel(f"iterations to converge (capped at {cap})")
-    ax.set_ylabel("% of test citations")
-    mean = sum(its) / len(its)
-    done = 100.0 * sum(i < cap for i in its) / len(its)
-    ax.set_title(f"mean {mean:.1f} iterations; {done:.1f}% converge within {cap}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, (5, 3.5)) as ax:
+        ax.hist(its, bins=range(0, cap + 2), weights=[100.0 / len(its)] * len(its), color="tab:blue")
+        ax.set_xlabel(f"iterations to converge (capped at {cap})")
+        ax.set_ylabel("% of test citations")
+        mean = sum(its) / len(its)
+        done = 100.0 * sum(i < cap for i in its) / len(its)
+        ax.set_title(f"mean {mean:.1f} iterations; {done:.1f}% converge within {cap}")
 
 
 def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:

@@ -30,6 +30,7 @@ from ..energies import NearestPrototype
 from ..inference import decode
 from ..learning import ConstantPsi, LinearChainCRF, MeanMapPsi, NonLocalCRF, character_accuracy, fit_crf
 from ..learning.psi import RandomFourierFeatures
+from ._plot import figure
 
 __all__ = ["ROWS", "PAPER", "YARDSTICKS", "OCRConfig", "word_prototypes", "unigram_prototypes",
            "median_bandwidth", "WordClassifier", "run_fold", "run", "format_table", "plot_iterations",
@@ -308,46 +309,32 @@ def format_table(results: dict) -> str:
 
 def plot_iterations(results: dict, path: str) -> None:
     """Figure 1: test accuracy against the maximum number of test-time inference iterations."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     iters = results["config"]["test_iters"]
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for key in (r for r in ENERGY_ROWS if r in results["rows"]):
-        curves = torch.tensor([f["curve"][key] for f in results["folds"]])
-        ax.plot(iters, curves.mean(0).tolist(), marker="o", label=ROWS[key])
-    if "2gram" in results["rows"]:
-        ax.axhline(results["mean"]["2gram"], color="gray", ls="--", label="2-gram")
-    ax.set_xscale("log")
-    ax.set_xlabel("maximum test-time iterations (per prototype for L^w)")
-    ax.set_ylabel("character accuracy (%)")
-    ax.set_title("OCR: accuracy against inference iterations")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, (5.5, 3.8)) as ax:
+        for key in (r for r in ENERGY_ROWS if r in results["rows"]):
+            curves = torch.tensor([f["curve"][key] for f in results["folds"]])
+            ax.plot(iters, curves.mean(0).tolist(), marker="o", label=ROWS[key])
+        if "2gram" in results["rows"]:
+            ax.axhline(results["mean"]["2gram"], color="gray", ls="--", label="2-gram")
+        ax.set_xscale("log")
+        ax.set_xlabel("maximum test-time iterations (per prototype for L^w)")
+        ax.set_ylabel("character accuracy (%)")
+        ax.set_title("OCR: accuracy against inference iterations")
+        ax.grid(alpha=0.3)
+        ax.legend()
 
 
 def plot_histogram(results: dict, path: str) -> None:
     """Figure 2: histogram of the iterations each test word took to converge."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     keys = [r for r in ENERGY_ROWS if r in results["rows"]]
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    top = results["config"]["test_iters"][-1]
-    bins = torch.logspace(0, torch.log10(torch.tensor(float(top + 1))), 20).tolist()
-    for key in keys:
-        its = [i for f in results["folds"] for i in f["iterations"][key]]
-        ax.hist([max(i, 1) for i in its], bins=bins, histtype="step", lw=1.5, label=ROWS[key])
-    ax.set_xscale("log")
-    ax.set_xlabel("iterations to converge (max over prototypes for L^w)")
-    ax.set_ylabel("test words")
-    ax.set_title("OCR: iterations to converge")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, (5.5, 3.8)) as ax:
+        top = results["config"]["test_iters"][-1]
+        bins = torch.logspace(0, torch.log10(torch.tensor(float(top + 1))), 20).tolist()
+        for key in keys:
+            its = [i for f in results["folds"] for i in f["iterations"][key]]
+            ax.hist([max(i, 1) for i in its], bins=bins, histtype="step", lw=1.5, label=ROWS[key])
+        ax.set_xscale("log")
+        ax.set_xlabel("iterations to converge (max over prototypes for L^w)")
+        ax.set_ylabel("test words")
+        ax.set_title("OCR: iterations to converge")
+        ax.legend()

@@ -1,0 +1,24 @@
+"""A headless matplotlib figure with one axes, written to a PNG on exit (the experiments' figures)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def figure(path: str, size: tuple[float, float]) -> Iterator:
+    """Yield the axes of a new ``size`` figure (Agg backend); on exit lay it out, save it to ``path`` at 120 dpi and
+    close it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=size)
+    try:
+        yield ax
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
