@@ -48,19 +48,22 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True, metavar="M", help="a model written by 'parse train'")
     ev.add_argument("--data", required=True, metavar="FILE", help="treebank with gold heads")
     ev.add_argument("--punct", action="store_true", help="also score punctuation (gold UPOS PUNCT)")
-    ev.add_argument("--batch-size", type=int, default=256, help="sentences per decoding batch (default 256)")
-    ev.add_argument("--decoder", choices=DECODERS, default="mean_field",
-                       help="second-order models: Bethe-RDA mean field (10 iterations) or loopy BP (20, damping 0.3)")
-    ev.add_argument("--quiet", action="store_true", help="no progress bar")
+    _decoding_options(ev)
     pred = sub.add_parser("predict", help="parse a CoNLL-U file: write it back with predicted HEAD")
     pred.add_argument("--model", required=True, metavar="M", help="a model written by 'parse train'")
     pred.add_argument("--input", required=True, metavar="FILE", help="CoNLL-U input (FORM, LEMMA, UPOS used)")
     pred.add_argument("--output", metavar="FILE", help="output CoNLL-U (default: standard output)")
-    pred.add_argument("--batch-size", type=int, default=256, help="sentences per decoding batch (default 256)")
-    pred.add_argument("--decoder", choices=DECODERS, default="mean_field",
-                       help="second-order models: Bethe-RDA mean field (10 iterations) or loopy BP (20, damping 0.3)")
-    pred.add_argument("--quiet", action="store_true", help="no progress bar")
+    _decoding_options(pred)
     return parse
+
+
+def _decoding_options(command: argparse.ArgumentParser) -> None:
+    """The options ``eval`` and ``predict`` share."""
+    command.add_argument("--batch-size", type=int, default=256,
+                         help="sentences per decoding batch of arc-factored models (default 256)")
+    command.add_argument("--decoder", choices=DECODERS, default="mean_field",
+                         help="second-order models: Bethe-RDA mean field (10 iterations) or loopy BP (20, damping 0.3)")
+    command.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _log(quiet: bool):
