@@ -166,18 +166,10 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``parse ...`` on its own (``python -m betheproj.parsing.cli train ...``), errors as one line on stderr."""
-    from ..cli import _Parser
+    """``parse ...`` on its own (``python -m betheproj.parsing.cli train ...``): ``betheproj parse ...``."""
+    from ..cli import main as betheproj_main
 
-    top = _Parser(prog="betheproj")
-    register(top.add_subparsers(dest="command", required=True, parser_class=_Parser))
-    args = top.parse_args(["parse", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        run(args)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
-        print(f"betheproj parse: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return betheproj_main(["parse", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
