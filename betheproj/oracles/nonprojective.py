@@ -153,8 +153,10 @@ def _exact_matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[T
 
 # --------------------------------------------------------------------------------------------------- MAP
 
-def _find_cycle(heads: np.ndarray) -> list[int] | None:
+def _cycles(heads: np.ndarray) -> list[np.ndarray]:
+    """Every cycle of the head graph ``heads`` (``heads[0] = -1``)."""
     state = np.zeros(len(heads), dtype=np.int8)                          # 0 new, 1 on the current path, 2 done
+    found = []
     for start in range(1, len(heads)):
         path, v = [], start
         while v > 0 and state[v] == 0:
@@ -162,47 +164,81 @@ def _find_cycle(heads: np.ndarray) -> list[int] | None:
             path.append(v)
             v = heads[v]
         if v > 0 and state[v] == 1:
-            return path[path.index(v):]
+            found.append(np.array(path[path.index(v):]))
         state[path] = 2
-    return None
+    return found
+
+
+def _cycle_through(heads: np.ndarray, c: int) -> np.ndarray | None:
+    """The cycle through node ``c`` of the head graph, if there is one."""
+    path, v = [c], heads[c]
+    while v > 0 and v != c and len(path) <= len(heads):
+        path.append(v)
+        v = heads[v]
+    return np.array(path) if v == c else None
 
 
 def _cle(s: np.ndarray) -> np.ndarray | None:
-    """Maximum arborescence rooted at 0 of ``s[h, m]`` (``-inf`` = no arc): heads [V] (``heads[0] = -1``), or
-    ``None`` if none exists.  Chu-Liu-Edmonds: take every node's best head; contract a cycle ``C`` into one
-    node, where entering arc ``h -> C`` scores ``max_{m in C} s[h, m] - s[head(m), m]`` and leaving arc
-    ``C -> m`` scores ``max_{h in C} s[h, m]``; solve recursively; break the cycle where the tree enters it."""
+    """Maximum arborescence rooted at 0 of ``s[h, m]`` (``-inf`` = no arc; column 0 and the diagonal ``-inf``):
+    heads [V] (``heads[0] = -1``), or ``None`` if none exists.  ``s`` is not modified.
+
+    Chu-Liu-Edmonds: take every node's best head; contract a cycle ``C`` into one of its nodes ``c``, where the
+    entering arc ``h -> c`` scores ``max_{m in C} s[h, m] - s[head(m), m]`` and the leaving arc ``c -> m`` scores
+    ``max_{h in C} s[h, m]``; repeat until no cycle is left; then undo the contractions in reverse, breaking each
+    cycle where the tree enters it.  Contractions happen in place on one ``[V, V]`` array, with the original arc
+    behind every contracted arc recorded beside it.  A contraction changes only ``c``'s best head (every other
+    node whose best head was in ``C`` now has ``c``, with the same score), so a new cycle passes through ``c``.
+    """
     v = s.shape[0]
     heads = s.argmax(0)
     heads[0] = -1
-    if v > 1 and np.isneginf(s[heads[1:], np.arange(1, v)]).any():
+    if v > 1 and (s[heads[1:], np.arange(1, v)] == -np.inf).any():
         return None
-    cycle = _find_cycle(heads)
-    if cycle is None:
+    pending = _cycles(heads)
+    if not pending:
         return heads
-    cyc = np.array(cycle)
+    s = s.copy()
+    nodes = np.arange(v)
+    arc = nodes[:, None] * v + nodes[None, :]                            # original arc (h * V + m) behind s[h, m]
+    rep = nodes.copy()                                                   # original node -> current node
     in_cycle = np.zeros(v, dtype=bool)
-    in_cycle[cyc] = True
-    rest = np.nonzero(~in_cycle)[0]                                      # rest[0] = 0, the root
-    k = len(rest)
-    s2 = np.full((k + 1, k + 1), -np.inf)
-    s2[:k, :k] = s[np.ix_(rest, rest)]
-    gain = s[np.ix_(rest, cyc)] - s[heads[cyc], cyc][None, :]
-    enter = gain.argmax(1)
-    s2[:k, k] = gain[np.arange(k), enter]
-    out = s[np.ix_(cyc, rest)]
-    leave = out.argmax(0)
-    s2[k, :k] = out[leave, np.arange(k)]
-    s2[:, 0] = -np.inf
-    np.fill_diagonal(s2, -np.inf)
-    h2 = _cle(s2)
-    if h2 is None:
-        return None
-    new = heads.copy()
-    for i in range(1, k):
-        new[rest[i]] = rest[h2[i]] if h2[i] < k else cyc[leave[i]]
-    new[cyc[enter[h2[k]]]] = rest[h2[k]]
-    return new
+    history = []
+    while pending:
+        cyc = pending.pop()
+        c = cyc[0]
+        hc = heads[cyc]
+        history.append((cyc, rep.copy(), arc[hc, cyc]))
+        gain = s[:, cyc] - s[hc, cyc]                                    # [V, |C|]
+        j = gain.argmax(1)
+        s_in, arc_in = gain[nodes, j], arc[nodes, cyc[j]]
+        leave = cyc[s[cyc].argmax(0)]
+        s[c, :], arc[c, :] = s[leave, nodes], arc[leave, nodes]
+        s[:, c], arc[:, c] = s_in, arc_in
+        s[cyc[1:], :] = -np.inf
+        s[:, cyc[1:]] = -np.inf
+        s[c, c] = -np.inf
+        in_cycle[cyc] = True
+        rep[in_cycle[rep]] = c
+        moved = in_cycle[heads]
+        moved[0] = False
+        heads[moved] = c
+        in_cycle[cyc] = False
+        h = heads[c] = s[:, c].argmax()
+        if s[h, c] == -np.inf:
+            return None
+        again = _cycle_through(heads, c)
+        if again is not None:
+            pending.append(again)
+    current = np.nonzero(rep == nodes)[0][1:]                            # nodes not merged into another
+    incoming = np.full(v, -1)                                            # the original arc entering each node
+    incoming[current] = arc[heads[current], current]
+    for cyc, rep_before, cycle_arcs in reversed(history):
+        entering = incoming[cyc[0]]                                      # the arc entering the contracted node
+        incoming[cyc] = cycle_arcs
+        incoming[rep_before[entering % v]] = entering                    # replaces the cycle arc into that member
+    out = incoming // v
+    out[0] = -1
+    return out
 
 
 def _best_tree(s: np.ndarray, single_root: bool) -> np.ndarray | None:
@@ -230,9 +266,9 @@ def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
     """Highest-scoring non-projective tree of ONE sentence: heads [n] (long, heads of words ``1..n``, 0 = root).
 
     ``scores[h, m]`` [n+1, n+1] head-major; column 0 and the diagonal are ignored, ``-inf`` arcs are forbidden.
-    Chu-Liu-Edmonds (recursive cycle contraction, ``O(n^3)``); with ``single_root``, unless the unconstrained
+    Chu-Liu-Edmonds (cycle contraction in place, ``O(n^2)``); with ``single_root``, unless the unconstrained
     optimum already has one root child, it is run once per allowed root child ``r`` with the other root arcs
-    removed and the best result is kept (``O(n^4)``).  Raises
+    removed and the best result is kept (``O(n^3)``).  Raises
     ``ValueError`` if no tree exists.
     """
     if not isinstance(scores, Tensor) or scores.dim() != 2 or scores.shape[0] != scores.shape[1] \

@@ -260,6 +260,45 @@ def test_chu_liu_edmonds_and_eisner_map_directly():
         chu_liu_edmonds(torch.full((3, 3), -INF, dtype=DT))
 
 
+def _flow_lp_best(s):
+    """Score of the best tree of ``s[h, m]`` by the multi-commodity flow LP (integral for arborescences)."""
+    from betheproj.factor_graphs import FactorGraph, Tree, lp_map
+    n = s.shape[0] - 1
+    arcs = [(h, m) for h, m in Tree.all_arcs(n) if s[h, m] > -INF]
+    g = FactorGraph([2] * len(arcs))
+    for k, (h, m) in enumerate(arcs):
+        g.set_unary(k, [0.0, float(s[h, m])])
+    g.add_factor(Tree(range(len(arcs)), arcs, n=n))
+    res = lp_map(g)
+    assert res.integral
+    return res.objective
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chu_liu_edmonds_on_longer_sentences_with_nested_cycles(seed):
+    # planted strong 2- and 3-cycles, some inside larger ones, so the contractions nest several levels deep;
+    # checked against the exact LP over the arborescence polytope (n = 12, beyond enumeration)
+    g = torch.Generator().manual_seed(seed)
+    n = 12
+    s = torch.randn(n + 1, n + 1, generator=g, dtype=DT)
+    perm = (torch.randperm(n, generator=g) + 1).tolist()
+    for a, b in zip(perm[0:6:2], perm[1:6:2], strict=True):
+        s[a, b] = s[b, a] = 6.0                                      # 2-cycles
+    x, y, z = perm[6:9]
+    s[x, y] = s[y, z] = s[z, x] = 4.0                                # a 3-cycle
+    s[perm[0], x] = s[x, perm[0]] = 2.0                              # joining cycles: a second level
+    if seed % 2:
+        s[torch.rand(n + 1, n + 1, generator=g) < 0.25] = -INF
+        s[0, perm[9]] = 0.0                                          # a tree always exists through the root
+        s[perm[9], perm[:9] + perm[10:]] = 0.0
+    s[:, 0] = -INF
+    s.fill_diagonal_(-INF)
+    heads = chu_liu_edmonds(s)
+    assert _is_tree(heads, n)
+    score = s[heads, torch.arange(1, n + 1)].sum().item()
+    assert score == pytest.approx(_flow_lp_best(s.numpy()), abs=1e-6)
+
+
 def test_conversions():
     scores = _scores(2, 4)
     pot = arc_potentials(scores, torch.tensor([4, 2]))
