@@ -19,7 +19,8 @@ end to end (features, pruning, decoding) in tokens per second on this machine, o
         --arc /tmp/so_work/crf_upos.pt --dev-every 200 --max-seconds 1500 --quiet
 
 trains the second-order model if ``--model`` does not exist (else loads it) and prints the table rows.  Measured
-(2 shared CPU cores, one thread; the speeds vary by about 15% with the load of the machine):
+(2 shared CPU cores, one thread; the speeds vary by about 15% with the load of the machine; measured before
+Chu-Liu-Edmonds contracted in place, see benchmarks/parsing_speed.py for the arc-factored speeds since):
 
     | model (test, gold UPOS)                          | UAS   | tokens/s | training time |
     |--------------------------------------------------|-------|----------|---------------|
