@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--projective", action="store_true", help="projective trees (Eisner) instead of CLE")
     train.add_argument("--single-root", action="store_true", help="exactly one word attaches to the root")
     train.add_argument("--xpos", action="store_true", help="also use feature templates over the XPOS column")
+    train.add_argument("--no-context", action="store_true",
+                       help="leave out the context templates (neighbouring words, three-tag back-offs)")
     train.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
     train.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
     ev = sub.add_parser("eval", help="UAS of a model on a treebank (punctuation excluded)")
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> None:
         else:
             epochs = 10 if args.epochs is None else args.epochs
             parser = DependencyParser(bits=args.bits, projective=args.projective, single_root=args.single_root,
-                                      xpos=args.xpos)
+                                      xpos=args.xpos, context=not args.no_context)
             parser.fit(train, loss=args.loss, epochs=epochs, lam=args.lam, seed=args.seed, dev=dev,
                        progress=not args.quiet, log=log)
             kind = args.loss

@@ -8,6 +8,10 @@ For an arc ``h -> m`` (``h = 0`` the root) with head / modifier word form ``hw``
   ``hp ml``;
 * bigram: ``hw hp mw mp``, ``hp mw mp``, ``hw mw mp``, ``hw hp mp``, ``hw hp mw``, ``hw mw``, ``hp mp``;
 * surrounding UPOS: ``hp hp+1 mp-1 mp``, ``hp-1 hp mp-1 mp``, ``hp hp+1 mp mp+1``, ``hp-1 hp mp mp+1``;
+* context (``context=True``, the default): the three-tag back-offs ``hp hp-1 mp``, ``hp hp+1 mp``, ``hp mp-1 mp``,
+  ``hp mp+1 mp`` (as in McDonald's MSTParser) and the neighbouring words with both tags, ``hp hw-1 mp``,
+  ``hp hw+1 mp``, ``hp mw-1 mp``, ``hp mw+1 mp`` (an auxiliary before a participle, a preposition after a verb:
+  what a finer tag set such as the Penn Treebank's would tell); on EWT dev they add 1.1 UAS to the SVM;
 * optionally (``xpos=True``) over the XPOS ``hx``/``mx`` (Penn Treebank tags in English, the tags McDonald et
   al. used): ``hx``, ``mx``, ``hw hx``, ``mw mx``, ``hx mx``, ``hx mw mx``, ``hw hx mx`` and the four
   surrounding-tag templates;
@@ -55,6 +59,12 @@ _TEMPLATES: tuple[tuple[str, ...], ...] = (
     ("hw", "hp", "mw", "mp"), ("hp", "mw", "mp"), ("hw", "mw", "mp"), ("hw", "hp", "mp"), ("hw", "hp", "mw"),
     ("hw", "mw"), ("hp", "mp"),
     ("hp", "hn", "mq", "mp"), ("hq", "hp", "mq", "mp"), ("hp", "hn", "mp", "mn"), ("hq", "hp", "mp", "mn"),
+)
+# with ``context=True`` (the default): three-tag back-offs of the surrounding templates and the neighbouring words
+# hqw = hw-1, hnw = hw+1, mqw = mw-1, mnw = mw+1 with both UPOS
+_CONTEXT_TEMPLATES: tuple[tuple[str, ...], ...] = (
+    ("hp", "hq", "mp"), ("hp", "hn", "mp"), ("hp", "mq", "mp"), ("hp", "mn", "mp"),
+    ("hp", "hqw", "mp"), ("hp", "hnw", "mp"), ("hp", "mqw", "mp"), ("hp", "mnw", "mp"),
 )
 # with ``xpos=True``: the same kind of templates over the language-specific tags (the Penn Treebank tags of
 # McDonald et al. in English treebanks): hx, mx and their neighbours hxq = hx-1, hxn = hx+1, mxq, mxn
@@ -104,15 +114,18 @@ _BUCKET = np.array([0, 1, 2, 3, 4, 5, 6, 6, 6, 6, 6, 7], dtype=np.int64)    # di
 
 class ArcFeatures:
     """Hashed McDonald-style arc features; see the module docstring.  ``bits``: the weight vector has ``2^bits``
-    entries (plus the padding slot); ``lowercase``: lower-case word forms; ``xpos``: add templates over XPOS."""
+    entries (plus the padding slot); ``lowercase``: lower-case word forms; ``xpos``: add templates over XPOS;
+    ``context``: add the context templates (models saved before they existed load with ``context=False``)."""
 
-    def __init__(self, bits: int = 22, lowercase: bool = True, xpos: bool = False):
+    def __init__(self, bits: int = 22, lowercase: bool = True, xpos: bool = False, context: bool = True):
         if not isinstance(bits, int) or not 8 <= bits <= 30:
             raise ValueError(f"bits must be an int in [8, 30], got {bits!r}")
         self.bits = bits
         self.lowercase = lowercase
         self.xpos = bool(xpos)
-        self.templates = _TEMPLATES + (_XPOS_TEMPLATES if self.xpos else ())
+        self.context = bool(context)
+        self.templates = (_TEMPLATES + (_CONTEXT_TEMPLATES if self.context else ())
+                          + (_XPOS_TEMPLATES if self.xpos else ()))
         self._hash = _Hasher()
         self._seeds = [_hash_string("tpl:" + "+".join(t)) for t in self.templates]
         self._seed_between = _hash_string("tpl:hp+bp+mp+dir")
@@ -136,7 +149,7 @@ class ArcFeatures:
         return 2 * len(self.templates) + 1 + len(UPOS_TAGS)
 
     def config(self) -> dict:
-        return {"bits": self.bits, "lowercase": self.lowercase, "xpos": self.xpos}
+        return {"bits": self.bits, "lowercase": self.lowercase, "xpos": self.xpos, "context": self.context}
 
     def __call__(self, sentence: Sentence) -> np.ndarray:
         """Feature ids [N, N+1, K] (int32) of one sentence."""
@@ -198,7 +211,9 @@ class ArcFeatures:
         valid = tag_ix >= 0
         onehot[1:][np.nonzero(valid)[0], tag_ix[valid]] = 1
         prefix = np.cumsum(onehot, axis=0, dtype=count)
-        out = {"w": self._hash(forms), "l": self._hash(lemmas), "p": hp, "q": prev, "n": nxt,
+        hw = self._hash(forms)
+        out = {"w": hw, "l": self._hash(lemmas), "p": hp, "q": prev, "n": nxt,
+               "qw": np.where(first, bos, np.roll(hw, 1)), "nw": np.where(last, eos, np.roll(hw, -1)),
                "prefix": prefix, "lengths": lengths, "starts": starts}
         if self.xpos:
             hx = self._hash(["x:" + t for t in xtags])

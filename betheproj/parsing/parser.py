@@ -95,12 +95,13 @@ class DependencyParser:
     ``bits``: the hashed weight vector has ``2^bits`` entries; ``projective``: decode (and train) over projective
     trees with Eisner's algorithm instead of all trees with Chu-Liu-Edmonds; ``single_root``: exactly one word
     attaches to the root (UD's convention; costs a factor ``n`` in Chu-Liu-Edmonds decoding); ``xpos``: add
-    feature templates over the XPOS column (see :mod:`.features`).
+    feature templates over the XPOS column; ``context``: the context templates (neighbouring words and three-tag
+    back-offs, see :mod:`.features`).
     """
 
     def __init__(self, bits: int = 22, projective: bool = False, single_root: bool = False,
-                 lowercase: bool = True, xpos: bool = False):
-        self.features = ArcFeatures(bits, lowercase, xpos)
+                 lowercase: bool = True, xpos: bool = False, context: bool = True):
+        self.features = ArcFeatures(bits, lowercase, xpos, context)
         self.projective = bool(projective)
         self.single_root = bool(single_root)
         self.weights: Tensor | None = None
@@ -124,7 +125,8 @@ class DependencyParser:
     def from_config(cls, cfg: dict) -> DependencyParser:
         """An untrained parser with the configuration :meth:`config` returned."""
         return cls(bits=cfg["bits"], projective=cfg["projective"], single_root=cfg["single_root"],
-                   lowercase=cfg["lowercase"], xpos=cfg.get("xpos", False))
+                   lowercase=cfg["lowercase"], xpos=cfg.get("xpos", False),
+                   context=cfg.get("context", False))          # models saved before the context templates
 
     def __repr__(self) -> str:
         state = "trained" if self.weights is not None else "untrained"

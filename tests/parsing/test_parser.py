@@ -75,7 +75,10 @@ def test_features_are_deterministic_and_in_range():
         ArcFeatures(bits=4)
     with_xpos = ArcFeatures(bits=16, xpos=True)
     assert with_xpos.num_slots == f.num_slots + 22
-    assert np.array_equal(with_xpos(sentences[0])[..., :22], ids[0][..., :22])    # the UPOS templates are kept
+    assert np.array_equal(with_xpos(sentences[0])[..., :30], ids[0][..., :30])    # the UPOS templates are kept
+    plain = ArcFeatures(bits=16, context=False)
+    assert f.num_slots == plain.num_slots + 16 and not plain.config()["context"]
+    assert np.array_equal(plain(sentences[0])[..., :22], ids[0][..., :22])       # the same ids, 8 templates fewer
 
 
 @pytest.mark.parametrize("single_root", [False, True])
@@ -125,7 +128,11 @@ def test_save_load_and_errors(tmp_path):
     parser.save(tmp_path / "m.pt")
     loaded = DependencyParser.load(tmp_path / "m.pt")
     assert torch.equal(loaded.weights, parser.weights) and loaded.config() == parser.config()
-    assert loaded.features.xpos
+    assert loaded.features.xpos and loaded.features.context
+    state = torch.load(tmp_path / "m.pt", weights_only=True)
+    del state["config"]["context"]                                      # a model saved before the context templates
+    torch.save(state, tmp_path / "old.pt")
+    assert not DependencyParser.load(tmp_path / "old.pt").features.context
     assert [h.tolist() for h in loaded.predict(sentences)] == [h.tolist() for h in parser.predict(sentences)]
     (tmp_path / "junk.pt").write_bytes(b"not a model")
     with pytest.raises(ValueError, match="not a parser model file"):
