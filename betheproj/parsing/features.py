@@ -199,8 +199,12 @@ class ArcFeatures:
         last = np.zeros(len(tags), dtype=bool)
         last[starts + lengths - 1] = True
         bos, eos = self._hash(["<s>", "</s>"])
-        prev = np.where(first, bos, np.roll(hp, 1))
-        nxt = np.where(last, eos, np.roll(hp, -1))
+
+        def neighbours(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """The attribute of the previous and of the next token (``<s>`` / ``</s>`` at a sentence's ends)."""
+            return np.where(first, bos, np.roll(a, 1)), np.where(last, eos, np.roll(a, -1))
+
+        prev, nxt = neighbours(hp)
         tag_ix = np.array([_TAG_INDEX.get(t, _TAG_INDEX["X"]) for t in tags], dtype=np.int64)
         tag_ix[starts] = -1                                         # the root is no in-between word
         # prefix[i] = tag counts of tokens < i, in the smallest unsigned type that holds every count between two
@@ -211,13 +215,13 @@ class ArcFeatures:
         valid = tag_ix >= 0
         onehot[1:][np.nonzero(valid)[0], tag_ix[valid]] = 1
         prefix = np.cumsum(onehot, axis=0, dtype=count)
-        hw = self._hash(forms)
-        out = {"w": hw, "l": self._hash(lemmas), "p": hp, "q": prev, "n": nxt,
-               "qw": np.where(first, bos, np.roll(hw, 1)), "nw": np.where(last, eos, np.roll(hw, -1)),
+        out = {"w": self._hash(forms), "l": self._hash(lemmas), "p": hp, "q": prev, "n": nxt,
                "prefix": prefix, "lengths": lengths, "starts": starts}
+        if self.context:
+            out["qw"], out["nw"] = neighbours(out["w"])
         if self.xpos:
-            hx = self._hash(["x:" + t for t in xtags])
-            out.update(x=hx, xq=np.where(first, bos, np.roll(hx, 1)), xn=np.where(last, eos, np.roll(hx, -1)))
+            out["x"] = self._hash(["x:" + t for t in xtags])
+            out["xq"], out["xn"] = neighbours(out["x"])
         return out
 
     def flat(self, sentences: Sequence[Sentence]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
