@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr-first", type=float, default=0.01, help="AdaGrad rate of the first-order weights")
     ap.add_argument("--train-iter", type=int, default=5, help="Bethe-RDA iterations per minibatch")
     ap.add_argument("--bits", type=int, default=20)
+    ap.add_argument("--no-context", action="store_true", help="second-order parts without the context templates")
     ap.add_argument("--top-k", type=int, default=5)
     ap.add_argument("--min-prob", type=float, default=1e-4)
     ap.add_argument("--dev-every", type=int, default=None, help="dev evaluation every N steps (default per epoch)")
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
         _log(f"loaded {args.model}: {parser.info.get('steps')} steps, {parser.info.get('train_seconds', 0):.0f}s")
     else:
         first = DependencyParser.load(args.first)
-        parser = SecondOrderParser(first, bits=args.bits, top_k=args.top_k, min_prob=args.min_prob)
+        parser = SecondOrderParser(first, bits=args.bits, top_k=args.top_k, min_prob=args.min_prob,
+                                   context=not args.no_context)
         parser.fit(train, epochs=args.epochs, lr=args.lr, lr_first=args.lr_first, train_iter=args.train_iter,
                    dev=dev, eval_every=args.dev_every, progress=not args.quiet, log=_log,
                    max_seconds=args.max_seconds)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..oracles import ChainPotentials
+from ..progress import progress_bar
 from .inference import check_observations, map_counts
 from .model import TransitionModel
 
@@ -83,13 +84,7 @@ def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, populatio
     with torch.no_grad():
         check_observations(observed, rate, population, model.potentials(batch))
     history = HardEMHistory()
-    bar = None
-    if progress:
-        try:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=rounds, desc="hard EM", dynamic_ncols=True)
-        except ImportError:
-            bar = None
+    bar = progress_bar(rounds, progress, "hard EM", leave=True)
     start = time.perf_counter()
     if schedule == "quasi_newton":
         _quasi_newton(model, observed, rate, population, rounds, tol, method, history, bar)
@@ -105,17 +100,15 @@ def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, populatio
         previous = history.objective[-1] if history.objective else None
         history.objective.append(value)
         history.rounds += 1
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(objective=f"{value:.6f}")
+        bar.update(1)
+        bar.set_postfix(objective=f"{value:.6f}")
         if previous is not None and abs(previous - value) <= tol * max(1.0, abs(value)):
             history.converged = True
             break
         mu = result.solution.marginals
         _m_step(model, mu.node[:, 0].sum(0).detach(), mu.edge.sum(0).detach(), m_iter)
         history.parameters.append(model.centred())
-    if bar is not None:
-        bar.close()
+    bar.close()
     history.seconds = time.perf_counter() - start
     return history
 
@@ -143,9 +136,8 @@ def _quasi_newton(model: TransitionModel, observed: Tensor, rate: float, populat
         history.objective.append(value)
         history.parameters.append(model.centred())
         history.rounds += 1
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(objective=f"{value:.6f}")
+        bar.update(1)
+        bar.set_postfix(objective=f"{value:.6f}")
         return torch.tensor(value, dtype=params[0].dtype)
 
     opt.step(closure)

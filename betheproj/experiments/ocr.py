@@ -30,6 +30,7 @@ from ..energies import NearestPrototype
 from ..inference import decode
 from ..learning import ConstantPsi, LinearChainCRF, MeanMapPsi, NonLocalCRF, character_accuracy, fit_crf
 from ..learning.psi import RandomFourierFeatures
+from ..progress import progress_bar
 from ._plot import figure
 
 __all__ = ["ROWS", "PAPER", "YARDSTICKS", "OCRConfig", "word_prototypes", "unigram_prototypes",
@@ -270,19 +271,11 @@ def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[s
     config = config or OCRConfig()
     start = time.perf_counter()
     results = []
-    bar = None
-    if progress:
-        try:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(folds), desc="OCR folds", dynamic_ncols=True)
-        except ImportError:
-            bar = None
+    bar = progress_bar(len(folds), progress, "OCR folds", leave=True)
     for fold in folds:
         results.append(run_fold(data, fold, rows, config, progress, log))
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+        bar.update(1)
+    bar.close()
     mean = {r: sum(f.accuracy[r] for f in results) / len(results) for r in rows}
     return {"folds": [asdict(f) for f in results], "mean": mean, "rows": list(rows), "config": asdict(config),
             "paper": PAPER, "yardsticks": YARDSTICKS, "seconds": time.perf_counter() - start,

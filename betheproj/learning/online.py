@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from ..oracles.base import Oracle, PairwisePotentials
+from ..progress import progress_bar
 from .losses import CostFn, loss_and_gradient, resolve_loss
-from .train import _progress
 
 __all__ = ["SparseExample", "OnlineResult", "sparse_potentials", "fit_online"]
 
@@ -164,7 +164,7 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     sparse_grad = math.isinf(beta)                          # g = S(y_hat) - S(y): at most 2N non-zero parts
     gen = torch.Generator().manual_seed(seed)
     result = OnlineResult(w, w)
-    bar = _progress(epochs * m, progress, desc)
+    bar = progress_bar(epochs * m, progress, desc)
     start = time.perf_counter()
     t = 0
 
@@ -225,15 +225,13 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
                 if g_edge is not None:
                     w[num_features + 1:] -= eta * g_edge.reshape(-1)
                     u[num_features + 1:] -= (eta * t) * g_edge.reshape(-1)
-            if bar is not None:
-                bar.update(1)
-                if t % 100 == 0:
-                    bar.set_postfix(loss=f"{total / (t - epoch * m):.3f}")
+            bar.update(1)
+            if t % 100 == 0:
+                bar.set_postfix(loss=f"{total / (t - epoch * m):.3f}")
         result.losses.append(total / m)
         if callback is not None:
             callback(epoch, averaged(), result.losses[-1])
-    if bar is not None:
-        bar.close()
+    bar.close()
     result.steps = t
     result.weights = averaged()
     result.last = w.clone()

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..oracles.base import Marginals
+from ..progress import progress_bar
 from .model import NonLocalCRF
 
 __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]
@@ -107,16 +108,6 @@ def _batches(num: int, batch_size: int, generator: torch.Generator) -> Iterator[
         yield order[start:start + batch_size]
 
 
-def _progress(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:    # progress bars are a nicety
-        return None
-    return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
-
-
 def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor, epochs: int = 1,
                           batch_size: int = 32, optimizer: str = "adam", lr: float = 1e-2,
                           psi_lr: float | None = None, l2: float = 0.0, psi_l2: float = 0.0,
@@ -146,7 +137,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     gen = torch.Generator().manual_seed(seed)
     per_epoch = -(-features.shape[0] // batch_size)
     eval_every = eval_every or per_epoch
-    bar = _progress(epochs * per_epoch, progress, "Algorithm 3")
+    bar = progress_bar(epochs * per_epoch, progress, "Algorithm 3")
     start = time.perf_counter()
     for _ in range(epochs):
         for idx in _batches(features.shape[0], batch_size, gen):
@@ -160,16 +151,14 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
             opt.step()
             history.loss.append(loss.item())
             history.steps += 1
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
             if history.steps % eval_every == 0 and validator(history.steps):
                 history.stopped_early = True
                 break
         if history.stopped_early:
             break
-    if bar is not None:
-        bar.close()
+    bar.close()
     validator.restore()
     history.seconds = time.perf_counter() - start
     return history
@@ -193,15 +182,14 @@ def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, len
     history = History()
     validator = _Validator(model, valid, metric, patience, history)
     chunks = [torch.arange(s, min(s + batch_size, features.shape[0])) for s in range(0, features.shape[0], batch_size)]
-    bar = _progress(rounds * (len(chunks) + m_steps), progress, "Algorithm 2")
+    bar = progress_bar(rounds * (len(chunks) + m_steps), progress, "Algorithm 2")
     start = time.perf_counter()
     for _ in range(rounds):
         fixed: list[Marginals | None] = []
         for idx in chunks:                                     # E-step
             sol = model.infer(features[idx], lengths[idx])
             fixed.append(None if sol is None else sol.marginals)
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
         for _ in range(m_steps):                               # M-step at fixed M
             total = 0.0
             for idx, mu in zip(chunks, fixed, strict=True):
@@ -213,13 +201,11 @@ def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, len
                 total += loss.item() * len(idx)
                 history.steps += 1
             history.loss.append(total / features.shape[0])
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
         if validator(history.steps):
             history.stopped_early = True
             break
-    if bar is not None:
-        bar.close()
+    bar.close()
     validator.restore()
     history.seconds = time.perf_counter() - start
     return history

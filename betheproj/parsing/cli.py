@@ -43,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--single-root", action="store_true", help="exactly one word attaches to the root")
     train.add_argument("--xpos", action="store_true", help="also use feature templates over the XPOS column")
     train.add_argument("--no-context", action="store_true",
-                       help="leave out the context templates (neighbouring words, three-tag back-offs)")
+                       help="leave out the context templates (first order: neighbouring words, three-tag "
+                            "back-offs; second order: word-tag back-offs, neighbouring tags)")
     train.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
     train.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
     ev = sub.add_parser("eval", help="UAS of a model on a treebank (punctuation excluded)")
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> None:
             from .second_order import SecondOrderParser
 
             epochs = 2 if args.epochs is None else args.epochs
-            parser = SecondOrderParser(DependencyParser.load(args.second_order))
+            parser = SecondOrderParser(DependencyParser.load(args.second_order), context=not args.no_context)
             parser.fit(train, epochs=epochs, seed=args.seed, dev=dev, progress=not args.quiet, log=log)
             kind = "second order"
         else:

@@ -19,8 +19,8 @@ from torch import Tensor
 from ..data.conllu import Sentence
 from ..learning.losses import resolve_loss
 from ..learning.online import OnlineResult, SparseExample, fit_online
-from ..learning.train import _progress
 from ..oracles.base import PairwisePotentials
+from ..progress import progress_bar
 from .features import ArcFeatures
 from .metrics import uas
 
@@ -208,7 +208,7 @@ class DependencyParser:
         out: list[np.ndarray | None] = [None] * len(sentences)
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
         oracle = self.oracle
-        bar = _progress(len(sentences), progress, "parse")
+        bar = progress_bar(len(sentences), progress, "parse")
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             ids, sent, mod, head = self.features.flat([sentences[i] for i in idx])
@@ -221,10 +221,8 @@ class DependencyParser:
             heads = oracle.map(PairwisePotentials(node, node.new_zeros(n_max + 1, n_max + 1), lengths))
             for b, i in enumerate(idx):
                 out[i] = heads[b, : len(sentences[i])].numpy().astype(np.int64)
-            if bar is not None:
-                bar.update(len(idx))
-        if bar is not None:
-            bar.close()
+            bar.update(len(idx))
+        bar.close()
         return out  # type: ignore[return-value]
 
     def parse(self, sentences: Sequence[Sentence], batch_size: int = 256, progress: bool = False) -> list[Sentence]:

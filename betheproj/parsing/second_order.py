@@ -39,10 +39,10 @@ from ..energies.second_order import SecondOrderArcs, second_order_masks
 from ..inference.decode import decode
 from ..inference.solve import Solution, solve
 from ..learning.model import surrogate_nll
-from ..learning.train import _progress
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
 from ..oracles.nonprojective import NonProjective, matrix_tree
+from ..progress import progress_bar
 from .features import _hash_string, _Hasher, _mix
 from .metrics import uas
 from .parser import DependencyParser, GreedyFirst, read_model
@@ -73,34 +73,49 @@ _GRAND_TEMPLATES: tuple[tuple[str, ...], ...] = (
     ("gw", "hp", "mp", "dirs"), ("gp", "hw", "mp", "dirs"), ("gp", "hp", "mw", "dirs"), ("gw", "mw", "dirs"),
     ("gp", "hp", "mp", "dirs", "hdist"),
 )
+# context templates (``context=True``): the bilexical back-offs of McDonald & Pereira (2006) / Carreras (2007)
+# (one word, the other part's tag) and the tags next to the parts' words (``q`` previous, ``n`` next token): the
+# token before the later sibling or after the earlier one is where a coordinating conjunction or comma sits
+_SIB_CONTEXT: tuple[tuple[str, ...], ...] = (
+    ("mw", "sp", "side"), ("mp", "sw", "side"), ("hp", "mp", "sp", "sq", "side"), ("hp", "mp", "sp", "mn", "side"),
+)
+_GRAND_CONTEXT: tuple[tuple[str, ...], ...] = (
+    ("gw", "mp", "dirs"), ("gp", "mw", "dirs"), ("gp", "hp", "mp", "mq", "dirs"), ("gp", "hp", "mp", "mn", "dirs"),
+)
 
 
 class SecondOrderFeatures:
     """Hashed second-order part features into ``2^bits`` weights (templates ``_SIB_TEMPLATES``,
-    ``_GRAND_TEMPLATES``: UPOS triples with direction / adjacency configurations, a few with word forms).
+    ``_GRAND_TEMPLATES``: UPOS triples with direction / adjacency configurations, a few with word forms; with
+    ``context`` also ``_SIB_CONTEXT``, ``_GRAND_CONTEXT``: word-tag back-offs and neighbouring tags).
 
     :meth:`tokens` hashes the per-token attributes of a list of sentences once (root token in front of each);
     :meth:`sibling` / :meth:`grandparent` map part index arrays to feature ids ``[P, K]`` (int64), all in NumPy."""
 
-    def __init__(self, bits: int = 20, lowercase: bool = True):
+    def __init__(self, bits: int = 20, lowercase: bool = True, context: bool = True):
         if isinstance(bits, bool) or not isinstance(bits, int) or not 8 <= bits <= 28:
             raise ValueError(f"bits must be an int in [8, 28], got {bits!r}")
         self.bits = bits
         self.lowercase = bool(lowercase)
+        self.context = bool(context)
         self._hash = _Hasher()
-        self._sib_seeds = [_hash_string("sib:" + "+".join(t)) for t in _SIB_TEMPLATES]
-        self._grand_seeds = [_hash_string("grand:" + "+".join(t)) for t in _GRAND_TEMPLATES]
+        self._sib = _SIB_TEMPLATES + (_SIB_CONTEXT if self.context else ())
+        self._grand = _GRAND_TEMPLATES + (_GRAND_CONTEXT if self.context else ())
+        self._sib_seeds = [_hash_string("sib:" + "+".join(t)) for t in self._sib]
+        self._grand_seeds = [_hash_string("grand:" + "+".join(t)) for t in self._grand]
 
     @property
     def num_features(self) -> int:
         return 1 << self.bits
 
     def config(self) -> dict:
-        return {"bits": self.bits, "lowercase": self.lowercase}
+        return {"bits": self.bits, "lowercase": self.lowercase, "context": self.context}
 
     def tokens(self, sentences: Sequence[Sentence]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Hashed forms ``w`` and UPOS ``p`` of all tokens (a root token before each sentence) and the offset of
-        each sentence's root in those arrays."""
+        """Hashed forms ``w`` and UPOS ``p`` of all tokens (a root token before each sentence), the UPOS of the
+        previous and next token ``q``, ``n`` (the root's ``q`` a constant; a sentence's root before its first word
+        and the next sentence's root after its last one: both read as the sentence boundary) and the offset of each
+        sentence's root in those arrays."""
         forms, tags = [], []
         for s in sentences:
             forms.append("<root>")
@@ -109,7 +124,10 @@ class SecondOrderFeatures:
             tags.extend(w[3] for w in s.words)
         sizes = np.array([len(s) + 1 for s in sentences], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        return {"w": self._hash(["w:" + f for f in forms]), "p": self._hash(["p:" + t for t in tags])}, starts
+        p = self._hash(["p:" + t for t in tags])
+        q = np.roll(p, 1)
+        q[starts] = self._hash(["p:<none>"])[0]
+        return {"w": self._hash(["w:" + f for f in forms]), "p": p, "q": q, "n": np.roll(p, -1)}, starts
 
     def _ids(self, seeds: list[int], templates: tuple[tuple[str, ...], ...], attrs: dict[str, np.ndarray]
              ) -> np.ndarray:
@@ -127,8 +145,8 @@ class SecondOrderFeatures:
         side = np.where(s < h, 0, np.where(m > h, 2, 1)).astype(np.uint64)
         attrs = {"hp": tok["p"][gh], "hw": tok["w"][gh], "mp": tok["p"][gm], "mw": tok["w"][gm],
                  "sp": tok["p"][gs], "sw": tok["w"][gs], "side": side * np.uint64(8) + _bucket(s - m),
-                 "sdist": _bucket(s - m)}
-        return self._ids(self._sib_seeds, _SIB_TEMPLATES, attrs)
+                 "sdist": _bucket(s - m), "sq": tok["q"][gs], "mn": tok["n"][gm]}
+        return self._ids(self._sib_seeds, self._sib, attrs)
 
     def grandparent(self, tok: dict[str, np.ndarray], root: np.ndarray, g: np.ndarray, h: np.ndarray,
                     m: np.ndarray) -> np.ndarray:
@@ -137,8 +155,9 @@ class SecondOrderFeatures:
         dirs = ((g < h).astype(np.uint64) << np.uint64(1)) | (h < m).astype(np.uint64)
         dirs = np.where(g == 0, np.uint64(4) + (h < m).astype(np.uint64), dirs)      # root as grandparent
         attrs = {"gp": tok["p"][gg], "gw": tok["w"][gg], "hp": tok["p"][gh], "hw": tok["w"][gh],
-                 "mp": tok["p"][gm], "mw": tok["w"][gm], "dirs": dirs, "hdist": _bucket(h - m)}
-        return self._ids(self._grand_seeds, _GRAND_TEMPLATES, attrs)
+                 "mp": tok["p"][gm], "mw": tok["w"][gm], "dirs": dirs, "hdist": _bucket(h - m),
+                 "mq": tok["q"][gm], "mn": tok["n"][gm]}
+        return self._ids(self._grand_seeds, self._grand, attrs)
 
 
 # ------------------------------------------------------------------------------------------------ pruning
@@ -438,7 +457,8 @@ class SecondOrderParser:
     pruner); ``bits``: ``2^bits`` second-order weights; ``top_k``/``min_prob``: pruning (:func:`prune`).
     """
 
-    def __init__(self, first: DependencyParser, bits: int = 20, top_k: int = 5, min_prob: float = 1e-4):
+    def __init__(self, first: DependencyParser, bits: int = 20, top_k: int = 5, min_prob: float = 1e-4,
+                 context: bool = True):
         if not isinstance(first, DependencyParser):
             raise TypeError(f"first must be a DependencyParser, got {type(first).__name__}")
         if first.weights is None:
@@ -446,7 +466,7 @@ class SecondOrderParser:
         if first.projective:
             raise ValueError("second-order parsing here is non-projective: give a non-projective first-order parser")
         self.first = first
-        self.features = SecondOrderFeatures(bits, first.features.lowercase)
+        self.features = SecondOrderFeatures(bits, first.features.lowercase, context)
         self.top_k, self.min_prob = top_k, min_prob
         self.pruner = first.weights.to(torch.float64).clone()          # fixed: the first-order model prunes
         self.w1 = self.pruner.clone()
@@ -488,18 +508,18 @@ class SecondOrderParser:
         return _Batch(pot, sib, grand, (torch.stack([sb, sh, sm, ss]), torch.stack([gb, gg, gh, gm])), heads, idx)
 
     # ------------------------------------------------------------------------------------------------ training
-    def fit(self, sentences: Sequence[Sentence], epochs: int = 2, lr: float = 0.05, lr_first: float | None = None,
+    def fit(self, sentences: Sequence[Sentence], epochs: int = 2, lr: float = 0.05, lr_first: float = 0.01,
             train_iter: int = 5, max_batch: int = 32, budget: int = 2_000_000, l2: float = 0.0, seed: int = 0,
             dev: Sequence[Sentence] | None = None, dev_method: str = "mean_field", dev_iter: int = 10,
             eval_every: int | None = None,
             progress: bool = False, log: Callable[[str], None] | None = None,
             max_seconds: float | None = None) -> SecondOrderParser:
         """Algorithm 3 (Vilnis et al.): for each minibatch, ``train_iter`` Bethe-RDA iterations solve (2) with the
-        current weights, then one AdaGrad step (rates ``lr`` for ``w2``, ``lr_first`` for ``w1``, default
-        ``lr``; 0 freezes ``w1``) on the mean surrogate negative log-likelihood (eq. 12) plus ``l2/2 ||w2||^2``.
-        With ``dev`` the dev UAS (``dev_method`` with ``dev_iter`` iterations) is measured every ``eval_every``
-        steps (default: each epoch) and the best weights are kept.  ``max_seconds`` stops training early (the cut
-        is reported in ``info``)."""
+        current weights, then one AdaGrad step (rates ``lr`` for ``w2``, ``lr_first`` for ``w1``, smaller: it
+        starts trained; 0 freezes ``w1``) on the mean surrogate negative log-likelihood (eq. 12) plus
+        ``l2/2 ||w2||^2``.  With ``dev`` the dev UAS (``dev_method`` with ``dev_iter`` iterations) is measured every
+        ``eval_every`` steps (default: each epoch) and after the last step, and the best weights are kept.
+        ``max_seconds`` stops training early (the cut is reported in ``info``)."""
         sentences = list(sentences)
         if not sentences:
             raise ValueError("no training sentences")
@@ -512,7 +532,6 @@ class SecondOrderParser:
             log(f"pruning: {len(cands.mod)} arcs kept for {int(cands.lengths.sum())} words "
                 f"({len(cands.mod) / cands.lengths.sum():.2f} per word) in {prune_seconds:.1f}s")
         dev_c = None if dev is None else prune(self.first, self.pruner, dev, self.top_k, self.min_prob)
-        lr_first = lr if lr_first is None else lr_first
         self.w1.requires_grad_(lr_first > 0)
         self.w2.requires_grad_(True)
         groups = [{"params": [self.w2], "lr": lr}] + ([{"params": [self.w1], "lr": lr_first}] if lr_first > 0 else [])
@@ -521,7 +540,7 @@ class SecondOrderParser:
         batches = _length_batches(cands.lengths.tolist(), max_batch, budget)
         gen = torch.Generator().manual_seed(seed)
         eval_every = eval_every or len(batches)
-        bar = _progress(epochs * len(batches), progress, "second-order (Algorithm 3)")
+        bar = progress_bar(epochs * len(batches), progress, "second-order (Algorithm 3)")
         best, best_state, history, steps, stopped = None, None, [], 0, False
         losses: list[float] = []
         pad1 = self.first.features.num_features
@@ -544,11 +563,11 @@ class SecondOrderParser:
                         self.w1[pad1] = 0.0
                     losses.append(loss.item())
                     steps += 1
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
                     timeout = max_seconds is not None and time.perf_counter() - start > max_seconds
-                    if dev is not None and (steps % eval_every == 0 or timeout):
+                    last = timeout or steps == epochs * len(batches)          # the final weights are a candidate too
+                    if dev is not None and (steps % eval_every == 0 or last):
                         score = self.evaluate(dev, method=dev_method, candidates=dev_c, max_iter=dev_iter)
                         history.append((steps, score))
                         if log is not None:
@@ -561,8 +580,7 @@ class SecondOrderParser:
                 if stopped:
                     break
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
             self.w1.requires_grad_(False)
             self.w2.requires_grad_(False)
         if best_state is not None:
@@ -591,7 +609,7 @@ class SecondOrderParser:
             raise ValueError("candidates do not belong to these sentences")
         out: list[np.ndarray] = [None] * len(sentences)  # type: ignore[list-item]
         batches = _length_batches(candidates.lengths.tolist(), max_batch, budget)
-        bar = _progress(len(sentences), progress, f"parse ({method})")
+        bar = progress_bar(len(sentences), progress, f"parse ({method})")
         single = self.first.single_root
         for idx in batches:
             batch = self._batch(sentences, candidates, idx, gold=False)
@@ -606,10 +624,8 @@ class SecondOrderParser:
                 heads = GreedyFirst(NonProjective(single)).map(batch.potentials)
             for j, i in enumerate(idx):
                 out[i] = heads[j, : len(sentences[i])].numpy().astype(np.int64)
-            if bar is not None:
-                bar.update(len(idx))
-        if bar is not None:
-            bar.close()
+            bar.update(len(idx))
+        bar.close()
         return out
 
     def evaluate(self, sentences: Sequence[Sentence], method: str = "mean_field", punct: bool = False,
@@ -635,7 +651,8 @@ class SecondOrderParser:
         """The parser a state read by :func:`~betheproj.parsing.parser.read_model` describes."""
         first = DependencyParser.from_config(state["first_config"])
         first.weights = state["pruner"].to(torch.float32)
-        parser = cls(first, bits=state["features"]["bits"], top_k=state["top_k"], min_prob=state["min_prob"])
+        parser = cls(first, bits=state["features"]["bits"], top_k=state["top_k"], min_prob=state["min_prob"],
+                     context=state["features"].get("context", False))
         parser.pruner, parser.w1, parser.w2 = state["pruner"], state["w1"], state["w2"]
         parser.info = state.get("info", {})
         return parser

@@ -202,7 +202,7 @@ def _grandparent_treebank(copies: int = 12) -> list[Sentence]:
 
 def test_features_and_pruning():
     sents = _grandparent_treebank(1)
-    feats = SecondOrderFeatures(bits=12)
+    feats = SecondOrderFeatures(bits=12, context=False)
     tok, starts = feats.tokens(sents)
     assert len(tok["w"]) == 2 * 8 and starts.tolist() == [0, 8]
     a = feats.sibling(tok, starts[[0, 1]], np.array([1, 1]), np.array([3, 3]), np.array([7, 7]))
@@ -210,6 +210,24 @@ def test_features_and_pruning():
     assert a.shape[0] == 2 and a.min() >= 0 and a.max() < 4096
     assert (a[0] != a[1]).sum() == 1                 # the head is G (g1 / g2): only the template with its form
     assert (b[0] != b[1]).sum() == 2                 # the two templates with the grandparent's form
+    # the context templates come after the same base ids; the grandparent's form also in ("gw", "mp", "dirs")
+    ctx = SecondOrderFeatures(bits=12)
+    assert ctx.context and ctx.config()["context"]
+    tok_c, _ = ctx.tokens(sents)
+    ac = ctx.sibling(tok_c, starts[[0, 1]], np.array([1, 1]), np.array([3, 3]), np.array([7, 7]))
+    bc = ctx.grandparent(tok_c, starts[[0, 1]], np.array([1, 1]), np.array([3, 3]), np.array([5, 5]))
+    assert (ac[:, : a.shape[1]] == a).all() and (bc[:, : b.shape[1]] == b).all()
+    assert ac.shape[1] > a.shape[1] and bc.shape[1] > b.shape[1]
+    assert (ac[0] != ac[1]).sum() == 1 and (bc[0] != bc[1]).sum() == 3
+    # neighbouring tags: the tag before the first word and after the last is the sentence boundary (a root)
+    assert tok_c["q"][1] == tok_c["p"][0] and tok_c["n"][7] == tok_c["p"][8] and tok_c["n"][15] == tok_c["p"][0]
+    assert tok_c["q"][2] == tok_c["p"][1] and tok_c["n"][2] == tok_c["p"][3] and tok_c["q"][8] != tok_c["p"][7]
+    # a different tag after the earlier sibling m changes exactly the ("hp", "mp", "sp", "mn", "side") id
+    other = [_sentence(["g1", "f", "h", "f", "m", "f", "h"], ["G", "F", "H", "X", "M", "F", "H"],
+                       [0, 1, 1, 1, 5, 1, 1])]
+    tok_o, _ = ctx.tokens(other)
+    ao = ctx.sibling(tok_o, np.array([0]), np.array([1]), np.array([3]), np.array([7]))
+    assert (ao[0] != ac[0]).sum() == 1
     first = DependencyParser(bits=10)
     first.weights = torch.randn(1025, generator=torch.Generator().manual_seed(0))
     cands = prune(first, first.weights.double(), sents, top_k=2, gold=True)
@@ -233,7 +251,8 @@ def test_learning_needs_grandparents_and_fits(tmp_path):
     first = DependencyParser(bits=12)
     first.weights = torch.zeros(first.features.num_features + 1)   # prune nothing: uniform first-order marginals
     parser = SecondOrderParser(first, bits=12, top_k=7, min_prob=0.0)
-    parser.fit(train, epochs=12, lr=0.3, train_iter=5, max_batch=8)
+    parser.fit(train, epochs=12, lr=0.3, lr_first=0.3, train_iter=5, max_batch=8, dev=train[:4], eval_every=10 ** 6)
+    assert [s for s, _ in parser.info["dev_history"]] == [parser.info["steps"]]     # the last step is evaluated
     for method in ("mean_field", "loopy_bp"):
         assert parser.evaluate(train, method=method) == 100.0
     assert parser.info["steps"] > 0 and parser.info["train_recall"] == 1.0
@@ -244,6 +263,10 @@ def test_learning_needs_grandparents_and_fits(tmp_path):
                     strict=True):
         assert (a == b).all()
     torch.testing.assert_close(again.w2, parser.w2)
+    # a model saved before the context templates (no "context" key) loads without them
+    state = torch.load(path, weights_only=False)
+    del state["features"]["context"]
+    assert not SecondOrderParser.from_state(state).features.context
 
 
 def test_parser_bad_inputs(tmp_path):

@@ -1,0 +1,34 @@
+"""Progress bars: a tqdm bar when one is asked for and tqdm is installed, else a bar that does nothing, so that
+loops call ``update`` / ``set_postfix`` / ``close`` without checking."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["progress_bar"]
+
+
+class _Silent:
+    """The do-nothing bar."""
+
+    def update(self, n: float = 1) -> None:
+        pass
+
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, enabled: bool, desc: str, leave: bool = False) -> Any:
+    """A tqdm bar over ``total`` steps labelled ``desc`` if ``enabled`` (and tqdm is importable: progress bars are
+    a nicety, not a dependency), else a silent bar with the same ``update``/``set_postfix``/``close``."""
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            pass
+        else:
+            return tqdm(total=total, desc=desc, leave=leave, dynamic_ncols=True)
+    return _Silent()
