@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--loss", choices=LOSS_NAMES, default="crf",
                        help="member of the loss family L_{beta,gamma} (Figure 4; default crf)")
     train.add_argument("--epochs", type=int, default=None,
-                       help="passes over the data (default 10; 2 with --second-order)")
+                       help="passes over the data (default 10; 3 with --second-order)")
     train.add_argument("--second-order", metavar="FIRST",
                        help="train a second-order (sibling + grandparent) model by Algorithm 3 with the mean-field "
                             "energy on top of the arc-factored model FIRST (which also prunes arcs)")
@@ -122,8 +122,9 @@ def run(args: argparse.Namespace) -> None:
         if args.second_order:
             from .second_order import SecondOrderParser
 
-            epochs = 2 if args.epochs is None else args.epochs
-            parser = SecondOrderParser(DependencyParser.load(args.second_order), context=not args.no_context)
+            epochs = 3 if args.epochs is None else args.epochs
+            parser = SecondOrderParser(DependencyParser.load(args.second_order), bits=args.bits,
+                                       context=not args.no_context)
             parser.fit(train, epochs=epochs, seed=args.seed, dev=dev, progress=not args.quiet, log=log)
             kind = "second order"
         else:

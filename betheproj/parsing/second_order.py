@@ -457,7 +457,7 @@ class SecondOrderParser:
     pruner); ``bits``: ``2^bits`` second-order weights; ``top_k``/``min_prob``: pruning (:func:`prune`).
     """
 
-    def __init__(self, first: DependencyParser, bits: int = 20, top_k: int = 5, min_prob: float = 1e-4,
+    def __init__(self, first: DependencyParser, bits: int = 22, top_k: int = 5, min_prob: float = 1e-4,
                  context: bool = True):
         if not isinstance(first, DependencyParser):
             raise TypeError(f"first must be a DependencyParser, got {type(first).__name__}")
@@ -508,7 +508,7 @@ class SecondOrderParser:
         return _Batch(pot, sib, grand, (torch.stack([sb, sh, sm, ss]), torch.stack([gb, gg, gh, gm])), heads, idx)
 
     # ------------------------------------------------------------------------------------------------ training
-    def fit(self, sentences: Sequence[Sentence], epochs: int = 2, lr: float = 0.05, lr_first: float = 0.01,
+    def fit(self, sentences: Sequence[Sentence], epochs: int = 3, lr: float = 0.05, lr_first: float = 0.01,
             train_iter: int = 5, max_batch: int = 32, budget: int = 2_000_000, l2: float = 0.0, seed: int = 0,
             dev: Sequence[Sentence] | None = None, dev_method: str = "mean_field", dev_iter: int = 10,
             eval_every: int | None = None,
