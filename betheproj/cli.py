@@ -26,6 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     ocr.add_argument("--rows", default="all",
                      help="comma-separated rows among 2gram, Lu, Lu-mm, Lw, Lw-mm, 55class (default: all)")
     ocr.add_argument("--out", default="ocr-results", help="folder for results.json and the PNGs")
+    ocr.add_argument("--seed", type=int, default=0,
+                     help="seed of the random Fourier features, the bandwidth sample and the minibatch order "
+                          "(default 0)")
     ocr.add_argument("--quiet", action="store_true", help="no progress bars or per-fold lines")
     cit = sub.add_parser("citations", help="citation field extraction with learned soft global constraints "
                          "(section 8.1, Table 1, Figures 1 and 2)")
@@ -89,7 +92,7 @@ def _ocr(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
-    results = ocr.run(data, folds, rows, progress=not args.quiet, log=log)
+    results = ocr.run(data, folds, rows, ocr.OCRConfig(seed=args.seed), progress=not args.quiet, log=log)
     print(ocr.format_table(results))
     import json
 
