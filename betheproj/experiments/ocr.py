@@ -61,6 +61,7 @@ class OCRConfig:
     word_lr: float = 3e-3
     word_psi_lr: float = 0.1
     word_train_iter: int = 10
+    word_average: bool = True        # return the mean of Algorithm 3's iterates (chosen by nested validation)
     unigram_batch: int = 64          # Algorithm 3 for L^u
     unigram_lr: float = 2e-3
     unigram_psi_lr: float = 0.05
@@ -190,7 +191,7 @@ def _energy_model(key: str, base: LinearChainCRF, protos: Tensor, proto_lengths:
                         search="global" if word else config.unigram_search)
     if word:
         options = dict(batch_size=config.word_batch, lr=config.word_lr, psi_lr=config.word_psi_lr,
-                       train_iter=config.word_train_iter)
+                       train_iter=config.word_train_iter, average=config.word_average)
     else:
         options = dict(batch_size=config.unigram_batch, lr=config.unigram_lr, psi_lr=config.unigram_psi_lr,
                        train_iter=config.unigram_train_iter)

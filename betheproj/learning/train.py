@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -102,6 +103,39 @@ class _Validator:
             self.model.load_state_dict(self.best_state)
 
 
+class _Average:
+    """Polyak-Ruppert averaging: the running mean of the parameters after every optimiser step."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.params = params
+        self.mean = [p.detach().clone() for p in params]
+        self.count = 0
+
+    @torch.no_grad()
+    def update(self) -> None:
+        self.count += 1
+        for m, p in zip(self.mean, self.params, strict=True):
+            m.add_(p - m, alpha=1.0 / self.count)
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """Replace the parameters by their mean."""
+        for m, p in zip(self.mean, self.params, strict=True):
+            p.copy_(m)
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """The mean in place of the parameters while the block runs (e.g. to evaluate it), then the iterate."""
+        saved = [p.detach().clone() for p in self.params]
+        self.apply()
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for s, p in zip(saved, self.params, strict=True):
+                    p.copy_(s)
+
+
 def _batches(num: int, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
     order = torch.randperm(num, generator=generator)
     for start in range(0, num, batch_size):
@@ -115,7 +149,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
                           valid: tuple[Tensor, Tensor, Tensor] | None = None,
                           metric: Callable[[Tensor, Tensor, Tensor], float] = character_accuracy,
                           eval_every: int | None = None, patience: int | None = None, seed: int = 0,
-                          progress: bool = False) -> History:
+                          average: bool = False, progress: bool = False) -> History:
     """Algorithm 3: for a sampled minibatch, solve (2) for ``mu_i`` (Algorithm 1 / 4 / 5, at most ``train_iter``
     iterations, default the model's ``max_iter``), then take one optimiser step on theta and psi along the
     gradient of the surrogate likelihood (12) at those ``mu_i`` (eqs. 13-17).  ``batch_size=1`` is the paper's
@@ -125,6 +159,10 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     the model is evaluated by ``metric`` (higher is better) every ``eval_every`` steps (default: each epoch);
     the best parameters are restored at the end, and training stops after ``patience`` evaluations without
     improvement.
+
+    ``average=True`` returns the mean of the iterates after every step (Polyak-Ruppert averaging) instead of the
+    last one, and validation evaluates that mean: with a few noisy steps, e.g. on a psi linear in many random
+    features, the last iterate depends on the last minibatches, the mean much less.
     """
     _check_data(features, labels, lengths)
     if epochs < 1 or batch_size < 1:
@@ -132,6 +170,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     if l2 < 0 or psi_l2 < 0:
         raise ValueError("l2 and psi_l2 must be >= 0")
     opt = _optimizer(model, optimizer, lr, psi_lr, learn_theta, learn_psi)
+    averager = _Average([p for g in opt.param_groups for p in g["params"]]) if average else None
     history = History()
     validator = _Validator(model, valid, metric, patience, history)
     gen = torch.Generator().manual_seed(seed)
@@ -149,16 +188,22 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
             loss = model.loss(x, y, n, None if sol is None else sol.marginals)
             (loss + _penalty(model.theta, l2) + _penalty(model.psi, psi_l2)).backward()
             opt.step()
+            if averager is not None:
+                averager.update()
             history.loss.append(loss.item())
             history.steps += 1
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
-            if history.steps % eval_every == 0 and validator(history.steps):
-                history.stopped_early = True
-                break
+            if history.steps % eval_every == 0:
+                with averager.applied() if averager is not None else nullcontext():
+                    history.stopped_early = validator(history.steps)
+                if history.stopped_early:
+                    break
         if history.stopped_early:
             break
     bar.close()
+    if averager is not None:
+        averager.apply()
     validator.restore()
     history.seconds = time.perf_counter() - start
     return history

@@ -154,6 +154,54 @@ def test_early_stopping_restores_the_best_validation_state():
     assert character_accuracy(model.predict(*valid[::2]), valid[1], valid[2]) == hist.best
 
 
+def _iterates_of_fit(model, *data, **options):
+    """Fit ``model`` and record its parameters after every optimiser step."""
+    seen = []
+
+    def hook(optimizer, args, kwargs):
+        seen.append([p.detach().clone() for p in model.parameters()])
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    handle = register_optimizer_step_post_hook(hook)
+    try:
+        model.fit(*data, **options)
+    finally:
+        handle.remove()
+    return seen
+
+
+def test_averaging_returns_the_mean_of_the_iterates_and_validates_it():
+    x, labels, lengths = _ocr_like(b=80)
+    protos = torch.eye(4)[torch.randint(0, 4, (10, 5), generator=torch.Generator().manual_seed(1))]
+    plen = torch.randint(2, 6, (10,), generator=torch.Generator().manual_seed(2))
+
+    def build():
+        torch.manual_seed(0)
+        return NonLocalCRF(LinearChainCRF(6, 4), lambda psi: NearestPrototype(protos, psi, "word", plen),
+                           MeanMapPsi(6, 50, bandwidth=2.0, init=0.5), method="rda", max_iter=5, search="global")
+
+    options = dict(epochs=2, batch_size=16, lr=0.2, psi_lr=0.3)
+    last = build()
+    iterates = _iterates_of_fit(last, x, labels, lengths, **options)
+    assert len(iterates) == 10
+    averaged = build()
+    assert len(_iterates_of_fit(averaged, x, labels, lengths, average=True, **options)) == 10
+    for i, (p, q) in enumerate(zip(averaged.parameters(), last.parameters(), strict=True)):
+        mean = torch.stack([it[i] for it in iterates]).mean(0)
+        torch.testing.assert_close(p.detach(), mean)
+        if p.requires_grad:
+            assert not torch.allclose(p, q)             # the mean is not the last iterate
+    # validation scores the mean: the state kept is the mean after the evaluated step
+    valid = (x[:20], labels[:20], lengths[:20])
+    checked = build()
+    iterates = _iterates_of_fit(checked, x, labels, lengths, average=True, valid=valid, eval_every=10, **options)
+    assert checked.history_.best_step == 10
+    for i, p in enumerate(checked.parameters()):
+        torch.testing.assert_close(p.detach(), torch.stack([it[i] for it in iterates]).mean(0))
+    assert character_accuracy(checked.predict(*valid[::2]), valid[1], valid[2]) == checked.history_.best
+
+
 def test_variational_em_lowers_the_loss():
     x, labels, lengths = _ocr_like()
     model = NonLocalCRF(LinearChainCRF(6, 4), lambda psi: bp.energies.Scaled(_quadratic(1.0), psi),
