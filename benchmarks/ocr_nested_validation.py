@@ -1,0 +1,74 @@
+"""Nested validation of the OCR word rows: the last iterate of Algorithm 3 against the mean of its iterates.
+
+For each outer test fold t (default 0-4) the fold t is left out entirely; the rows are trained on the eight other
+folds but t + 1 and scored on fold t + 1 (the validation fold), so no test fold takes part in the choice.  Printed:
+character errors on the validation fold of L^w and L^w (MM), trained by Algorithm 3 with the experiment's settings
+(:class:`betheproj.experiments.ocr.OCRConfig`), keeping the last iterate or the mean of the iterates
+(``word_average``), for each seed; then the totals.
+
+Run:  python benchmarks/ocr_nested_validation.py --data ../shared/data/ocr  [--outer 0 1 2 3 4] [--seeds 0 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+import torch
+
+from betheproj.data.ocr import OCRData, load_ocr
+from betheproj.experiments.ocr import (
+    NUM_LABELS,
+    OCRConfig,
+    _energy_model,
+    median_bandwidth,
+    unigram_prototypes,
+    word_prototypes,
+)
+from betheproj.learning import LinearChainCRF, fit_crf
+
+ROWS = ("Lw", "Lw-mm")
+
+
+def errors(model, data: OCRData) -> int:
+    pred = model.predict(data.pixels, data.lengths)[:, : data.labels.shape[1]]
+    valid = torch.arange(data.labels.shape[1]) < data.lengths[:, None]
+    return int(((pred != data.labels) & valid).sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, help="folder holding ocr_letters.npz")
+    parser.add_argument("--outer", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    args = parser.parse_args()
+    data = load_ocr(args.data)
+    totals = {(row, avg): 0 for row in ROWS for avg in (False, True)}
+    print(f"{'outer':>5}{'valid':>6}{'seed':>5}" + "".join(f"{r + (' mean' if a else ' last'):>14}"
+                                                          for r in ROWS for a in (False, True)))
+    for t in args.outer:
+        v = (t + 1) % 10
+        train, valid = data.subset((data.folds != t) & (data.folds != v)), data.subset(data.folds == v)
+        x, y, n = train.pixels, train.labels, train.lengths
+        base = LinearChainCRF(x.shape[-1], NUM_LABELS)
+        config = OCRConfig()
+        fit_crf(base, x, y, n, l2=config.crf_l2, max_iter=config.crf_iter)
+        protos, proto_lengths = word_prototypes(y, n)
+        unigrams = unigram_prototypes(y, n)
+        for seed in args.seeds:
+            cells = []
+            for row in ROWS:
+                for average in (False, True):
+                    config = replace(OCRConfig(seed=seed), word_average=average)
+                    bandwidth = median_bandwidth(x, n, seed=seed) * config.bandwidth_scale
+                    model, options = _energy_model(row, base, protos, proto_lengths, unigrams, config, bandwidth)
+                    model.fit(x, y, n, epochs=config.epochs, seed=seed, **options)
+                    e = errors(model, valid)
+                    totals[row, average] += e
+                    cells.append(e)
+            print(f"{t:>5}{v:>6}{seed:>5}" + "".join(f"{e:>14}" for e in cells), flush=True)
+    print(f"{'total':>16}" + "".join(f"{totals[r, a]:>14}" for r in ROWS for a in (False, True)))
+
+
+if __name__ == "__main__":
+    main()
