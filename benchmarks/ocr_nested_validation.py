@@ -51,16 +51,15 @@ def main() -> None:
         train, valid = data.subset((data.folds != t) & (data.folds != v)), data.subset(data.folds == v)
         x, y, n = train.pixels, train.labels, train.lengths
         base = LinearChainCRF(x.shape[-1], NUM_LABELS)
-        config = OCRConfig()
-        fit_crf(base, x, y, n, l2=config.crf_l2, max_iter=config.crf_iter)
+        fit_crf(base, x, y, n, l2=OCRConfig.crf_l2, max_iter=OCRConfig.crf_iter)
         protos, proto_lengths = word_prototypes(y, n)
         unigrams = unigram_prototypes(y, n)
         for seed in args.seeds:
+            bandwidth = median_bandwidth(x, n, seed=seed) * OCRConfig.bandwidth_scale
             cells = []
             for row in ROWS:
                 for average in (False, True):
                     config = replace(OCRConfig(seed=seed), word_average=average)
-                    bandwidth = median_bandwidth(x, n, seed=seed) * config.bandwidth_scale
                     model, options = _energy_model(row, base, protos, proto_lengths, unigrams, config, bandwidth)
                     model.fit(x, y, n, epochs=config.epochs, seed=seed, **options)
                     e = errors(model, valid)

@@ -118,10 +118,13 @@ class _Average:
             m.add_(p - m, alpha=1.0 / self.count)
 
     @torch.no_grad()
+    def _load(self, values: list[Tensor]) -> None:
+        for v, p in zip(values, self.params, strict=True):
+            p.copy_(v)
+
     def apply(self) -> None:
         """Replace the parameters by their mean."""
-        for m, p in zip(self.mean, self.params, strict=True):
-            p.copy_(m)
+        self._load(self.mean)
 
     @contextmanager
     def applied(self) -> Iterator[None]:
@@ -131,9 +134,7 @@ class _Average:
         try:
             yield
         finally:
-            with torch.no_grad():
-                for s, p in zip(saved, self.params, strict=True):
-                    p.copy_(s)
+            self._load(saved)
 
 
 def _batches(num: int, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
