@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-import torch
-
 from betheproj.data.ocr import OCRData, load_ocr
 from betheproj.experiments.ocr import (
     NUM_LABELS,
@@ -25,15 +23,15 @@ from betheproj.experiments.ocr import (
     unigram_prototypes,
     word_prototypes,
 )
-from betheproj.learning import LinearChainCRF, fit_crf
+from betheproj.learning import LinearChainCRF, character_accuracy, fit_crf
 
 ROWS = ("Lw", "Lw-mm")
 
 
 def errors(model, data: OCRData) -> int:
-    pred = model.predict(data.pixels, data.lengths)[:, : data.labels.shape[1]]
-    valid = torch.arange(data.labels.shape[1]) < data.lengths[:, None]
-    return int(((pred != data.labels) & valid).sum())
+    """Wrong characters of ``model`` on ``data``."""
+    accuracy = character_accuracy(model.predict(data.pixels, data.lengths), data.labels, data.lengths)
+    return round((1 - accuracy) * int(data.lengths.sum()))
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import betheproj as bp
 from betheproj.energies import FunctionEnergy, NearestPrototype
@@ -160,8 +161,6 @@ def _iterates_of_fit(model, *data, **options):
 
     def hook(optimizer, args, kwargs):
         seen.append([p.detach().clone() for p in model.parameters()])
-
-    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     handle = register_optimizer_step_post_hook(hook)
     try:
