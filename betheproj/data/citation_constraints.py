@@ -11,7 +11,10 @@ a :class:`~betheproj.energies.LinearMeasurements` node table).  Two counts per f
 * ``exclusive``: ``seg(l1) + seg(l2) <= 1`` for fields that (almost) never occur together (journal, booktitle).
 
 A template instance is kept when the field(s) occur in at least ``min_support`` training citations and the
-constraint holds in at least ``min_agreement`` of the citations where it could be violated.  Which of them
+constraint holds in at least ``min_agreement`` of the citations where it could be violated: those with ``l``
+(at most one), all (at least one), those with ``l1`` (pairs), and for ``exclusive`` both those with ``l1`` and
+those with ``l2`` (a rare field that always comes with a common one is not exclusive of it, however often the
+common one occurs alone).  Which of them
 help, and how much, is learned afterwards (the weights ``c_j`` of eq. 20).
 """
 
@@ -80,7 +83,7 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
 
     rows, bounds, names, relevant = [], [], [], []
 
-    def candidate(row: Tensor, bound: float, name: str, where: Tensor) -> None:
+    def candidate(row: Tensor, bound: float, name: str, *where: Tensor) -> None:
         rows.append(row)
         bounds.append(bound)
         names.append(name)
@@ -94,10 +97,10 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
         for kind, row in (("seg", seg_rows), ("tok", tok_rows)):
             candidate(row[f1] - row[f2], 0.0, f"{kind}({f1}) <= {kind}({f2})", present[f1])
         if f1 < f2:
-            candidate(seg_rows[f1] + seg_rows[f2], 1.0, f"exclusive({f1}, {f2})", present[f1] | present[f2])
+            candidate(seg_rows[f1] + seg_rows[f2], 1.0, f"exclusive({f1}, {f2})", present[f1], present[f2])
     if rows:
         held = (counts @ torch.stack(rows).t() <= torch.tensor(bounds, dtype=torch.float64))     # [D, J]
-        agree = [float(held[where, j].double().mean()) for j, where in enumerate(relevant)]
+        agree = [min(float(held[w, j].double().mean()) for w in where) for j, where in enumerate(relevant)]
         picked = [j for j, a in enumerate(agree) if a >= min_agreement]
         rows, bounds, names = [rows[j] for j in picked], [bounds[j] for j in picked], [names[j] for j in picked]
     if not rows:

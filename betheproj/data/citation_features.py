@@ -2,9 +2,10 @@
 
 Per token: the word, its lower case, its shape (``Xx.``-style, runs collapsed) and the shape with runs kept
 up to 4, prefixes and suffixes of 1-3 characters, punctuation, digit and year flags, the position in the
-citation (10 buckets, first and last), the lower-cased words and shapes at offsets -2..2, and lexicon
-features read off the training split: the leaf fields the lower-cased word was labelled with at least
-twice.  :class:`FeatureIndex` numbers the features seen in training (0 is padding); others are dropped.
+citation (10 buckets, first and last), the lower-cased words and shapes at offsets -2..2, lexicon
+features read off the training split (the leaf fields the lower-cased word was labelled with at least
+twice), and three flags of what came before: an ``in`` (venues follow it), a year, an open parenthesis.
+:class:`FeatureIndex` numbers the features seen in training (0 is padding); others are dropped.
 """
 
 from __future__ import annotations
@@ -34,11 +35,26 @@ def _shape(word: str, keep: int) -> str:
     return "".join(out)
 
 
+def _context(tokens: Sequence[str], lower: Sequence[str]) -> list[list[str]]:
+    """Per token: ``after_in`` / ``after_year`` when an earlier token is ``in`` / a year, ``in_paren`` inside
+    parentheses (opened by a token starting with ``(``, closed by one ending with ``)``)."""
+    out, after_in, after_year, depth = [], False, False, 0
+    for tok, low in zip(tokens, lower, strict=True):
+        depth += tok.startswith("(")
+        out.append([name for name, on in (("after_in", after_in), ("after_year", after_year),
+                                          ("in_paren", depth > 0)) if on])
+        depth -= depth > 0 and tok.endswith(")")
+        after_in |= low in ("in", "in:")
+        after_year |= bool(_YEAR.match(tok))
+    return out
+
+
 def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = None) -> list[list[str]]:
     """The feature strings of every token of a citation."""
     n = len(tokens)
     lower = [t.lower() for t in tokens]
     shape = [_shape(t, 1) for t in tokens]
+    context = _context(tokens, lower)
     feats = []
     for i, (tok, low) in enumerate(zip(tokens, lower, strict=True)):
         f = [f"w={tok}", f"l={low}", f"s={shape[i]}", f"S={_shape(tok, 4)}", f"pos={10 * i // max(n, 1)}"]
@@ -62,7 +78,7 @@ def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = 
             f += [f"l{off:+d}={word}", f"s{off:+d}={sh}"]
         if lexicon is not None:
             f += [f"lex={leaf}" for leaf in sorted(lexicon.get(low, ()))]
-        feats.append(f)
+        feats.append(f + context[i])
     return feats
 
 

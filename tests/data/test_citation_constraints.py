@@ -71,6 +71,17 @@ def test_measurement_vectors_and_violations(cites):
     assert v[con.names.index("seg(title) <= seg(authors/person/first)")] == 1
 
 
+def test_exclusive_must_hold_from_both_sides():
+    # ref-markers in four citations, a publisher in one of them: "never together" fails for the publisher
+    lines = [f"<ref-marker> [{i}] </ref-marker> <title> T{i} </title>" for i in range(3)]
+    lines += ["<ref-marker> [3] </ref-marker> <title> T </title> <venue> <publisher> P </publisher> </venue>",
+              "<title> U </title> <venue> <journal> J </journal> </venue>"]
+    cites = [parse_citation(line) for line in lines]
+    con = citation_constraints(cites, labels_of(cites), min_support=1, min_agreement=0.7, presence=1.0)
+    assert "exclusive(ref-marker, venue/publisher)" not in con.names    # held in 3 of the 4 with either field
+    assert "exclusive(ref-marker, venue/journal)" in con.names          # never together
+
+
 def test_errors(cites):
     with pytest.raises(ValueError, match="citations"):
         citation_constraints([], ["O"])

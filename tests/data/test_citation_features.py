@@ -26,6 +26,17 @@ def test_token_features():
     assert "l-2=smith" in feats[2] and "l+2=<pad>" in feats[1]
 
 
+def test_context_flags_of_what_came_before():
+    tokens = "A. Smith ( ed. ) , 1999 . In Proc . (2001)".split()
+    flags = [{f for f in fs if f in ("after_in", "after_year", "in_paren")} for fs in token_features(tokens)]
+    assert flags[:2] == [set(), set()]
+    assert flags[2] == flags[3] == flags[4] == {"in_paren"}                 # "(" ... ")" inclusive
+    assert flags[5] == flags[6] == set()                                     # the year itself: not after one
+    assert flags[7] == flags[8] == {"after_year"}
+    assert flags[9] == flags[10] == {"after_in", "after_year"}
+    assert flags[11] == {"after_in", "after_year", "in_paren"}              # "(2001)" opens and closes
+
+
 def test_index_encodes_with_padding_and_drops_the_unseen():
     cits = [parse_citation(line) for line in LINES]
     index = FeatureIndex(cits)
