@@ -14,8 +14,8 @@ A template instance is kept when the field(s) occur in at least ``min_support`` 
 constraint holds in at least ``min_agreement`` of the citations where it could be violated: those with ``l``
 (at most one), all (at least one), those with ``l1`` (pairs), and for ``exclusive`` both those with ``l1`` and
 those with ``l2`` (a rare field that always comes with a common one is not exclusive of it, however often the
-common one occurs alone).  Which of them
-help, and how much, is learned afterwards (the weights ``c_j`` of eq. 20).
+common one occurs alone).  Which of them help, and how much, is learned afterwards (the weights ``c_j`` of
+eq. 20).
 """
 
 from __future__ import annotations

@@ -40,10 +40,12 @@ def _context(tokens: Sequence[str], lower: Sequence[str]) -> list[list[str]]:
     parentheses (opened by a token starting with ``(``, closed by one ending with ``)``)."""
     out, after_in, after_year, depth = [], False, False, 0
     for tok, low in zip(tokens, lower, strict=True):
-        depth += tok.startswith("(")
+        if tok.startswith("("):
+            depth += 1
         out.append([name for name, on in (("after_in", after_in), ("after_year", after_year),
                                           ("in_paren", depth > 0)) if on])
-        depth -= depth > 0 and tok.endswith(")")
+        if depth and tok.endswith(")"):
+            depth -= 1
         after_in |= low in ("in", "in:")
         after_year |= bool(_YEAR.match(tok))
     return out
