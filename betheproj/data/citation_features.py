@@ -35,11 +35,11 @@ def _shape(word: str, keep: int) -> str:
     return "".join(out)
 
 
-def _context(tokens: Sequence[str], lower: Sequence[str]) -> list[list[str]]:
+def _context(tokens: Sequence[str], lower: Sequence[str], years: Sequence[bool]) -> list[list[str]]:
     """Per token: ``after_in`` / ``after_year`` when an earlier token is ``in`` / a year, ``in_paren`` inside
     parentheses (opened by a token starting with ``(``, closed by one ending with ``)``)."""
     out, after_in, after_year, depth = [], False, False, 0
-    for tok, low in zip(tokens, lower, strict=True):
+    for tok, low, year in zip(tokens, lower, years, strict=True):
         if tok.startswith("("):
             depth += 1
         out.append([name for name, on in (("after_in", after_in), ("after_year", after_year),
@@ -47,7 +47,7 @@ def _context(tokens: Sequence[str], lower: Sequence[str]) -> list[list[str]]:
         if depth and tok.endswith(")"):
             depth -= 1
         after_in |= low in ("in", "in:")
-        after_year |= bool(_YEAR.match(tok))
+        after_year |= year
     return out
 
 
@@ -56,7 +56,8 @@ def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = 
     n = len(tokens)
     lower = [t.lower() for t in tokens]
     shape = [_shape(t, 1) for t in tokens]
-    context = _context(tokens, lower)
+    years = [bool(_YEAR.match(t)) for t in tokens]
+    context = _context(tokens, lower, years)
     feats = []
     for i, (tok, low) in enumerate(zip(tokens, lower, strict=True)):
         f = [f"w={tok}", f"l={low}", f"s={shape[i]}", f"S={_shape(tok, 4)}", f"pos={10 * i // max(n, 1)}"]
@@ -72,7 +73,7 @@ def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = 
             f.append("digit")
             if tok.isdigit():
                 f.append(f"ndig={min(len(tok), 5)}")
-        if _YEAR.match(tok):
+        if years[i]:
             f.append("year")
         for off in (-2, -1, 1, 2):
             j = i + off
