@@ -1,6 +1,8 @@
-"""Maximum-likelihood training of the base CRF: ``-log p(y|x) = log Z(theta(x)) - <theta(x), S(y)>``."""
+"""Training the base CRF: maximum likelihood (``log Z(theta(x)) - <theta(x), S(y)>``) or softmax-margin."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor, nn
@@ -97,15 +99,35 @@ def length_chunks(lengths: Tensor, chunk_size: int | None) -> list[tuple[Tensor,
 
 
 def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor, oracle: Oracle | None = None,
-            l2: float = 1e-3, max_iter: int = 100, tolerance: float = 1e-7, chunk_size: int | None = None
-            ) -> list[float]:
+            l2: float = 1e-3, max_iter: int = 100, tolerance: float = 1e-7, chunk_size: int | None = None,
+            loss: str = "crf", gamma: float | None = None) -> list[float]:
     """Full-batch L-BFGS on ``mean NLL + l2/2 ||params||^2``; returns the objective after each evaluation.
+
+    ``loss="softmax_margin"`` trains on the softmax-margin loss instead (Gimpel and Smith, 2010; ``beta = 1``
+    in the family of :mod:`betheproj.learning.losses`): the log-partition of the potentials raised by
+    ``gamma`` (default 1) at every wrong label, so the model keeps a margin that grows with the Hamming
+    distance.  The model is still a CRF (decode and take marginals in the plain potentials).
 
     ``chunk_size`` evaluates the (same) objective over length-sorted chunks of that many sequences, each
     trimmed to its longest member, accumulating gradients: the memory of one chunk, little padding."""
+    from .losses import structured_loss  # losses builds on this module
+
     if l2 < 0:
         raise ValueError(f"l2 must be >= 0, got {l2}")
+    if loss not in ("crf", "softmax_margin"):
+        raise ValueError(f"loss must be 'crf' or 'softmax_margin' (L-BFGS needs a smooth loss), got {loss!r}")
+    if loss == "crf" and gamma not in (None, 0, 0.0):
+        raise ValueError(f"gamma applies to loss='softmax_margin' only, got gamma={gamma} with loss='crf'")
+    gamma = 1.0 if gamma is None else gamma
+    if loss == "softmax_margin" and not (math.isfinite(gamma) and gamma >= 0):
+        raise ValueError(f"gamma must be a finite number >= 0, got {gamma}")
     oracle = oracle or LinearChain()
+
+    def objective(potentials: PairwisePotentials, gold: Tensor) -> Tensor:
+        if loss == "crf":
+            return crf_nll(oracle, potentials, gold)
+        return structured_loss(oracle, potentials, gold, beta=1.0, gamma=gamma)
+
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.LBFGS(params, max_iter=max_iter, tolerance_grad=tolerance, tolerance_change=tolerance ** 2,
                             history_size=20, line_search_fn="strong_wolfe")
@@ -117,12 +139,12 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
         opt.zero_grad()
         value = 0.0
         for idx, n in chunks:
-            part = crf_nll(oracle, model(features[idx, :n], lengths[idx]), labels[idx, :n]).sum() / total
+            part = objective(model(features[idx, :n], lengths[idx]), labels[idx, :n]).sum() / total
             part.backward()
             value += part.item()
         penalty = 0.5 * l2 * sum((p * p).sum() for p in params)
         penalty.backward()
-        loss = torch.tensor(value + penalty.item())
+        loss = torch.tensor(value + penalty.item(), dtype=torch.float64)
         history.append(loss.item())
         return loss
 

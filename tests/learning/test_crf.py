@@ -69,3 +69,46 @@ def test_chunked_training_is_the_same_objective():
     assert torch.allclose(runs[0][1].transitions, runs[1][1].transitions, atol=1e-8)
     with pytest.raises(ValueError, match="chunk_size"):
         fit_crf(LinearChainCRF(3, 4).double(), x, labels, lengths, chunk_size=0)
+
+
+def test_softmax_margin_training_objective_and_margin():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(60, 6, 3, generator=gen, dtype=DT)
+    lengths = torch.randint(1, 7, (60,), generator=gen)
+    labels = torch.randint(0, 4, (60, 6), generator=gen)
+    labels[torch.arange(6) >= lengths[:, None]] = -1
+    # gamma = 0 is the likelihood: the same objective, evaluation for evaluation
+    runs = [fit_crf(LinearChainCRF(3, 4).double(), x, labels, lengths, max_iter=5, **kw)
+            for kw in ({}, {"loss": "softmax_margin", "gamma": 0.0})]
+    assert runs[0] == pytest.approx(runs[1], rel=1e-10)
+    # at zero weights every labelling scores 0: the loss is log sum_y' exp(gamma * hamming(y', y)), per sequence
+    model = LinearChainCRF(3, 4).double()
+    history = fit_crf(model, x, labels, lengths, l2=0.0, max_iter=1, loss="softmax_margin", gamma=2.0)
+    expected = (lengths.double() * torch.log(torch.tensor(1.0 + 3.0 * torch.e ** 2, dtype=DT))).mean()
+    assert history[0] == pytest.approx(float(expected), rel=1e-10)
+    with pytest.raises(ValueError, match="loss must be 'crf' or 'softmax_margin'"):
+        fit_crf(LinearChainCRF(3, 4).double(), x, labels, lengths, loss="svm")
+    with pytest.raises(ValueError, match="gamma applies to loss='softmax_margin' only"):
+        fit_crf(LinearChainCRF(3, 4).double(), x, labels, lengths, gamma=1.0)
+    with pytest.raises(ValueError, match="gamma must be a finite number"):
+        fit_crf(LinearChainCRF(3, 4).double(), x, labels, lengths, loss="softmax_margin", gamma=-1.0)
+
+
+def test_softmax_margin_keeps_a_margin_the_likelihood_need_not():
+    # separable toy data: feature k says label k; both fits predict the training labels, and the
+    # softmax-margin fit pushes the gold score at least ~gamma above each one-label change
+    gen = torch.Generator().manual_seed(3)
+    labels = torch.randint(0, 3, (50, 5), generator=gen)
+    x = torch.nn.functional.one_hot(labels, 3).to(DT) + 0.1 * torch.randn(50, 5, 3, generator=gen, dtype=DT)
+    lengths = torch.full((50,), 5)
+    margins = {}
+    for loss, gamma in (("crf", None), ("softmax_margin", 3.0)):
+        model = LinearChainCRF(3, 3).double()
+        fit_crf(model, x, labels, lengths, l2=1e-3, max_iter=100, loss=loss, gamma=gamma)
+        with torch.no_grad():
+            pot = model(x, lengths)
+            assert (bp.LinearChain().map(pot) == labels).all()
+            node = pot.node.gather(2, labels[..., None]).squeeze(-1)[..., None] - pot.node
+            node[torch.nn.functional.one_hot(labels, 3).bool()] = float("inf")
+            margins[loss] = float(node.min())
+    assert margins["softmax_margin"] > margins["crf"]
