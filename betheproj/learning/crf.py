@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
@@ -110,7 +108,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
 
     ``chunk_size`` evaluates the (same) objective over length-sorted chunks of that many sequences, each
     trimmed to its longest member, accumulating gradients: the memory of one chunk, little padding."""
-    from .losses import structured_loss  # losses builds on this module
+    from .losses import resolve_loss, structured_loss  # losses builds on this module
 
     if l2 < 0:
         raise ValueError(f"l2 must be >= 0, got {l2}")
@@ -118,9 +116,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
         raise ValueError(f"loss must be 'crf' or 'softmax_margin' (L-BFGS needs a smooth loss), got {loss!r}")
     if loss == "crf" and gamma not in (None, 0, 0.0):
         raise ValueError(f"gamma applies to loss='softmax_margin' only, got gamma={gamma} with loss='crf'")
-    gamma = 1.0 if gamma is None else gamma
-    if loss == "softmax_margin" and not (math.isfinite(gamma) and gamma >= 0):
-        raise ValueError(f"gamma must be a finite number >= 0, got {gamma}")
+    _, gamma = resolve_loss(loss, gamma=gamma)        # the preset's gamma (1) by default; checks it
     oracle = oracle or LinearChain()
 
     def objective(potentials: PairwisePotentials, gold: Tensor) -> Tensor:

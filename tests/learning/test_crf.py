@@ -55,12 +55,18 @@ def test_bad_labels():
         crf_nll(bp.LinearChain(), pot, torch.zeros(2, 2, dtype=torch.long))
 
 
+def _random_batch(seed: int, b: int, n: int, f: int, c: int):
+    """Features [b, n, f], lengths in 1..n, labels in [0, c) padded with -1."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, n, f, generator=gen, dtype=DT)
+    lengths = torch.randint(1, n + 1, (b,), generator=gen)
+    labels = torch.randint(0, c, (b, n), generator=gen)
+    labels[torch.arange(n) >= lengths[:, None]] = -1
+    return x, lengths, labels
+
+
 def test_chunked_training_is_the_same_objective():
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(40, 7, 3, generator=gen, dtype=DT)
-    lengths = torch.randint(1, 8, (40,), generator=gen)
-    labels = torch.randint(0, 4, (40, 7), generator=gen)
-    labels[torch.arange(7) >= lengths[:, None]] = -1
+    x, lengths, labels = _random_batch(1, 40, 7, 3, 4)
     runs = []
     for chunk in (None, 6):
         model = LinearChainCRF(3, 4).double()
@@ -71,12 +77,8 @@ def test_chunked_training_is_the_same_objective():
         fit_crf(LinearChainCRF(3, 4).double(), x, labels, lengths, chunk_size=0)
 
 
-def test_softmax_margin_training_objective_and_margin():
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(60, 6, 3, generator=gen, dtype=DT)
-    lengths = torch.randint(1, 7, (60,), generator=gen)
-    labels = torch.randint(0, 4, (60, 6), generator=gen)
-    labels[torch.arange(6) >= lengths[:, None]] = -1
+def test_softmax_margin_objective_and_bad_arguments():
+    x, lengths, labels = _random_batch(2, 60, 6, 3, 4)
     # gamma = 0 is the likelihood: the same objective, evaluation for evaluation
     runs = [fit_crf(LinearChainCRF(3, 4).double(), x, labels, lengths, max_iter=5, **kw)
             for kw in ({}, {"loss": "softmax_margin", "gamma": 0.0})]
