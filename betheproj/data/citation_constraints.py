@@ -16,6 +16,14 @@ constraint holds in at least ``min_agreement`` of the citations where it could b
 those with ``l2`` (a rare field that always comes with a common one is not exclusive of it, however often the
 common one occurs alone).  Which of them help, and how much, is learned afterwards (the weights ``c_j`` of
 eq. 20).
+
+Order templates (:func:`order_constraints`, for the :class:`~betheproj.energies.Precedence` energy) state that
+every token of one field group comes before every token of another (authors before the title, the title before
+the venue, a volume before its pages), for the groups at every level of the tag paths (``authors``,
+``authors/person``, ``authors/person/person-last``).  Order is not a count: no measurement of label counts can
+tell an editor's name after the title from an author's before it, an order template can.  An instance is kept
+when both groups occur together in at least ``min_support`` training citations and the order holds in at least
+``min_agreement`` of them.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from torch import Tensor
 
 from .citations import Citation
 
-__all__ = ["Constraints", "citation_constraints", "label_counts"]
+__all__ = ["Constraints", "OrderConstraints", "citation_constraints", "label_counts", "order_constraints"]
 
 
 @dataclass
@@ -106,3 +114,68 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
     if not rows:
         return Constraints(torch.zeros(0, c, dtype=torch.float64), torch.zeros(0, dtype=torch.float64), [])
     return Constraints(torch.stack(rows), torch.tensor(bounds, dtype=torch.float64), names)
+
+
+@dataclass
+class OrderConstraints:
+    """``first`` / ``then`` [J, C] indicator vectors of field groups: "every ``first_j`` token comes before every
+    ``then_j`` token", and the templates' ``names``."""
+
+    first: Tensor
+    then: Tensor
+    names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def violations(self, label_ids: Tensor) -> Tensor:
+        """Order violations [B, J] of label ids [B, N] (``-1`` padding ignored): the number of position pairs
+        with a ``then_j`` token before a ``first_j`` token."""
+        valid = (label_ids >= 0)[..., None].to(self.first)
+        ids = label_ids.clamp_min(0)
+        pf, pt = self.first.t()[ids] * valid, self.then.t()[ids] * valid          # [B, N, J]
+        return (pf * (pt.cumsum(1) - pt)).sum(1)
+
+
+def _groups(label: str) -> list[str]:
+    """Every prefix of a label's tag path (``B-a/b/c`` -> ``a``, ``a/b``, ``a/b/c``); none for ``O``."""
+    if label == "O":
+        return []
+    path = label[2:].split("/")
+    return ["/".join(path[:k]) for k in range(1, len(path) + 1)]
+
+
+def order_constraints(citations: Sequence[Citation], labels: Sequence[str], min_support: int = 10,
+                      min_agreement: float = 0.95) -> OrderConstraints:
+    """Instantiate the order templates on training ``citations`` for the label list ``labels`` (module docstring)."""
+    if not citations:
+        raise ValueError("citations must not be empty")
+    if not 0 < min_agreement <= 1:
+        raise ValueError(f"min_agreement must lie in (0, 1], got {min_agreement}")
+    c = len(labels)
+    groups = sorted({g for label in labels for g in _groups(label)})
+    member = torch.tensor([[float(g in _groups(label)) for label in labels] for g in groups],
+                          dtype=torch.float64).reshape(len(groups), c)                     # [G, C]
+    ids = {label: i for i, label in enumerate(labels)}
+    o = ids.get("O", 0)
+    y = torch.nn.utils.rnn.pad_sequence([torch.tensor([ids.get(v, o) for v in cite.labels]) for cite in citations],
+                                        batch_first=True, padding_value=-1)
+    pairs = [(i, k) for i in range(len(groups)) for k in range(len(groups))
+             if i != k and not groups[k].startswith(groups[i] + "/") and not groups[i].startswith(groups[k] + "/")]
+    empty = OrderConstraints(torch.zeros(0, c, dtype=torch.float64), torch.zeros(0, c, dtype=torch.float64), [])
+    if not pairs:
+        return empty
+    valid = (y >= 0)[..., None].double()
+    mass = member.t()[y.clamp_min(0)] * valid                                               # [D, N, G]
+    before = mass.cumsum(1) - mass
+    violations = torch.einsum("dni,dnk->dik", mass, before)                  # [D, G, G]: k tokens before i ones
+    present = mass.sum(1) > 0                                                               # [D, G]
+    both = present[:, :, None] & present[:, None, :]
+    support = both.sum(0)
+    held = ((violations == 0) & both).sum(0)
+    keep = [(i, k) for i, k in pairs
+            if int(support[i, k]) >= min_support and float(held[i, k]) >= min_agreement * float(support[i, k])]
+    if not keep:
+        return empty
+    return OrderConstraints(member[[i for i, _ in keep]], member[[k for _, k in keep]],
+                            [f"order({groups[i]} < {groups[k]})" for i, k in keep])

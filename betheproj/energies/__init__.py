@@ -4,10 +4,11 @@ from .base import Energy, EnergySum, FunctionEnergy, Gradient, Scaled, autograd_
 from .linear import LOSSES, LinearMeasurements, Loss, smoothed_abs, smoothed_hinge, squared, squared_hinge
 from .mean_field import MeanField
 from .poisson import Poisson
+from .precedence import Precedence
 from .prototype import NearestPrototype, PrototypeDistance
 from .second_order import SecondOrderArcs
 
 __all__ = ["Energy", "EnergySum", "FunctionEnergy", "Gradient", "LOSSES", "LinearMeasurements", "Loss",
-           "MeanField", "NearestPrototype", "Poisson", "PrototypeDistance", "Scaled", "SecondOrderArcs",
+           "MeanField", "NearestPrototype", "Poisson", "Precedence", "PrototypeDistance", "Scaled", "SecondOrderArcs",
            "autograd_gradient",
            "smoothed_abs", "smoothed_hinge", "squared", "squared_hinge"]

@@ -3,10 +3,12 @@
 1. The base: a linear-chain CRF over sparse token features (:mod:`betheproj.data.citation_features`),
    trained on the training split by L-BFGS on the softmax-margin loss (the CRF likelihood with a Hamming
    cost of 3 per wrong label inside the log-partition; ``crf_loss="crf"`` gives plain likelihood).
-2. The non-local energy (20): ``sum_j c_j l_h(a_j^T mu - b_j)`` with smoothed hinges over the constraint
-   templates of :mod:`betheproj.data.citation_constraints` (instantiated on the training split), the weights
-   ``c_j`` learned on the development split by Algorithm 3 with theta fixed; terms with ``c_j < 0`` are
-   ignored at train and test time (``c_j`` enters as ``max(c_j, 0)``).
+2. The non-local energy (20): ``sum_j c_j l_h(a_j^T mu - b_j)`` with smoothed hinges over the count
+   templates of :mod:`betheproj.data.citation_constraints` (instantiated on the training split), plus the same
+   hinges on the order templates there (every token of one field before every token of another, the bilinear
+   measurements of :class:`~betheproj.energies.Precedence`), the weights ``c_j`` learned on the development split
+   by Algorithm 3 with theta fixed; terms with ``c_j < 0`` are ignored at train and test time (``c_j`` enters as
+   ``max(c_j, 0)``).
 3. Both rows decode the same base model: Viterbi in ``theta`` for the baseline, Viterbi in
    ``theta - grad L(mu*)`` at the solution of (20) for the non-local row (Proposition 1).
 
@@ -23,10 +25,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..data.citation_constraints import Constraints, citation_constraints
+from ..data.citation_constraints import Constraints, OrderConstraints, citation_constraints, order_constraints
 from ..data.citation_features import FeatureIndex
 from ..data.citations import Citation
-from ..energies import LinearMeasurements
+from ..energies import Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
 from ..inference import decode
 from ..learning import ConstantPsi, NonLocalCRF, SparseChainCRF, fit_crf
@@ -53,6 +55,7 @@ class CitationConfig:
     chunk_size: int = 256
     min_support: int = 10           # constraint templates: support and agreement on the training split
     min_agreement: float = 0.8
+    order_agreement: float | None = 0.95   # order templates: agreement on the training split (None: none)
     hinge_width: float = 1.0        # smoothed hinge width
     margin: float = 0.0             # offset added to every bound b_j
     psi_init: float = 0.0
@@ -95,15 +98,24 @@ def train_baseline(index: FeatureIndex, encoded: tuple[Tensor, Tensor, Tensor],
     return model
 
 
-def constraint_model(base: SparseChainCRF, constraints: Constraints, config: CitationConfig) -> NonLocalCRF:
-    """The CRF plus energy (20) over ``constraints``, ``c`` a learned vector (negative entries ignored)."""
+def constraint_model(base: SparseChainCRF, constraints: Constraints, config: CitationConfig,
+                     order: OrderConstraints | None = None) -> NonLocalCRF:
+    """The CRF plus energy (20) over the count ``constraints`` and the ``order`` templates, ``c`` one learned
+    vector (count weights first; negative entries ignored)."""
     a, b = constraints.a.to(base.bias), (constraints.b + config.margin).to(base.bias)
     loss = Loss("smoothed_hinge", config.hinge_width)
+    j = len(constraints)
+    ordered = order is not None and len(order) > 0
 
-    def energy(psi: Tensor) -> LinearMeasurements:
-        return LinearMeasurements(node=a, offset=b, loss=loss, psi=psi.clamp_min(0.0))
+    def energy(psi: Tensor) -> Energy:
+        psi = psi.clamp_min(0.0)
+        counts = LinearMeasurements(node=a, offset=b, loss=loss, psi=psi[..., :j])
+        if not ordered:
+            return counts
+        return counts + Precedence(order.first.to(a), order.then.to(a), loss=loss, psi=psi[..., j:])
 
-    psi = ConstantPsi(torch.full((len(constraints),), config.psi_init, dtype=torch.float64))
+    size = j + (len(order) if ordered else 0)
+    psi = ConstantPsi(torch.full((size,), config.psi_init, dtype=torch.float64))
     return NonLocalCRF(base, energy, psi=psi, method=config.method, max_iter=config.test_iters[-1])
 
 
@@ -143,10 +155,14 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
         return LinearChain().map(base(x, n))
 
     constraints = citation_constraints(data["train"], index.labels, config.min_support, config.min_agreement)
-    model = constraint_model(base, constraints, config)
+    order = None if config.order_agreement is None else order_constraints(
+        data["train"], index.labels, config.min_support, config.order_agreement)
+    model = constraint_model(base, constraints, config, order)
+    names = constraints.names + (order.names if order is not None else [])
     rows = {"baseline": _Row(*(f1_of(viterbi, index, data[s], enc[s])[0] for s in ("dev", "test")))}
     _progress_log(log, f"baseline: dev {rows['baseline'].dev:.2f} test {rows['baseline'].test:.2f}; "
-                       f"learning {len(constraints)} constraint weights on dev")
+                       f"learning {len(names)} constraint weights on dev ({len(constraints)} count, "
+                       f"{len(names) - len(constraints)} order)")
     t = time.perf_counter()
     x, y, n = enc["dev"]
     history = fit_doubly_stochastic(model, x, y, n, epochs=config.epochs, batch_size=config.batch_size,
@@ -161,11 +177,11 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
             sink = iterations if (split == "test" and it == config.test_iters[-1]) else None
             curves[split].append(f1_of(_nonlocal_predictor(model, it, sink), index, data[split], enc[split])[0])
     rows["non-local"] = _Row(curves["dev"][-1], curves["test"][-1])
-    active = sorted(((float(v), constraints.names[j]) for j, v in enumerate(c.tolist()) if v > 0), reverse=True)
+    active = sorted(((float(v), names[j]) for j, v in enumerate(c.tolist()) if v > 0), reverse=True)
     _progress_log(log, f"non-local: dev {rows['non-local'].dev:.2f} test {rows['non-local'].test:.2f}; "
-                       f"{len(active)} of {len(constraints)} constraints with c_j > 0")
+                       f"{len(active)} of {len(names)} constraints with c_j > 0")
     if save is not None:
-        save_model(save, index, model, constraints, config)
+        save_model(save, index, model, constraints, config, order)
     return {
         "rows": {k: asdict(v) for k, v in rows.items()},
         "paper": PAPER,
@@ -173,7 +189,8 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
         "f1_vs_iterations": curves,
         "test_iterations_to_converge": torch.cat(iterations).tolist(),
         "max_iter": config.test_iters[-1],
-        "constraints": len(constraints),
+        "constraints": len(names),
+        "order_constraints": len(names) - len(constraints),
         "active_constraints": [{"name": name, "c": v} for v, name in active],
         "labels": len(index.labels),
         "features": index.num_features - 1,
@@ -242,10 +259,13 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
 
 
 def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constraints: Constraints,
-               config: CitationConfig) -> None:
+               config: CitationConfig, order: OrderConstraints | None = None) -> None:
     """Write everything :func:`load_model` needs to tag new citations."""
-    torch.save({"index": index.state(), "model": model.state_dict(), "a": constraints.a, "b": constraints.b,
-                "names": constraints.names, "config": asdict(config)}, path)
+    state = {"index": index.state(), "model": model.state_dict(), "a": constraints.a, "b": constraints.b,
+             "names": constraints.names, "config": asdict(config)}
+    if order is not None:
+        state["order"] = {"first": order.first, "then": order.then, "names": order.names}
+    torch.save(state, path)
 
 
 def load_model(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF]:
@@ -257,7 +277,8 @@ def load_model(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF]:
     index = FeatureIndex.from_state(state["index"])
     config = CitationConfig(**{**state["config"], "test_iters": tuple(state["config"]["test_iters"])})
     base = SparseChainCRF(index.num_features, len(index.labels)).double()
-    model = constraint_model(base, Constraints(state["a"], state["b"], state["names"]), config)
+    order = OrderConstraints(**state["order"]) if "order" in state else None
+    model = constraint_model(base, Constraints(state["a"], state["b"], state["names"]), config, order)
     model.load_state_dict(state["model"])
     return index, model
 

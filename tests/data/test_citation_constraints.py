@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from betheproj.data.citation_constraints import citation_constraints, label_counts
+from betheproj.data.citation_constraints import (
+    OrderConstraints,
+    citation_constraints,
+    label_counts,
+    order_constraints,
+)
 from betheproj.data.citations import parse_citation
 
 LINES = [
@@ -82,8 +87,37 @@ def test_exclusive_must_hold_from_both_sides():
     assert "exclusive(ref-marker, venue/journal)" in con.names          # never together
 
 
+def test_order_templates_hand_counted(cites):
+    labels = labels_of(cites)
+    ids = {y: i for i, y in enumerate(labels)}
+    con = order_constraints(cites, labels, min_support=1, min_agreement=1.0)
+    names = set(con.names)
+    assert {"order(authors < title)", "order(title < venue)", "order(authors/person < venue/journal)",
+            "order(authors/person/last < title)"} <= names
+    assert "order(title < authors)" not in names
+    assert not any("authors < authors/" in name or "authors/person < authors" in name for name in names)
+    # A. Smith , B. Jones: a last name before the second first name, so "first < last" holds in 2 of 3
+    assert "order(authors/person/first < authors/person/last)" not in names
+    loose = order_constraints(cites, labels, min_support=1, min_agreement=0.6)
+    assert "order(authors/person/first < authors/person/last)" in loose.names
+    assert len(order_constraints(cites, labels, min_support=3, min_agreement=1.0)) < len(con)
+    # vectors: every label under the group; violations: pairs with a ``then`` token before a ``first`` one
+    j = con.names.index("order(authors < title)")
+    assert con.first[j, ids["B-authors/person/first"]] == 1 and con.first[j, ids["B-authors"]] == 1
+    assert con.first[j, ids["B-title"]] == 0 and con.then[j, ids["I-title"]] == 1
+    y = torch.nn.utils.rnn.pad_sequence([torch.tensor([ids[v] for v in c.labels]) for c in cites],
+                                        batch_first=True, padding_value=-1)
+    assert (con.violations(y) == 0).all()
+    swapped = OrderConstraints(con.then[j:j + 1], con.first[j:j + 1], ["order(title < authors)"])
+    assert swapped.violations(y)[:, 0].tolist() == [5 * 3, 2 * 1, 2 * 1]         # authors x title tokens
+
+
 def test_errors(cites):
     with pytest.raises(ValueError, match="citations"):
         citation_constraints([], ["O"])
     with pytest.raises(ValueError, match="min_agreement"):
         citation_constraints(cites, labels_of(cites), min_agreement=0.0)
+    with pytest.raises(ValueError, match="citations"):
+        order_constraints([], ["O"])
+    with pytest.raises(ValueError, match="min_agreement"):
+        order_constraints(cites, labels_of(cites), min_agreement=1.5)

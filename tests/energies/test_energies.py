@@ -12,6 +12,7 @@ from betheproj.energies import (
     MeanField,
     NearestPrototype,
     Poisson,
+    Precedence,
     autograd_gradient,
 )
 from betheproj.oracles.base import Marginals
@@ -42,11 +43,15 @@ def _energies(mu):
         "word": NearestPrototype(protos_w, psi=torch.rand(b, dtype=DT), statistic="word",
                                  prototype_lengths=torch.tensor([4, 2, 2, 1, 3])),
         "mean-field": MeanField(torch.tensor([[0, 2], [1, 3], [0, 3]]), torch.randn(3, c, c, dtype=DT)),
+        # offsets keep the finite differences off the hinge's kinks at V = b and V = b + width
+        "precedence": Precedence(torch.rand(4, c, dtype=DT), torch.rand(4, c, dtype=DT),
+                                 offset=torch.tensor([-0.3, 0.2, 0.45, -2.0], dtype=DT),
+                                 psi=torch.rand(b, 4, dtype=DT)),
     }
 
 
 @pytest.mark.parametrize("name", ["linear-counts", "linear-position", "linear-edge", "linear-edge-position",
-                                  "poisson", "unigram", "word", "mean-field"])
+                                  "poisson", "unigram", "word", "mean-field", "precedence"])
 def test_closed_form_gradient_equals_autograd(name):
     mu = _marginals()
     energy = _energies(mu)[name]
@@ -81,7 +86,7 @@ class _ClosedForm(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("name", ["linear-counts", "linear-position", "linear-edge", "linear-edge-position",
-                                  "poisson", "unigram", "word", "mean-field"])
+                                  "poisson", "unigram", "word", "mean-field", "precedence"])
 def test_gradcheck_closed_form(name):
     mu = _marginals()
     energy = _energies(mu)[name]

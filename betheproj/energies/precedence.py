@@ -1,0 +1,123 @@
+"""Soft order constraints on node marginals: "every ``first_j`` token comes before every ``then_j`` token".
+
+For label-indicator (or weight) vectors ``f_j`` and ``t_j`` over the ``C`` labels, the measurement
+
+    V_j(mu) = sum_{k < i} <mu_k, t_j> <mu_i, f_j>
+
+is, on the vertices of the marginal polytope (one labelling ``y``), the number of ordered position pairs with a
+``then_j`` token before a ``first_j`` token: zero exactly when the order holds.  The energy
+
+    L_psi(mu) = sum_j psi_j * loss(V_j(mu) - b_j)
+
+applies a scalar loss (eqs. 4-5) to these *bilinear* measurements of the node marginals, so it is non-convex (as
+the OCR energies are); the solvers only need its gradient, which is closed-form through prefix sums:
+
+    dV_j/dmu_i = f_j * sum_{k < i} <mu_k, t_j>  +  t_j * sum_{k > i} <mu_k, f_j>.
+
+It is a torch expression in ``psi``, so learning differentiates it (eq. 15).  Order is not a count, so no
+:class:`~betheproj.energies.LinearMeasurements` can state it: a count constraint moves a label's score at every
+position alike, an order constraint moves it only where the other field's mass lies on the wrong side.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..oracles.base import Marginals
+from .base import Energy, Gradient, as_weight
+from .linear import Loss
+
+__all__ = ["Precedence"]
+
+
+def _vectors(name: str, v: Tensor) -> Tensor:
+    if not isinstance(v, Tensor) or not v.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor [J, C]")
+    if v.dim() != 2:
+        raise ValueError(f"{name} must have shape [J, C], got {tuple(v.shape)}")
+    if not torch.isfinite(v).all():
+        raise ValueError(f"{name} must be finite")
+    return v
+
+
+class Precedence(Energy):
+    """``sum_j psi_j * loss(V_j(mu) - b_j)`` with ``V_j`` the soft count of order violations (module docstring).
+
+    Args:
+        first: ``f`` [J, C], the labels (weights) that must come first.
+        then: ``t`` [J, C], the labels that must come after them.
+        offset: ``b``, a float or [J] (violations tolerated before the loss starts).
+        loss: a :class:`~betheproj.energies.Loss` or its name (default the smoothed hinge of eq. 20).
+        psi: weights, a float, ``[B]``, ``[1, J]`` or ``[B, J]``; the loss of a non-negative ``V`` is
+            non-decreasing, so ``psi >= 0`` penalises violations.
+    """
+
+    def __init__(self, first: Tensor, then: Tensor, offset: float | Tensor = 0.0,
+                 loss: Loss | str = "smoothed_hinge", psi: float | Tensor = 1.0):
+        self.first = _vectors("first", first)
+        self.then = _vectors("then", then)
+        if self.first.shape != self.then.shape:
+            raise ValueError(f"first and then must have the same shape [J, C], got {tuple(self.first.shape)} "
+                             f"and {tuple(self.then.shape)}")
+        self.num_measurements = self.first.shape[0]
+        if isinstance(offset, Tensor):
+            if offset.dim() > 1 or (offset.dim() == 1 and offset.shape[0] != self.num_measurements):
+                raise ValueError(f"offset must be a float or [J] with J={self.num_measurements}, "
+                                 f"got shape {tuple(offset.shape)}")
+            self.offset: float | Tensor = offset
+        else:
+            self.offset = float(as_weight(offset, "offset"))
+        self.loss = loss if isinstance(loss, Loss) else Loss(loss)
+        self.psi = as_weight(psi)
+
+    def _weights(self, batch: int, like: Tensor) -> Tensor:
+        j, psi = self.num_measurements, self.psi
+        if not isinstance(psi, Tensor):
+            return torch.full((batch, j), psi, dtype=like.dtype, device=like.device)
+        psi = psi.to(like)
+        if psi.dim() == 0:
+            return psi.expand(batch, j)
+        if psi.dim() == 1 and psi.shape[0] == batch:
+            return psi[:, None].expand(batch, j)
+        if psi.dim() == 2 and psi.shape[1] == j and psi.shape[0] in (1, batch):
+            return psi.expand(batch, j)
+        raise ValueError(f"psi must be a float, [B]=({batch},), [1, J] or [B, J]=({batch}, {j}), "
+                         f"got shape {tuple(psi.shape)}")
+
+    def _parts(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Per-position masses ``<mu_i, f_j>``, ``<mu_i, t_j>`` [B, N, J], the ``t`` mass strictly before ``i``
+        and ``V - b`` [B, J]."""
+        mu = marginals.node * marginals.node_mask()[..., None]
+        f, t = self.first.to(mu), self.then.to(mu)
+        pf, pt = mu @ f.t(), mu @ t.t()
+        t_before = pt.cumsum(1) - pt
+        z = (pf * t_before).sum(1)
+        offset = self.offset.to(mu) if isinstance(self.offset, Tensor) else self.offset
+        return pf, pt, t_before, z - offset
+
+    def measurements(self, marginals: Marginals) -> Tensor:
+        """``V_j(mu)`` [B, J] (before the offset)."""
+        pf, _, t_before, _ = self._parts(marginals)
+        return (pf * t_before).sum(1)
+
+    def value(self, marginals: Marginals) -> Tensor:
+        z = self._parts(marginals)[3]
+        return (self._weights(z.shape[0], z) * self.loss(z)).sum(-1)
+
+    def grad(self, marginals: Marginals) -> Gradient:
+        pf, _, t_before, z = self._parts(marginals)
+        w = self._weights(z.shape[0], z) * self.loss.derivative(z)                  # [B, J]
+        f_after = pf.sum(1, keepdim=True) - pf.cumsum(1)                            # f mass strictly after i
+        f, t = self.first.to(z), self.then.to(z)
+        g = (w[:, None] * t_before) @ f + (w[:, None] * f_after) @ t                 # [B, N, C]
+        return Gradient(g * marginals.node_mask()[..., None], None)
+
+    def validate(self, marginals: Marginals) -> None:
+        c = marginals.node.shape[-1]
+        if self.first.shape[1] != c:
+            raise ValueError(f"first/then have {self.first.shape[1]} labels, marginals have C={c}")
+        self._weights(marginals.node.shape[0], marginals.node)
+
+    def __repr__(self) -> str:
+        return f"Precedence(J={self.num_measurements}, loss={self.loss.name})"
