@@ -18,7 +18,7 @@ from betheproj.data.ocr import OCRData, load_ocr
 from betheproj.experiments.ocr import (
     NUM_LABELS,
     OCRConfig,
-    _energy_model,
+    energy_model,
     median_bandwidth,
     unigram_prototypes,
     word_prototypes,
@@ -58,7 +58,7 @@ def main() -> None:
             for row in ROWS:
                 for average in (False, True):
                     config = replace(OCRConfig(seed=seed), word_average=average)
-                    model, options = _energy_model(row, base, protos, proto_lengths, unigrams, config, bandwidth)
+                    model, options = energy_model(row, base, protos, proto_lengths, unigrams, config, bandwidth)
                     model.fit(x, y, n, epochs=config.epochs, seed=seed, **options)
                     e = errors(model, valid)
                     totals[row, average] += e

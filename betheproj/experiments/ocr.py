@@ -34,7 +34,7 @@ from ..progress import progress_bar
 from ._plot import figure
 
 __all__ = ["ROWS", "PAPER", "YARDSTICKS", "OCRConfig", "word_prototypes", "unigram_prototypes",
-           "median_bandwidth", "WordClassifier", "run_fold", "run", "format_table", "plot_iterations",
+           "median_bandwidth", "WordClassifier", "energy_model", "run_fold", "run", "format_table", "plot_iterations",
            "plot_histogram"]
 
 NUM_LABELS = 26
@@ -172,8 +172,12 @@ class FoldResult:
     bandwidth: float = 0.0
 
 
-def _energy_model(key: str, base: LinearChainCRF, protos: Tensor, proto_lengths: Tensor, unigrams: Tensor,
-                  config: OCRConfig, bandwidth: float) -> tuple[NonLocalCRF, dict]:
+def energy_model(key: str, base: LinearChainCRF, protos: Tensor, proto_lengths: Tensor, unigrams: Tensor,
+                 config: OCRConfig, bandwidth: float) -> tuple[NonLocalCRF, dict]:
+    """The non-local model of row ``key`` (``Lu``, ``Lu-mm``, ``Lw``, ``Lw-mm``) on a copy of ``base``, and the
+    options of Algorithm 3 (:func:`~betheproj.learning.train.fit_doubly_stochastic`) that train it."""
+    if key not in ENERGY_ROWS:
+        raise ValueError(f"key must be one of {ENERGY_ROWS}, got {key!r}")
     word = key.startswith("Lw")
     if word:
         def energy(psi: Tensor) -> NearestPrototype:
@@ -236,7 +240,7 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     protos, proto_lengths = word_prototypes(y, n)
     unigrams = unigram_prototypes(y, n)
     for key in (r for r in ENERGY_ROWS if r in rows):
-        model, options = _energy_model(key, base, protos, proto_lengths, unigrams, config, result.bandwidth)
+        model, options = energy_model(key, base, protos, proto_lengths, unigrams, config, result.bandwidth)
         start = time.perf_counter()
         model.fit(x, y, n, epochs=config.epochs, seed=config.seed, progress=progress, **options)
         result.train_seconds[key] = base_seconds + time.perf_counter() - start

@@ -106,6 +106,8 @@ def test_bad_arguments():
         ocr.run_fold(data, 0, rows=["3gram"])
     with pytest.raises(ValueError, match="fold 4"):
         ocr.run_fold(data, 4, rows=["2gram"])
+    with pytest.raises(ValueError, match="key must be one of"):
+        ocr.energy_model("2gram", None, None, None, None, ocr.OCRConfig(), 1.0)
 
 
 @needs_data
