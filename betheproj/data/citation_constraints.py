@@ -24,6 +24,12 @@ the venue, a volume before its pages), for the groups at every level of the tag 
 tell an editor's name after the title from an author's before it, an order template can.  An instance is kept
 when both groups occur together in at least ``min_support`` training citations and the order holds in at least
 ``min_agreement`` of them.
+
+Name-format templates (:func:`bigram_exclusions`, for the :class:`~betheproj.energies.BigramExclusion` energy)
+say that two label bigrams touching a person's name (``B-last I-last`` then ``B-first``: the ``Last , First``
+format; ``B-first`` then ``B-last``: ``First Last``) do not both occur in one citation: the authors of a citation
+share one format.  An instance is kept for bigrams each seen in at least ``min_support`` training citations
+that occur together in at most ``max_together`` of the citations with the rarer one.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from torch import Tensor
 
 from .citations import Citation
 
-__all__ = ["Constraints", "OrderConstraints", "citation_constraints", "label_counts", "order_constraints"]
+__all__ = ["BigramExclusions", "Constraints", "OrderConstraints", "bigram_exclusions", "citation_constraints",
+           "label_counts", "order_constraints"]
 
 
 @dataclass
@@ -179,3 +186,61 @@ def order_constraints(citations: Sequence[Citation], labels: Sequence[str], min_
         return empty
     return OrderConstraints(member[[i for i, _ in keep]], member[[k for _, k in keep]],
                             [f"order({groups[i]} < {groups[k]})" for i, k in keep])
+
+
+@dataclass
+class BigramExclusions:
+    """Bigram patterns ``left`` / ``right`` [P, C] (indicator vectors), the ``pairs`` [J, 2] of patterns that
+    should not both occur, and the pairs' ``names``."""
+
+    left: Tensor
+    right: Tensor
+    pairs: Tensor
+    names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def counts(self, label_ids: Tensor) -> Tensor:
+        """Pattern counts [B, P] of label ids [B, N] (``-1`` padding ignored)."""
+        valid = (label_ids >= 0)[..., None].to(self.left)
+        ids = label_ids.clamp_min(0)
+        pl, pr = self.left.t()[ids] * valid, self.right.t()[ids] * valid
+        return (pl[:, :-1] * pr[:, 1:]).sum(1)
+
+    def violations(self, label_ids: Tensor) -> Tensor:
+        """``S_p S_q`` [B, J]: positive where both patterns of a pair occur."""
+        s = self.counts(label_ids)
+        return s[:, self.pairs[:, 0]] * s[:, self.pairs[:, 1]]
+
+
+def bigram_exclusions(citations: Sequence[Citation], labels: Sequence[str], min_support: int = 10,
+                      max_together: float = 0.01, within: str = "person") -> BigramExclusions:
+    """Instantiate the name-format templates on training ``citations``: label bigrams with a label under a
+    ``within`` group, pairs of them that (almost) never share a citation (module docstring)."""
+    if not citations:
+        raise ValueError("citations must not be empty")
+    if not 0 <= max_together < 1:
+        raise ValueError(f"max_together must lie in [0, 1), got {max_together}")
+    c = len(labels)
+    ids = {label: i for i, label in enumerate(labels)}
+    o = ids.get("O", 0)
+    seen: dict[tuple[int, int], set[int]] = {}
+    for d, cite in enumerate(citations):
+        y = [ids.get(v, o) for v in cite.labels]
+        for a, b in zip(y[:-1], y[1:], strict=True):
+            if within in labels[a].split("/") or within in labels[b].split("/"):
+                seen.setdefault((a, b), set()).add(d)
+    frequent = sorted(k for k, docs in seen.items() if len(docs) >= min_support)
+    keep = [(i, k) for i in range(len(frequent)) for k in range(i + 1, len(frequent))
+            if len(seen[frequent[i]] & seen[frequent[k]])
+            <= max_together * min(len(seen[frequent[i]]), len(seen[frequent[k]]))]
+    eye = torch.eye(c, dtype=torch.float64)
+    left = eye[[a for a, _ in frequent]].reshape(len(frequent), c)
+    right = eye[[b for _, b in frequent]].reshape(len(frequent), c)
+    pairs = torch.tensor(keep, dtype=torch.long).reshape(len(keep), 2)
+
+    def bigram(p: int) -> str:
+        return f"{labels[frequent[p][0]]} {labels[frequent[p][1]]}"
+
+    return BigramExclusions(left, right, pairs, [f"not_both({bigram(i)} ; {bigram(k)})" for i, k in keep])

@@ -6,9 +6,10 @@
 2. The non-local energy (20): ``sum_j c_j l_h(a_j^T mu - b_j)`` with smoothed hinges over the count
    templates of :mod:`betheproj.data.citation_constraints` (instantiated on the training split), plus the same
    hinges on the order templates there (every token of one field before every token of another, the bilinear
-   measurements of :class:`~betheproj.energies.Precedence`), the weights ``c_j`` learned on the development split
-   by Algorithm 3 with theta fixed; terms with ``c_j < 0`` are ignored at train and test time (``c_j`` enters as
-   ``max(c_j, 0)``).
+   measurements of :class:`~betheproj.energies.Precedence`) and on the name-format templates (two bigrams of
+   name labels that never share a citation, :class:`~betheproj.energies.BigramExclusion`), the weights ``c_j``
+   learned on the development split by Algorithm 3 with theta fixed; terms with ``c_j < 0`` are ignored at
+   train and test time (``c_j`` enters as ``max(c_j, 0)``).
 3. Both rows decode the same base model: Viterbi in ``theta`` for the baseline, Viterbi in
    ``theta - grad L(mu*)`` at the solution of (20) for the non-local row (Proposition 1).
 
@@ -25,10 +26,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..data.citation_constraints import Constraints, OrderConstraints, citation_constraints, order_constraints
+from ..data.citation_constraints import (
+    BigramExclusions,
+    Constraints,
+    OrderConstraints,
+    bigram_exclusions,
+    citation_constraints,
+    order_constraints,
+)
 from ..data.citation_features import FeatureIndex
 from ..data.citations import Citation
-from ..energies import Energy, LinearMeasurements, Precedence
+from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
 from ..inference import decode
 from ..learning import ConstantPsi, NonLocalCRF, SparseChainCRF, fit_crf
@@ -56,6 +64,7 @@ class CitationConfig:
     min_support: int = 10           # constraint templates: support and agreement on the training split
     min_agreement: float = 0.8
     order_agreement: float | None = 0.95   # order templates: agreement on the training split (None: none)
+    format_together: float | None = 0.01   # name-format templates: largest share of citations with both bigrams
     hinge_width: float = 1.0        # smoothed hinge width
     margin: float = 0.0             # offset added to every bound b_j
     psi_init: float = 0.0
@@ -99,23 +108,26 @@ def train_baseline(index: FeatureIndex, encoded: tuple[Tensor, Tensor, Tensor],
 
 
 def constraint_model(base: SparseChainCRF, constraints: Constraints, config: CitationConfig,
-                     order: OrderConstraints | None = None) -> NonLocalCRF:
-    """The CRF plus energy (20) over the count ``constraints`` and the ``order`` templates, ``c`` one learned
-    vector (count weights first; negative entries ignored)."""
+                     order: OrderConstraints | None = None, formats: BigramExclusions | None = None) -> NonLocalCRF:
+    """The CRF plus energy (20) over the count ``constraints``, the ``order`` and the name-``formats`` templates,
+    ``c`` one learned vector (in that order; negative entries ignored)."""
     a, b = constraints.a.to(base.bias), (constraints.b + config.margin).to(base.bias)
     loss = Loss("smoothed_hinge", config.hinge_width)
-    j = len(constraints)
-    ordered = order is not None and len(order) > 0
+    j1 = len(constraints)
+    j2 = j1 + (len(order) if order is not None else 0)
+    j3 = j2 + (len(formats) if formats is not None else 0)
 
     def energy(psi: Tensor) -> Energy:
         psi = psi.clamp_min(0.0)
-        counts = LinearMeasurements(node=a, offset=b, loss=loss, psi=psi[..., :j])
-        if not ordered:
-            return counts
-        return counts + Precedence(order.first.to(a), order.then.to(a), loss=loss, psi=psi[..., j:])
+        total: Energy = LinearMeasurements(node=a, offset=b, loss=loss, psi=psi[..., :j1])
+        if j2 > j1:
+            total = total + Precedence(order.first.to(a), order.then.to(a), loss=loss, psi=psi[..., j1:j2])
+        if j3 > j2:
+            total = total + BigramExclusion(formats.left.to(a), formats.right.to(a), formats.pairs, loss=loss,
+                                            psi=psi[..., j2:j3])
+        return total
 
-    size = j + (len(order) if ordered else 0)
-    psi = ConstantPsi(torch.full((size,), config.psi_init, dtype=torch.float64))
+    psi = ConstantPsi(torch.full((j3,), config.psi_init, dtype=torch.float64))
     return NonLocalCRF(base, energy, psi=psi, method=config.method, max_iter=config.test_iters[-1])
 
 
@@ -157,12 +169,14 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     constraints = citation_constraints(data["train"], index.labels, config.min_support, config.min_agreement)
     order = None if config.order_agreement is None else order_constraints(
         data["train"], index.labels, config.min_support, config.order_agreement)
-    model = constraint_model(base, constraints, config, order)
-    names = constraints.names + (order.names if order is not None else [])
+    formats = None if config.format_together is None else bigram_exclusions(
+        data["train"], index.labels, config.min_support, config.format_together)
+    model = constraint_model(base, constraints, config, order, formats)
+    names = constraints.names + (order.names if order is not None else []) + (formats.names if formats else [])
     rows = {"baseline": _Row(*(f1_of(viterbi, index, data[s], enc[s])[0] for s in ("dev", "test")))}
     _progress_log(log, f"baseline: dev {rows['baseline'].dev:.2f} test {rows['baseline'].test:.2f}; "
                        f"learning {len(names)} constraint weights on dev ({len(constraints)} count, "
-                       f"{len(names) - len(constraints)} order)")
+                       f"{len(order or [])} order, {len(formats or [])} name-format)")
     t = time.perf_counter()
     x, y, n = enc["dev"]
     history = fit_doubly_stochastic(model, x, y, n, epochs=config.epochs, batch_size=config.batch_size,
@@ -181,7 +195,7 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     _progress_log(log, f"non-local: dev {rows['non-local'].dev:.2f} test {rows['non-local'].test:.2f}; "
                        f"{len(active)} of {len(names)} constraints with c_j > 0")
     if save is not None:
-        save_model(save, index, model, constraints, config, order)
+        save_model(save, index, model, constraints, config, order, formats)
     return {
         "rows": {k: asdict(v) for k, v in rows.items()},
         "paper": PAPER,
@@ -190,7 +204,8 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
         "test_iterations_to_converge": torch.cat(iterations).tolist(),
         "max_iter": config.test_iters[-1],
         "constraints": len(names),
-        "order_constraints": len(names) - len(constraints),
+        "order_constraints": len(order or []),
+        "format_constraints": len(formats or []),
         "active_constraints": [{"name": name, "c": v} for v, name in active],
         "labels": len(index.labels),
         "features": index.num_features - 1,
@@ -259,12 +274,16 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
 
 
 def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constraints: Constraints,
-               config: CitationConfig, order: OrderConstraints | None = None) -> None:
+               config: CitationConfig, order: OrderConstraints | None = None,
+               formats: BigramExclusions | None = None) -> None:
     """Write everything :func:`load_model` needs to tag new citations."""
     state = {"index": index.state(), "model": model.state_dict(), "a": constraints.a, "b": constraints.b,
              "names": constraints.names, "config": asdict(config)}
     if order is not None:
         state["order"] = {"first": order.first, "then": order.then, "names": order.names}
+    if formats is not None:
+        state["formats"] = {"left": formats.left, "right": formats.right, "pairs": formats.pairs,
+                            "names": formats.names}
     torch.save(state, path)
 
 
@@ -278,7 +297,8 @@ def load_model(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF]:
     config = CitationConfig(**{**state["config"], "test_iters": tuple(state["config"]["test_iters"])})
     base = SparseChainCRF(index.num_features, len(index.labels)).double()
     order = OrderConstraints(**state["order"]) if "order" in state else None
-    model = constraint_model(base, Constraints(state["a"], state["b"], state["names"]), config, order)
+    formats = BigramExclusions(**state["formats"]) if "formats" in state else None
+    model = constraint_model(base, Constraints(state["a"], state["b"], state["names"]), config, order, formats)
     model.load_state_dict(state["model"])
     return index, model
 

@@ -5,6 +5,7 @@ import torch
 
 from betheproj.data.citation_constraints import (
     OrderConstraints,
+    bigram_exclusions,
     citation_constraints,
     label_counts,
     order_constraints,
@@ -110,6 +111,34 @@ def test_order_templates_hand_counted(cites):
     assert (con.violations(y) == 0).all()
     swapped = OrderConstraints(con.then[j:j + 1], con.first[j:j + 1], ["order(title < authors)"])
     assert swapped.violations(y)[:, 0].tolist() == [5 * 3, 2 * 1, 2 * 1]         # authors x title tokens
+
+
+def test_name_format_templates():
+    first_last = "<authors> <person> <first> A. </first> <last> Smith </last> </person> </authors> <title> T </title>"
+    last_first = ("<authors> <person> <last> Wu , </last> <first> B. </first> </person> </authors> "
+                  "<title> U </title>")
+    cites = [parse_citation(line) for line in [first_last, first_last, last_first, last_first]]
+    labels = labels_of(cites)
+    ids = {y: i for i, y in enumerate(labels)}
+    con = bigram_exclusions(cites, labels, min_support=2, max_together=0.0)
+
+    def named(a, b, c, d):
+        return f"not_both({a} {b} ; {c} {d})" in con.names or f"not_both({c} {d} ; {a} {b})" in con.names
+
+    first, last = "B-authors/person/first", "B-authors/person/last"
+    assert named(first, last, last, "I-authors/person/last")            # "A. Smith" never with "Wu ,"
+    assert named(first, last, "I-authors/person/last", first)
+    assert not named(first, last, last, "B-title")                        # "Smith T" comes with "A. Smith"
+    assert len(bigram_exclusions(cites, labels, min_support=3)) == 0      # every bigram is in two citations
+    y = torch.nn.utils.rnn.pad_sequence([torch.tensor([ids[v] for v in c.labels]) for c in cites],
+                                        batch_first=True, padding_value=-1)
+    assert (con.violations(y) == 0).all()
+    assert con.counts(y)[0].sum() == 2 and con.counts(y)[2].sum() == 3   # bigrams touching a name
+    # a mixed labelling "A. Smith , B. Wu ," with both formats breaks a template
+    mixed = torch.tensor([[ids[first], ids[last], ids["I-authors/person/last"], ids[first], ids[last]]])
+    assert con.violations(mixed).max() >= 1
+    with pytest.raises(ValueError, match="max_together"):
+        bigram_exclusions(cites, labels, max_together=1.0)
 
 
 def test_errors(cites):

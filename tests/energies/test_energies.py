@@ -6,6 +6,7 @@ import torch
 import betheproj as bp
 from betheproj.energies import (
     LOSSES,
+    BigramExclusion,
     FunctionEnergy,
     LinearMeasurements,
     Loss,
@@ -47,11 +48,15 @@ def _energies(mu):
         "precedence": Precedence(torch.rand(4, c, dtype=DT), torch.rand(4, c, dtype=DT),
                                  offset=torch.tensor([-0.3, 0.2, 0.45, -2.0], dtype=DT),
                                  psi=torch.rand(b, 4, dtype=DT)),
+        "bigram": BigramExclusion(torch.rand(3, c, dtype=DT), torch.rand(3, c, dtype=DT),
+                                  torch.tensor([[0, 1], [1, 2], [0, 2]]), offset=torch.tensor([-0.3, 0.02, -1.0],
+                                                                                              dtype=DT),
+                                  psi=torch.rand(b, 3, dtype=DT)),
     }
 
 
 @pytest.mark.parametrize("name", ["linear-counts", "linear-position", "linear-edge", "linear-edge-position",
-                                  "poisson", "unigram", "word", "mean-field", "precedence"])
+                                  "poisson", "unigram", "word", "mean-field", "precedence", "bigram"])
 def test_closed_form_gradient_equals_autograd(name):
     mu = _marginals()
     energy = _energies(mu)[name]
@@ -86,7 +91,7 @@ class _ClosedForm(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("name", ["linear-counts", "linear-position", "linear-edge", "linear-edge-position",
-                                  "poisson", "unigram", "word", "mean-field", "precedence"])
+                                  "poisson", "unigram", "word", "mean-field", "precedence", "bigram"])
 def test_gradcheck_closed_form(name):
     mu = _marginals()
     energy = _energies(mu)[name]

@@ -36,7 +36,7 @@ def test_small_run_and_cli(tmp_path, capsys):
     assert 70 < base["test"] < 95 and 70 < base["dev"] < 95
     assert nonlocal_["test"] > base["test"] - 3
     assert results["constraints"] > 50 and len(results["test_iterations_to_converge"]) == 60
-    assert 0 < results["order_constraints"] < results["constraints"]
+    assert 0 < results["order_constraints"] < results["constraints"] and results["format_constraints"] >= 0
     assert all(0 <= i <= 5 for i in results["test_iterations_to_converge"])
     assert "Non-local energies" in citations.format_table(results)
     json.dumps(results)
