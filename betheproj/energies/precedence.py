@@ -14,7 +14,9 @@ the OCR energies are); the solvers only need its gradient, which is closed-form 
 
     dV_j/dmu_i = f_j * sum_{k < i} <mu_k, t_j>  +  t_j * sum_{k > i} <mu_k, f_j>.
 
-It is a torch expression in ``psi``, so learning differentiates it (eq. 15).  Order is not a count, so no
+It is a torch expression in ``psi``, so learning differentiates it (eq. 15).  Templates share their vectors (a
+field group comes first in many), so the ``G`` distinct vectors are scored once and all ``G x G`` pairs are
+measured by one batched product, ``O(N G^2)`` per example instead of ``O(N J C)``.  Order is not a count, so no
 :class:`~betheproj.energies.LinearMeasurements` can state it: a count constraint moves a label's score at every
 position alike, an order constraint moves it only where the other field's mass lies on the wrong side.
 """
@@ -61,6 +63,10 @@ class Precedence(Energy):
             raise ValueError(f"first and then must have the same shape [J, C], got {tuple(self.first.shape)} "
                              f"and {tuple(self.then.shape)}")
         self.num_measurements = self.first.shape[0]
+        # templates share their vectors (a field group is first in many): work on the distinct ones
+        j = self.num_measurements
+        self._groups, inverse = torch.unique(torch.cat([self.first, self.then]), dim=0, return_inverse=True)
+        self._fi, self._ti = inverse[:j], inverse[j:]
         if isinstance(offset, Tensor):
             if offset.dim() > 1 or (offset.dim() == 1 and offset.shape[0] != self.num_measurements):
                 raise ValueError(f"offset must be a float or [J] with J={self.num_measurements}, "
@@ -85,33 +91,40 @@ class Precedence(Energy):
         raise ValueError(f"psi must be a float, [B]=({batch},), [1, J] or [B, J]=({batch}, {j}), "
                          f"got shape {tuple(psi.shape)}")
 
-    def _parts(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Per-position masses ``<mu_i, f_j>``, ``<mu_i, t_j>`` [B, N, J], the ``t`` mass strictly before ``i``
-        and ``V - b`` [B, J]."""
+    def _masses(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-position masses ``<mu_i, g>`` of the distinct vectors ``g`` [B, N, G], and the masses strictly
+        before and strictly after each position."""
         mu = marginals.node * marginals.node_mask()[..., None]
-        f, t = self.first.to(mu), self.then.to(mu)
-        pf, pt = mu @ f.t(), mu @ t.t()
-        t_before = pt.cumsum(1) - pt
-        z = (pf * t_before).sum(1)
-        offset = self.offset.to(mu) if isinstance(self.offset, Tensor) else self.offset
-        return pf, pt, t_before, z - offset
+        mass = mu @ self._groups.to(mu).t()
+        upto = mass.cumsum(1)
+        return mass, upto - mass, upto[:, -1:] - upto
+
+    def _z(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor]:
+        """``V - b`` [B, J], and the masses before and after each position."""
+        mass, before, after = self._masses(marginals)
+        g = mass.shape[-1]
+        # all pairs of distinct vectors at once: V[b, x, y] = sum_i <mu_i, g_x> * (g_y mass before i)
+        pairs = (mass.transpose(1, 2) @ before).flatten(1)[:, self._fi * g + self._ti]
+        offset = self.offset.to(mass) if isinstance(self.offset, Tensor) else self.offset
+        return pairs - offset, before, after
 
     def measurements(self, marginals: Marginals) -> Tensor:
         """``V_j(mu)`` [B, J] (before the offset)."""
-        pf, _, t_before, _ = self._parts(marginals)
-        return (pf * t_before).sum(1)
+        z = self._z(marginals)[0]
+        return z + (self.offset.to(z) if isinstance(self.offset, Tensor) else self.offset)
 
     def value(self, marginals: Marginals) -> Tensor:
-        z = self._parts(marginals)[3]
+        z = self._z(marginals)[0]
         return (self._weights(z.shape[0], z) * self.loss(z)).sum(-1)
 
     def grad(self, marginals: Marginals) -> Gradient:
-        pf, _, t_before, z = self._parts(marginals)
-        w = self._weights(z.shape[0], z) * self.loss.derivative(z)                  # [B, J]
-        f_after = pf.sum(1, keepdim=True) - pf.cumsum(1)                            # f mass strictly after i
-        f, t = self.first.to(z), self.then.to(z)
-        g = (w[:, None] * t_before) @ f + (w[:, None] * f_after) @ t                 # [B, N, C]
-        return Gradient(g * marginals.node_mask()[..., None], None)
+        z, before, after = self._z(marginals)
+        b, g = z.shape[0], before.shape[-1]
+        w = self._weights(b, z) * self.loss.derivative(z)                             # [B, J]
+        # the weights on [B, G, G] (x = first vector, y = then vector; templates sharing a pair add up)
+        grid = z.new_zeros(b, g * g).index_add(1, self._fi * g + self._ti, w).view(b, g, g)
+        coef = before @ grid.transpose(1, 2) + after @ grid                           # [B, N, G]
+        return Gradient((coef @ self._groups.to(z)) * marginals.node_mask()[..., None], None)
 
     def validate(self, marginals: Marginals) -> None:
         c = marginals.node.shape[-1]
