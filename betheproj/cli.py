@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     cit.add_argument("--data", help="folder holding training.docs, dev.docs and testing.docs")
     cit.add_argument("--out", default="citations-results",
                      help="folder for results.json, the PNGs and model.pt (default citations-results)")
+    cit.add_argument("--seed", type=int, default=0,
+                     help="seed of Algorithm 3's minibatch order when learning the constraint weights (default 0)")
     cit.add_argument("--predict", metavar="FILE",
                      help="tag the raw citation strings of FILE (one a line) with the model in --out; prints "
                           "nested tags")
@@ -127,7 +129,8 @@ def _citations(args: argparse.Namespace) -> None:
     data = load_citations(args.data)
     out.mkdir(parents=True, exist_ok=True)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
-    results = citations.run(data, progress=not args.quiet, log=log, save=out / "model.pt")
+    config = citations.CitationConfig(seed=args.seed)
+    results = citations.run(data, config, progress=not args.quiet, log=log, save=out / "model.pt")
     print(citations.format_table(results))
     (out / "results.json").write_text(json.dumps(results, indent=1))
     citations.plot_iterations(results, str(out / "f1_vs_iterations.png"))
