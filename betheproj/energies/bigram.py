@@ -24,13 +24,13 @@ import torch
 from torch import Tensor
 
 from ..oracles.base import Marginals
-from .base import Energy, Gradient, as_weight
-from .linear import Loss
+from .base import Gradient, as_weight
+from .linear import Loss, MeasurementLoss, label_vectors, measurement_offset
 
 __all__ = ["BigramExclusion"]
 
 
-class BigramExclusion(Energy):
+class BigramExclusion(MeasurementLoss):
     """``sum_j psi_j * loss(S_{p_j}(mu) S_{q_j}(mu) - b_j)`` over bigram patterns (module docstring).
 
     Args:
@@ -43,11 +43,8 @@ class BigramExclusion(Energy):
 
     def __init__(self, left: Tensor, right: Tensor, pairs: Tensor, offset: float | Tensor = 0.0,
                  loss: Loss | str = "smoothed_hinge", psi: float | Tensor = 1.0):
-        for name, v in (("left", left), ("right", right)):
-            if not isinstance(v, Tensor) or not v.is_floating_point():
-                raise TypeError(f"{name} must be a floating-point tensor [P, C]")
-            if v.dim() != 2 or not torch.isfinite(v).all():
-                raise ValueError(f"{name} must be a finite [P, C] tensor, got shape {tuple(v.shape)}")
+        label_vectors("left", left, "P")
+        label_vectors("right", right, "P")
         if left.shape != right.shape:
             raise ValueError(f"left and right must have the same shape [P, C], got {tuple(left.shape)} and "
                              f"{tuple(right.shape)}")
@@ -57,54 +54,32 @@ class BigramExclusion(Energy):
             raise ValueError(f"pairs must index the {left.shape[0]} patterns")
         self.left, self.right, self.pairs = left, right, pairs.long()
         self.num_measurements = pairs.shape[0]
-        if isinstance(offset, Tensor):
-            if offset.dim() > 1 or (offset.dim() == 1 and offset.shape[0] != self.num_measurements):
-                raise ValueError(f"offset must be a float or [J] with J={self.num_measurements}, "
-                                 f"got shape {tuple(offset.shape)}")
-            self.offset: float | Tensor = offset
-        else:
-            self.offset = float(as_weight(offset, "offset"))
+        self.offset = measurement_offset(offset, self.num_measurements)
         self.loss = loss if isinstance(loss, Loss) else Loss(loss)
         self.psi = as_weight(psi)
 
-    def _weights(self, batch: int, like: Tensor) -> Tensor:
-        j, psi = self.num_measurements, self.psi
-        if not isinstance(psi, Tensor):
-            return torch.full((batch, j), psi, dtype=like.dtype, device=like.device)
-        psi = psi.to(like)
-        if psi.dim() == 0:
-            return psi.expand(batch, j)
-        if psi.dim() == 1 and psi.shape[0] == batch:
-            return psi[:, None].expand(batch, j)
-        if psi.dim() == 2 and psi.shape[1] == j and psi.shape[0] in (1, batch):
-            return psi.expand(batch, j)
-        raise ValueError(f"psi must be a float, [B]=({batch},), [1, J] or [B, J]=({batch}, {j}), "
-                         f"got shape {tuple(psi.shape)}")
-
     def _parts(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``<mu_i, l_p>``, ``<mu_i, r_p>`` [B, N, P], the counts ``S`` [B, P] and ``S_p S_q - b`` [B, J]."""
+        """``<mu_i, l_p>``, ``<mu_i, r_p>`` [B, N, P], the counts ``S`` [B, P] and the products ``S_p S_q`` [B, J]."""
         mu = marginals.node * marginals.node_mask()[..., None]
         pl, pr = mu @ self.left.to(mu).t(), mu @ self.right.to(mu).t()
         s = (pl[:, :-1] * pr[:, 1:]).sum(1)
-        offset = self.offset.to(mu) if isinstance(self.offset, Tensor) else self.offset
-        return pl, pr, s, s[:, self.pairs[:, 0]] * s[:, self.pairs[:, 1]] - offset
+        return pl, pr, s, s[:, self.pairs[:, 0]] * s[:, self.pairs[:, 1]]
 
     def counts(self, marginals: Marginals) -> Tensor:
         """The patterns' soft counts ``S_p(mu)`` [B, P]."""
         return self._parts(marginals)[2]
 
-    def value(self, marginals: Marginals) -> Tensor:
-        z = self._parts(marginals)[3]
-        return (self._weights(z.shape[0], z) * self.loss(z)).sum(-1)
+    def _z(self, marginals: Marginals) -> Tensor:
+        return self._minus_offset(self._parts(marginals)[3])
 
     def grad(self, marginals: Marginals) -> Gradient:
-        pl, pr, s, z = self._parts(marginals)
-        w = self._weights(z.shape[0], z) * self.loss.derivative(z)                       # [B, J]
+        pl, pr, s, products = self._parts(marginals)
+        w = self._slopes(self._minus_offset(products))                                   # [B, J]
         p, q = self.pairs[:, 0], self.pairs[:, 1]
         ds = torch.zeros_like(s).index_add(1, p, w * s[:, q]).index_add(1, q, w * s[:, p])   # dL/dS [B, P]
         next_r = torch.nn.functional.pad(pr[:, 1:], (0, 0, 0, 1))                         # <mu_{i+1}, r_p>
         prev_l = torch.nn.functional.pad(pl[:, :-1], (0, 0, 1, 0))                        # <mu_{i-1}, l_p>
-        g = (ds[:, None] * next_r) @ self.left.to(z) + (ds[:, None] * prev_l) @ self.right.to(z)
+        g = (ds[:, None] * next_r) @ self.left.to(w) + (ds[:, None] * prev_l) @ self.right.to(w)
         return Gradient(g * marginals.node_mask()[..., None], None)
 
     def validate(self, marginals: Marginals) -> None:

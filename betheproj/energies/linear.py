@@ -15,7 +15,8 @@ from torch import Tensor
 from ..oracles.base import Marginals
 from .base import Energy, Gradient, as_weight
 
-__all__ = ["Loss", "LOSSES", "LinearMeasurements", "smoothed_hinge", "squared_hinge", "squared", "smoothed_abs"]
+__all__ = ["Loss", "LOSSES", "LinearMeasurements", "MeasurementLoss", "smoothed_hinge", "squared_hinge", "squared",
+           "smoothed_abs"]
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,68 @@ def _measure_tensor(name: str, a: Tensor | None, inner: int) -> Tensor | None:
     return a
 
 
-class LinearMeasurements(Energy):
+def label_vectors(name: str, v: Tensor, rows: str = "J") -> Tensor:
+    """Check a table of label vectors: a finite floating-point ``[rows, C]`` tensor."""
+    if not isinstance(v, Tensor) or not v.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor [{rows}, C]")
+    if v.dim() != 2:
+        raise ValueError(f"{name} must have shape [{rows}, C], got {tuple(v.shape)}")
+    if not torch.isfinite(v).all():
+        raise ValueError(f"{name} must be finite")
+    return v
+
+
+def measurement_offset(offset: float | Tensor, j: int) -> float | Tensor:
+    """Check an offset ``b``: a finite float or a ``[J]`` tensor."""
+    if not isinstance(offset, Tensor):
+        return float(as_weight(offset, "offset"))
+    if offset.dim() > 1 or (offset.dim() == 1 and offset.shape[0] != j):
+        raise ValueError(f"offset must be a float or [J] with J={j}, got shape {tuple(offset.shape)}")
+    return offset
+
+
+class MeasurementLoss(Energy):
+    """``sum_j psi_j * loss(z_j(mu))`` over ``J`` measurements (eqs. 4-5): a subclass sets ``num_measurements``,
+    ``offset``, ``loss`` and ``psi`` and computes ``z = measurement - offset`` [B, J] in :meth:`_z`."""
+
+    num_measurements: int
+    offset: float | Tensor
+    loss: Loss
+    psi: float | Tensor
+
+    def _z(self, marginals: Marginals) -> Tensor:
+        raise NotImplementedError
+
+    def _minus_offset(self, measured: Tensor) -> Tensor:
+        offset = self.offset
+        return measured - (offset.to(measured) if isinstance(offset, Tensor) else offset)
+
+    def _weights(self, batch: int, like: Tensor) -> Tensor:
+        """psi as [B, J]."""
+        j = self.num_measurements
+        psi = self.psi
+        if not isinstance(psi, Tensor):
+            return torch.full((batch, j), psi, dtype=like.dtype, device=like.device)
+        psi = psi.to(like)
+        if psi.dim() == 0:
+            return psi.expand(batch, j)
+        if psi.dim() == 1 and psi.shape[0] == batch:
+            return psi[:, None].expand(batch, j)
+        if psi.dim() == 2 and psi.shape[1] == j and psi.shape[0] in (1, batch):
+            return psi.expand(batch, j)
+        raise ValueError(f"psi must be a float, [B]=({batch},), [1, J] or [B, J]=({batch}, {j}), "
+                         f"got shape {tuple(psi.shape)}")
+
+    def _slopes(self, z: Tensor) -> Tensor:
+        """``dL/dz = psi * loss'(z)`` [B, J]."""
+        return self._weights(z.shape[0], z) * self.loss.derivative(z)
+
+    def value(self, marginals: Marginals) -> Tensor:
+        z = self._z(marginals)
+        return (self._weights(z.shape[0], z) * self.loss(z)).sum(-1)
+
+
+class LinearMeasurements(MeasurementLoss):
     """``sum_j psi_j * loss(a_j^T mu - b_j)`` (eqs. 4-5).
 
     Args:
@@ -129,22 +191,6 @@ class LinearMeasurements(Energy):
         self.psi = as_weight(psi)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _weights(self, batch: int, like: Tensor) -> Tensor:
-        """psi as [B, J]."""
-        j = self.num_measurements
-        psi = self.psi
-        if not isinstance(psi, Tensor):
-            return torch.full((batch, j), psi, dtype=like.dtype, device=like.device)
-        psi = psi.to(like)
-        if psi.dim() == 0:
-            return psi.expand(batch, j)
-        if psi.dim() == 1 and psi.shape[0] == batch:
-            return psi[:, None].expand(batch, j)
-        if psi.dim() == 2 and psi.shape[1] == j and psi.shape[0] in (1, batch):
-            return psi.expand(batch, j)
-        raise ValueError(f"psi must be a float, [B]=({batch},), [1, J] or [B, J]=({batch}, {j}), "
-                         f"got shape {tuple(psi.shape)}")
-
     def _node_vectors(self, mu: Tensor) -> Tensor | None:
         """Node measurement vectors broadcast to [B or 1, J, N, C]."""
         a = self.node
@@ -193,20 +239,12 @@ class LinearMeasurements(Energy):
         return z
 
     def _z(self, marginals: Marginals) -> Tensor:
-        offset = self.offset
-        if isinstance(offset, Tensor):
-            offset = offset.to(marginals.node)
-        return self.measurements(marginals) - offset
+        return self._minus_offset(self.measurements(marginals))
 
     # -- Energy API ------------------------------------------------------------------------------
-    def value(self, marginals: Marginals) -> Tensor:
-        z = self._z(marginals)
-        return (self._weights(z.shape[0], z) * self.loss(z)).sum(-1)
-
     def grad(self, marginals: Marginals) -> Gradient:
         node = marginals.node
-        z = self._z(marginals)
-        w = self._weights(z.shape[0], z) * self.loss.derivative(z)          # [B, J]
+        w = self._slopes(self._z(marginals))                                  # [B, J]
         g_node = g_edge = None
         if self.node is not None:
             a = self._node_vectors(node)

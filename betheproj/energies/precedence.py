@@ -27,23 +27,13 @@ import torch
 from torch import Tensor
 
 from ..oracles.base import Marginals
-from .base import Energy, Gradient, as_weight
-from .linear import Loss
+from .base import Gradient, as_weight
+from .linear import Loss, MeasurementLoss, label_vectors, measurement_offset
 
 __all__ = ["Precedence"]
 
 
-def _vectors(name: str, v: Tensor) -> Tensor:
-    if not isinstance(v, Tensor) or not v.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor [J, C]")
-    if v.dim() != 2:
-        raise ValueError(f"{name} must have shape [J, C], got {tuple(v.shape)}")
-    if not torch.isfinite(v).all():
-        raise ValueError(f"{name} must be finite")
-    return v
-
-
-class Precedence(Energy):
+class Precedence(MeasurementLoss):
     """``sum_j psi_j * loss(V_j(mu) - b_j)`` with ``V_j`` the soft count of order violations (module docstring).
 
     Args:
@@ -57,8 +47,8 @@ class Precedence(Energy):
 
     def __init__(self, first: Tensor, then: Tensor, offset: float | Tensor = 0.0,
                  loss: Loss | str = "smoothed_hinge", psi: float | Tensor = 1.0):
-        self.first = _vectors("first", first)
-        self.then = _vectors("then", then)
+        self.first = label_vectors("first", first)
+        self.then = label_vectors("then", then)
         if self.first.shape != self.then.shape:
             raise ValueError(f"first and then must have the same shape [J, C], got {tuple(self.first.shape)} "
                              f"and {tuple(self.then.shape)}")
@@ -67,29 +57,9 @@ class Precedence(Energy):
         j = self.num_measurements
         self._groups, inverse = torch.unique(torch.cat([self.first, self.then]), dim=0, return_inverse=True)
         self._fi, self._ti = inverse[:j], inverse[j:]
-        if isinstance(offset, Tensor):
-            if offset.dim() > 1 or (offset.dim() == 1 and offset.shape[0] != self.num_measurements):
-                raise ValueError(f"offset must be a float or [J] with J={self.num_measurements}, "
-                                 f"got shape {tuple(offset.shape)}")
-            self.offset: float | Tensor = offset
-        else:
-            self.offset = float(as_weight(offset, "offset"))
+        self.offset = measurement_offset(offset, j)
         self.loss = loss if isinstance(loss, Loss) else Loss(loss)
         self.psi = as_weight(psi)
-
-    def _weights(self, batch: int, like: Tensor) -> Tensor:
-        j, psi = self.num_measurements, self.psi
-        if not isinstance(psi, Tensor):
-            return torch.full((batch, j), psi, dtype=like.dtype, device=like.device)
-        psi = psi.to(like)
-        if psi.dim() == 0:
-            return psi.expand(batch, j)
-        if psi.dim() == 1 and psi.shape[0] == batch:
-            return psi[:, None].expand(batch, j)
-        if psi.dim() == 2 and psi.shape[1] == j and psi.shape[0] in (1, batch):
-            return psi.expand(batch, j)
-        raise ValueError(f"psi must be a float, [B]=({batch},), [1, J] or [B, J]=({batch}, {j}), "
-                         f"got shape {tuple(psi.shape)}")
 
     def _masses(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor]:
         """Per-position masses ``<mu_i, g>`` of the distinct vectors ``g`` [B, N, G], and the masses strictly
@@ -99,32 +69,29 @@ class Precedence(Energy):
         upto = mass.cumsum(1)
         return mass, upto - mass, upto[:, -1:] - upto
 
-    def _z(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor]:
-        """``V - b`` [B, J], and the masses before and after each position."""
+    def _pairs(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor]:
+        """``V`` [B, J], and the masses before and after each position."""
         mass, before, after = self._masses(marginals)
         g = mass.shape[-1]
         # all pairs of distinct vectors at once: V[b, x, y] = sum_i <mu_i, g_x> * (g_y mass before i)
         pairs = (mass.transpose(1, 2) @ before).flatten(1)[:, self._fi * g + self._ti]
-        offset = self.offset.to(mass) if isinstance(self.offset, Tensor) else self.offset
-        return pairs - offset, before, after
+        return pairs, before, after
 
     def measurements(self, marginals: Marginals) -> Tensor:
         """``V_j(mu)`` [B, J] (before the offset)."""
-        z = self._z(marginals)[0]
-        return z + (self.offset.to(z) if isinstance(self.offset, Tensor) else self.offset)
+        return self._pairs(marginals)[0]
 
-    def value(self, marginals: Marginals) -> Tensor:
-        z = self._z(marginals)[0]
-        return (self._weights(z.shape[0], z) * self.loss(z)).sum(-1)
+    def _z(self, marginals: Marginals) -> Tensor:
+        return self._minus_offset(self.measurements(marginals))
 
     def grad(self, marginals: Marginals) -> Gradient:
-        z, before, after = self._z(marginals)
-        b, g = z.shape[0], before.shape[-1]
-        w = self._weights(b, z) * self.loss.derivative(z)                             # [B, J]
+        v, before, after = self._pairs(marginals)
+        b, g = v.shape[0], before.shape[-1]
+        w = self._slopes(self._minus_offset(v))                                       # [B, J]
         # the weights on [B, G, G] (x = first vector, y = then vector; templates sharing a pair add up)
-        grid = z.new_zeros(b, g * g).index_add(1, self._fi * g + self._ti, w).view(b, g, g)
+        grid = v.new_zeros(b, g * g).index_add(1, self._fi * g + self._ti, w).view(b, g, g)
         coef = before @ grid.transpose(1, 2) + after @ grid                           # [B, N, G]
-        return Gradient((coef @ self._groups.to(z)) * marginals.node_mask()[..., None], None)
+        return Gradient((coef @ self._groups.to(v)) * marginals.node_mask()[..., None], None)
 
     def validate(self, marginals: Marginals) -> None:
         c = marginals.node.shape[-1]
