@@ -5,17 +5,9 @@ import torch
 
 import betheproj as bp
 from betheproj.energies import BigramExclusion
-from betheproj.oracles.base import Marginals
+from tests.energies.vertices import one_hot
 
 DT = torch.float64
-
-
-def one_hot(labels, c, n=None):
-    n = n or max(len(y) for y in labels)
-    node = torch.zeros(len(labels), n, c, dtype=DT)
-    for b, y in enumerate(labels):
-        node[b, torch.arange(len(y)), torch.tensor(y)] = 1.0
-    return Marginals(node, None, None, torch.tensor([len(y) for y in labels]))
 
 
 def indicator(*ids, c=3):

@@ -5,18 +5,9 @@ import torch
 
 import betheproj as bp
 from betheproj.energies import Precedence
-from betheproj.oracles.base import Marginals
+from tests.energies.vertices import one_hot
 
 DT = torch.float64
-
-
-def one_hot(labels, c, n=None):
-    """Marginals that put all mass on ``labels`` (lists of label ids, padded to ``n``)."""
-    n = n or max(len(y) for y in labels)
-    node = torch.zeros(len(labels), n, c, dtype=DT)
-    for b, y in enumerate(labels):
-        node[b, torch.arange(len(y)), torch.tensor(y)] = 1.0
-    return Marginals(node, None, None, torch.tensor([len(y) for y in labels]))
 
 
 def test_hand_counted_violations():
