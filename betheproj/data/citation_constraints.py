@@ -63,6 +63,19 @@ class Constraints:
         return counts.to(self.a) @ self.a.t() - self.b
 
 
+def encode_labels(citations: Sequence[Citation], labels: Sequence[str]) -> Tensor:
+    """The citations' label ids [D, N] in the list ``labels`` (labels not in it as ``O``), ``-1`` padding."""
+    ids = {label: i for i, label in enumerate(labels)}
+    o = ids.get("O", 0)
+    return torch.nn.utils.rnn.pad_sequence([torch.tensor([ids.get(v, o) for v in cite.labels], dtype=torch.long)
+                                            for cite in citations], batch_first=True, padding_value=-1)
+
+
+def _masses(vectors: Tensor, label_ids: Tensor) -> Tensor:
+    """``vectors[k, y_i]`` [B, N, K] of label ids [B, N] (each position's mass on each vector), 0 at padding."""
+    return vectors.t()[label_ids.clamp_min(0)] * (label_ids >= 0)[..., None].to(vectors)
+
+
 def label_counts(label_ids: Tensor, num_labels: int) -> Tensor:
     """``S(y)`` summed over positions: [B, C] counts of label ids [B, N] (``-1`` padding ignored)."""
     valid = label_ids >= 0
@@ -89,9 +102,7 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
         if f"I-{f}" in ids:
             tok[ids[f"I-{f}"]] = 1.0
         seg_rows[f], tok_rows[f] = seg, tok
-    o = ids.get("O", 0)
-    y = [torch.tensor([ids.get(label, o) for label in cite.labels]) for cite in citations]
-    counts = label_counts(torch.nn.utils.rnn.pad_sequence(y, batch_first=True, padding_value=-1), c)
+    counts = label_counts(encode_labels(citations, labels), c)
     seg = {f: counts @ seg_rows[f] for f in fields}
     present = {f: seg[f] > 0 for f in fields}
     frequent = [f for f in fields if int(present[f].sum()) >= min_support]
@@ -138,9 +149,7 @@ class OrderConstraints:
     def violations(self, label_ids: Tensor) -> Tensor:
         """Order violations [B, J] of label ids [B, N] (``-1`` padding ignored): the number of position pairs
         with a ``then_j`` token before a ``first_j`` token."""
-        valid = (label_ids >= 0)[..., None].to(self.first)
-        ids = label_ids.clamp_min(0)
-        pf, pt = self.first.t()[ids] * valid, self.then.t()[ids] * valid          # [B, N, J]
+        pf, pt = _masses(self.first, label_ids), _masses(self.then, label_ids)          # [B, N, J]
         return (pf * (pt.cumsum(1) - pt)).sum(1)
 
 
@@ -163,17 +172,12 @@ def order_constraints(citations: Sequence[Citation], labels: Sequence[str], min_
     groups = sorted({g for label in labels for g in _groups(label)})
     member = torch.tensor([[float(g in _groups(label)) for label in labels] for g in groups],
                           dtype=torch.float64).reshape(len(groups), c)                     # [G, C]
-    ids = {label: i for i, label in enumerate(labels)}
-    o = ids.get("O", 0)
-    y = torch.nn.utils.rnn.pad_sequence([torch.tensor([ids.get(v, o) for v in cite.labels]) for cite in citations],
-                                        batch_first=True, padding_value=-1)
     pairs = [(i, k) for i in range(len(groups)) for k in range(len(groups))
              if i != k and not groups[k].startswith(groups[i] + "/") and not groups[i].startswith(groups[k] + "/")]
     empty = OrderConstraints(torch.zeros(0, c, dtype=torch.float64), torch.zeros(0, c, dtype=torch.float64), [])
     if not pairs:
         return empty
-    valid = (y >= 0)[..., None].double()
-    mass = member.t()[y.clamp_min(0)] * valid                                               # [D, N, G]
+    mass = _masses(member, encode_labels(citations, labels))                # [D, N, G]
     before = mass.cumsum(1) - mass
     violations = torch.einsum("dni,dnk->dik", mass, before)                  # [D, G, G]: k tokens before i ones
     present = mass.sum(1) > 0                                                               # [D, G]
@@ -203,9 +207,7 @@ class BigramExclusions:
 
     def counts(self, label_ids: Tensor) -> Tensor:
         """Pattern counts [B, P] of label ids [B, N] (``-1`` padding ignored)."""
-        valid = (label_ids >= 0)[..., None].to(self.left)
-        ids = label_ids.clamp_min(0)
-        pl, pr = self.left.t()[ids] * valid, self.right.t()[ids] * valid
+        pl, pr = _masses(self.left, label_ids), _masses(self.right, label_ids)
         return (pl[:, :-1] * pr[:, 1:]).sum(1)
 
     def violations(self, label_ids: Tensor) -> Tensor:
