@@ -114,8 +114,8 @@ def constraint_model(base: SparseChainCRF, constraints: Constraints, config: Cit
     a, b = constraints.a.to(base.bias), (constraints.b + config.margin).to(base.bias)
     loss = Loss("smoothed_hinge", config.hinge_width)
     j1 = len(constraints)
-    j2 = j1 + (len(order) if order is not None else 0)
-    j3 = j2 + (len(formats) if formats is not None else 0)
+    j2 = j1 + len(order or [])
+    j3 = j2 + len(formats or [])
 
     def energy(psi: Tensor) -> Energy:
         psi = psi.clamp_min(0.0)
@@ -172,7 +172,7 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     formats = None if config.format_together is None else bigram_exclusions(
         data["train"], index.labels, config.min_support, config.format_together)
     model = constraint_model(base, constraints, config, order, formats)
-    names = constraints.names + (order.names if order is not None else []) + (formats.names if formats else [])
+    names = constraints.names + (order.names if order else []) + (formats.names if formats else [])
     rows = {"baseline": _Row(*(f1_of(viterbi, index, data[s], enc[s])[0] for s in ("dev", "test")))}
     _progress_log(log, f"baseline: dev {rows['baseline'].dev:.2f} test {rows['baseline'].test:.2f}; "
                        f"learning {len(names)} constraint weights on dev ({len(constraints)} count, "
@@ -280,10 +280,9 @@ def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constr
     state = {"index": index.state(), "model": model.state_dict(), "a": constraints.a, "b": constraints.b,
              "names": constraints.names, "config": asdict(config)}
     if order is not None:
-        state["order"] = {"first": order.first, "then": order.then, "names": order.names}
+        state["order"] = asdict(order)
     if formats is not None:
-        state["formats"] = {"left": formats.left, "right": formats.right, "pairs": formats.pairs,
-                            "names": formats.names}
+        state["formats"] = asdict(formats)
     torch.save(state, path)
 
 

@@ -140,9 +140,8 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
             value += part.item()
         penalty = 0.5 * l2 * sum((p * p).sum() for p in params)
         penalty.backward()
-        loss = torch.tensor(value + penalty.item(), dtype=torch.float64)
-        history.append(loss.item())
-        return loss
+        history.append(value + penalty.item())
+        return torch.tensor(history[-1], dtype=torch.float64)
 
     opt.step(closure)
     return history
