@@ -74,7 +74,7 @@ class Precedence(MeasurementLoss):
         mass, before, after = self._masses(marginals)
         g = mass.shape[-1]
         # all pairs of distinct vectors at once: V[b, x, y] = sum_i <mu_i, g_x> * (g_y mass before i)
-        pairs = (mass.transpose(1, 2) @ before).flatten(1)[:, self._fi * g + self._ti]
+        pairs = (mass.transpose(1, 2) @ before).flatten(1)[:, (self._fi * g + self._ti).to(mass.device)]
         return pairs, before, after
 
     def measurements(self, marginals: Marginals) -> Tensor:
@@ -89,7 +89,7 @@ class Precedence(MeasurementLoss):
         b, g = v.shape[0], before.shape[-1]
         w = self._slopes(self._minus_offset(v))                                       # [B, J]
         # the weights on [B, G, G] (x = first vector, y = then vector; templates sharing a pair add up)
-        grid = v.new_zeros(b, g * g).index_add(1, self._fi * g + self._ti, w).view(b, g, g)
+        grid = v.new_zeros(b, g * g).index_add(1, (self._fi * g + self._ti).to(v.device), w).view(b, g, g)
         coef = before @ grid.transpose(1, 2) + after @ grid                           # [B, N, G]
         return Gradient((coef @ self._groups.to(v)) * marginals.node_mask()[..., None], None)
 
