@@ -30,6 +30,7 @@ def _marginals(b=3, n=4, c=3, lengths=(4, 2, 1)):
 def _energies(mu):
     b, n, c = mu.node.shape
     protos_w = torch.rand(5, n, c, dtype=DT)
+    shared = torch.rand(2, c, dtype=DT)
     return {
         "linear-counts": LinearMeasurements(node=torch.randn(6, c, dtype=DT), offset=0.3, loss="smoothed_hinge",
                                             psi=torch.rand(b, 6, dtype=DT)),
@@ -52,11 +53,17 @@ def _energies(mu):
                                   torch.tensor([[0, 1], [1, 2], [0, 2]]), offset=torch.tensor([-0.3, 0.02, -1.0],
                                                                                               dtype=DT),
                                   psi=torch.rand(b, 3, dtype=DT)),
+        # patterns that share vectors, and two equal patterns (the same cell of the G x G neighbour counts)
+        "bigram-shared": BigramExclusion(shared[[0, 0, 1, 0]], shared[[1, 1, 0, 0]],
+                                         torch.tensor([[0, 2], [1, 3], [2, 3]]),
+                                         offset=torch.tensor([-0.3, 0.02, -1.0], dtype=DT),
+                                         psi=torch.rand(b, 3, dtype=DT)),
     }
 
 
 @pytest.mark.parametrize("name", ["linear-counts", "linear-position", "linear-edge", "linear-edge-position",
-                                  "poisson", "unigram", "word", "mean-field", "precedence", "bigram"])
+                                  "poisson", "unigram", "word", "mean-field", "precedence", "bigram",
+                                  "bigram-shared"])
 def test_closed_form_gradient_equals_autograd(name):
     mu = _marginals()
     energy = _energies(mu)[name]
@@ -91,7 +98,8 @@ class _ClosedForm(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("name", ["linear-counts", "linear-position", "linear-edge", "linear-edge-position",
-                                  "poisson", "unigram", "word", "mean-field", "precedence", "bigram"])
+                                  "poisson", "unigram", "word", "mean-field", "precedence", "bigram",
+                                  "bigram-shared"])
 def test_gradcheck_closed_form(name):
     mu = _marginals()
     energy = _energies(mu)[name]
