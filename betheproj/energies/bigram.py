@@ -16,8 +16,8 @@ one citation); it is a polynomial of degree four in the node marginals, non-conv
     dS_p/dmu_i = l_p <mu_{i+1}, r_p> + r_p <mu_{i-1}, l_p>,
 
 a torch expression in ``psi`` for learning (eq. 15).  Patterns share their vectors (a name label starts many
-bigrams), so, as in :class:`~betheproj.energies.Precedence`, the ``G`` distinct vectors are scored once and every
-``G x G`` neighbour count comes from one batched product, ``O(N G^2)`` per example instead of ``O(N P C)``.
+bigrams): :class:`~betheproj.energies.vector_pairs.VectorPairs` counts them through the distinct ones, as for
+:class:`~betheproj.energies.Precedence`, ``O(N G^2)`` per example instead of ``O(N P C)``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from torch import Tensor
 from ..oracles.base import Marginals
 from .base import Gradient, as_weight
 from .linear import Loss, MeasurementLoss, label_vectors, measurement_offset
+from .vector_pairs import VectorPairs
 
 __all__ = ["BigramExclusion"]
 
@@ -56,9 +57,7 @@ class BigramExclusion(MeasurementLoss):
             raise ValueError(f"pairs must index the {left.shape[0]} patterns")
         self.left, self.right, self.pairs = left, right, pairs.long()
         self.num_measurements = pairs.shape[0]
-        p = left.shape[0]
-        self._groups, inverse = torch.unique(torch.cat([left, right]), dim=0, return_inverse=True)
-        self._cells = inverse[:p] * self._groups.shape[0] + inverse[p:]            # pattern p's cell of [G, G]
+        self._patterns = VectorPairs(left, right)
         self.offset = measurement_offset(offset, self.num_measurements)
         self.loss = loss if isinstance(loss, Loss) else Loss(loss)
         self.psi = as_weight(psi)
@@ -66,11 +65,10 @@ class BigramExclusion(MeasurementLoss):
     def _parts(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor]:
         """Per-position masses ``<mu_i, g>`` of the distinct vectors [B, N, G], the counts ``S`` [B, P] and the
         products ``S_p S_q`` [B, J]."""
-        mu = marginals.node * marginals.node_mask()[..., None]
-        mass = mu @ self._groups.to(mu).t()
+        mass = self._patterns.masses(marginals)
         # neighbours[b, x, y] = sum_i <mu_i, g_x> <mu_{i+1}, g_y>: every pattern's count at once
-        s = (mass[:, :-1].transpose(1, 2) @ mass[:, 1:]).flatten(1)[:, self._cells.to(mu.device)]
-        pairs = self.pairs.to(mu.device)
+        s = self._patterns.gather(mass[:, :-1].transpose(1, 2) @ mass[:, 1:])
+        pairs = self.pairs.to(mass.device)
         return mass, s, s[:, pairs[:, 0]] * s[:, pairs[:, 1]]
 
     def counts(self, marginals: Marginals) -> Tensor:
@@ -82,17 +80,15 @@ class BigramExclusion(MeasurementLoss):
 
     def grad(self, marginals: Marginals) -> Gradient:
         mass, s, products = self._parts(marginals)
-        b, g = mass.shape[0], mass.shape[-1]
         w = self._slopes(self._minus_offset(products))                                   # [B, J]
         pairs = self.pairs.to(w.device)
         p, q = pairs[:, 0], pairs[:, 1]
         ds = torch.zeros_like(s).index_add(1, p, w * s[:, q]).index_add(1, q, w * s[:, p])   # dL/dS [B, P]
-        cells = self._cells.to(w.device)
-        grid = ds.new_zeros(b, g * g).index_add(1, cells, ds).view(b, g, g)            # patterns sharing a cell add
+        grid = self._patterns.scatter(ds)                                                # [B, G, G]
         next_mass = torch.nn.functional.pad(mass[:, 1:], (0, 0, 0, 1))                  # <mu_{i+1}, g>
         prev_mass = torch.nn.functional.pad(mass[:, :-1], (0, 0, 1, 0))                 # <mu_{i-1}, g>
         coef = next_mass @ grid.transpose(1, 2) + prev_mass @ grid                       # [B, N, G]
-        return Gradient((coef @ self._groups.to(w)) * marginals.node_mask()[..., None], None)
+        return Gradient(self._patterns.node_gradient(coef, marginals), None)
 
     def validate(self, marginals: Marginals) -> None:
         c = marginals.node.shape[-1]

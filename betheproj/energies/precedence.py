@@ -15,20 +15,20 @@ the OCR energies are); the solvers only need its gradient, which is closed-form 
     dV_j/dmu_i = f_j * sum_{k < i} <mu_k, t_j>  +  t_j * sum_{k > i} <mu_k, f_j>.
 
 It is a torch expression in ``psi``, so learning differentiates it (eq. 15).  Templates share their vectors (a
-field group comes first in many), so the ``G`` distinct vectors are scored once and all ``G x G`` pairs are
-measured by one batched product, ``O(N G^2)`` per example instead of ``O(N J C)``.  Order is not a count, so no
+field group comes first in many): :class:`~betheproj.energies.vector_pairs.VectorPairs` measures them through
+the distinct ones, ``O(N G^2)`` per example instead of ``O(N J C)``.  Order is not a count, so no
 :class:`~betheproj.energies.LinearMeasurements` can state it: a count constraint moves a label's score at every
 position alike, an order constraint moves it only where the other field's mass lies on the wrong side.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from ..oracles.base import Marginals
 from .base import Gradient, as_weight
 from .linear import Loss, MeasurementLoss, label_vectors, measurement_offset
+from .vector_pairs import VectorPairs
 
 __all__ = ["Precedence"]
 
@@ -53,29 +53,18 @@ class Precedence(MeasurementLoss):
             raise ValueError(f"first and then must have the same shape [J, C], got {tuple(self.first.shape)} "
                              f"and {tuple(self.then.shape)}")
         self.num_measurements = self.first.shape[0]
-        # templates share their vectors (a field group is first in many): work on the distinct ones
-        j = self.num_measurements
-        self._groups, inverse = torch.unique(torch.cat([self.first, self.then]), dim=0, return_inverse=True)
-        self._fi, self._ti = inverse[:j], inverse[j:]
-        self.offset = measurement_offset(offset, j)
+        self._pairs_of = VectorPairs(self.first, self.then)
+        self.offset = measurement_offset(offset, self.num_measurements)
         self.loss = loss if isinstance(loss, Loss) else Loss(loss)
         self.psi = as_weight(psi)
 
-    def _masses(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-position masses ``<mu_i, g>`` of the distinct vectors ``g`` [B, N, G], and the masses strictly
-        before and strictly after each position."""
-        mu = marginals.node * marginals.node_mask()[..., None]
-        mass = mu @ self._groups.to(mu).t()
-        upto = mass.cumsum(1)
-        return mass, upto - mass, upto[:, -1:] - upto
-
     def _pairs(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor]:
-        """``V`` [B, J], and the masses before and after each position."""
-        mass, before, after = self._masses(marginals)
-        g = mass.shape[-1]
-        # all pairs of distinct vectors at once: V[b, x, y] = sum_i <mu_i, g_x> * (g_y mass before i)
-        pairs = (mass.transpose(1, 2) @ before).flatten(1)[:, (self._fi * g + self._ti).to(mass.device)]
-        return pairs, before, after
+        """``V`` [B, J], and the distinct vectors' masses strictly before and strictly after each position."""
+        mass = self._pairs_of.masses(marginals)
+        upto = mass.cumsum(1)
+        before, after = upto - mass, upto[:, -1:] - upto
+        # V[b, x, y] = sum_i <mu_i, g_x> * (g_y mass before i), for all pairs of distinct vectors at once
+        return self._pairs_of.gather(mass.transpose(1, 2) @ before), before, after
 
     def measurements(self, marginals: Marginals) -> Tensor:
         """``V_j(mu)`` [B, J] (before the offset)."""
@@ -86,12 +75,10 @@ class Precedence(MeasurementLoss):
 
     def grad(self, marginals: Marginals) -> Gradient:
         v, before, after = self._pairs(marginals)
-        b, g = v.shape[0], before.shape[-1]
         w = self._slopes(self._minus_offset(v))                                       # [B, J]
-        # the weights on [B, G, G] (x = first vector, y = then vector; templates sharing a pair add up)
-        grid = v.new_zeros(b, g * g).index_add(1, (self._fi * g + self._ti).to(v.device), w).view(b, g, g)
+        grid = self._pairs_of.scatter(w)          # [B, G, G]: x = first vector, y = then vector
         coef = before @ grid.transpose(1, 2) + after @ grid                           # [B, N, G]
-        return Gradient((coef @ self._groups.to(v)) * marginals.node_mask()[..., None], None)
+        return Gradient(self._pairs_of.node_gradient(coef, marginals), None)
 
     def validate(self, marginals: Marginals) -> None:
         c = marginals.node.shape[-1]
