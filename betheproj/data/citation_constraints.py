@@ -8,7 +8,11 @@ a :class:`~betheproj.energies.LinearMeasurements` node table).  Two counts per f
 * ``at_most_one``: ``seg(l) <= 1`` (a citation has one title, one journal, ...);
 * ``at_least_one``: ``seg(l) >= 1`` for fields nearly every citation has;
 * ``pair``: ``seg(l1) - seg(l2) <= 0`` (e.g. no more last names than first names) and the same for ``tok``;
-* ``exclusive``: ``seg(l1) + seg(l2) <= 1`` for fields that (almost) never occur together (journal, booktitle).
+* ``exclusive``: ``seg(l1) + seg(l2) <= 1`` for fields that (almost) never occur together (journal, booktitle);
+* ``max_len`` / ``min_len`` (with ``length_agreement``): ``tok(l) <= k seg(l)`` and ``tok(l) >= k seg(l)``, a
+  field's segments are at most (at least) ``k`` tokens long on average (a title of 3 to 19 tokens), ``k`` the
+  tightest integer bound that at least ``length_agreement`` of the training citations with ``l`` satisfy
+  (``min_len`` only where that is 2 or more).
 
 A template instance is kept when the field(s) occur in at least ``min_support`` training citations and the
 constraint holds in at least ``min_agreement`` of the citations where it could be violated: those with ``l``
@@ -84,12 +88,16 @@ def label_counts(label_ids: Tensor, num_labels: int) -> Tensor:
 
 
 def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], min_support: int = 10,
-                         min_agreement: float = 0.98, presence: float = 0.98) -> Constraints:
-    """Instantiate the templates on training ``citations`` for the label list ``labels`` (index = label id)."""
+                         min_agreement: float = 0.98, presence: float = 0.98,
+                         length_agreement: float | None = None) -> Constraints:
+    """Instantiate the templates on training ``citations`` for the label list ``labels`` (index = label id);
+    ``length_agreement`` ``None`` leaves out the length templates."""
     if not citations:
         raise ValueError("citations must not be empty")
     if not 0 < min_agreement <= 1 or not 0 < presence <= 1:
         raise ValueError("min_agreement and presence must lie in (0, 1]")
+    if length_agreement is not None and not 0 < length_agreement <= 1:
+        raise ValueError(f"length_agreement must lie in (0, 1] or be None, got {length_agreement!r}")
     ids = {label: i for i, label in enumerate(labels)}
     fields = sorted({label[2:] for label in labels if label != "O"})
     c = len(labels)
@@ -129,6 +137,22 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
         agree = [min(float(held[w, j].double().mean()) for w in where) for j, where in enumerate(relevant)]
         picked = [j for j, a in enumerate(agree) if a >= min_agreement]
         rows, bounds, names = [rows[j] for j in picked], [bounds[j] for j in picked], [names[j] for j in picked]
+    if length_agreement is not None:
+        for f in frequent:
+            if f"I-{f}" not in ids:                                   # one-token segments only
+                continue
+            tok = counts @ tok_rows[f]
+            mean = (tok / seg[f].clamp_min(1))[present[f]]            # mean segment length where ``f`` occurs
+            sizes = range(1, int(mean.max().ceil()) + 1)
+            longest = min(k for k in sizes if float((mean <= k).double().mean()) >= length_agreement)
+            rows.append(tok_rows[f] - longest * seg_rows[f])
+            bounds.append(0.0)
+            names.append(f"max_len({f}) <= {longest}")
+            shortest = max(k for k in sizes if float((mean >= k).double().mean()) >= length_agreement)
+            if shortest >= 2:
+                rows.append(shortest * seg_rows[f] - tok_rows[f])
+                bounds.append(0.0)
+                names.append(f"min_len({f}) >= {shortest}")
     if not rows:
         return Constraints(torch.zeros(0, c, dtype=torch.float64), torch.zeros(0, dtype=torch.float64), [])
     return Constraints(torch.stack(rows), torch.tensor(bounds, dtype=torch.float64), names)

@@ -63,6 +63,7 @@ class CitationConfig:
     chunk_size: int = 256
     min_support: int = 10           # constraint templates: support and agreement on the training split
     min_agreement: float = 0.8
+    length_agreement: float | None = 0.98   # length templates: agreement on the training split (None: none)
     order_agreement: float | None = 0.95   # order templates: agreement on the training split (None: none)
     format_together: float | None = 0.01   # name-format templates: largest share of citations with both bigrams
     hinge_width: float = 1.0        # smoothed hinge width
@@ -166,7 +167,8 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     def viterbi(x: Tensor, n: Tensor) -> Tensor:
         return LinearChain().map(base(x, n))
 
-    constraints = citation_constraints(data["train"], index.labels, config.min_support, config.min_agreement)
+    constraints = citation_constraints(data["train"], index.labels, config.min_support, config.min_agreement,
+                                       length_agreement=config.length_agreement)
     order = None if config.order_agreement is None else order_constraints(
         data["train"], index.labels, config.min_support, config.order_agreement)
     formats = None if config.format_together is None else bigram_exclusions(

@@ -77,6 +77,35 @@ def test_measurement_vectors_and_violations(cites):
     assert v[con.names.index("seg(title) <= seg(authors/person/first)")] == 1
 
 
+def test_length_templates_hand_counted(cites):
+    labels = labels_of(cites)
+    ids = {y: i for i, y in enumerate(labels)}
+    assert not any("len(" in name for name in citation_constraints(cites, labels, min_support=1).names)
+    con = citation_constraints(cites, labels, min_support=1, min_agreement=1.0, presence=1.0, length_agreement=1.0)
+    names = [name for name in con.names if "len(" in name]
+    # titles of 3, 1 and 1 tokens; journals of 2 and 2; one-token fields (no I- label) get none
+    assert "max_len(title) <= 3" in names and not any(n.startswith("min_len(title)") for n in names)
+    assert {"max_len(venue/journal) <= 2", "min_len(venue/journal) >= 2"} <= set(names)
+    assert not any("person/first" in n or "person/last" in n for n in names)
+    j = con.names.index("max_len(title) <= 3")
+    assert con.a[j, ids["B-title"]] == -2 and con.a[j, ids["I-title"]] == 1 and con.b[j] == 0
+    k = con.names.index("min_len(venue/journal) >= 2")
+    assert con.a[k, ids["B-venue/journal"]] == 1 and con.a[k, ids["I-venue/journal"]] == -1
+    y = torch.nn.utils.rnn.pad_sequence([torch.tensor([ids[v] for v in c.labels]) for c in cites],
+                                        batch_first=True, padding_value=-1)
+    counts = label_counts(y, len(labels))
+    assert (con.violations(counts) <= 0).all()
+    # a 4-token title is one token too long; a one-token journal one token too short
+    bad = counts[:1].clone()
+    bad[0, ids["I-title"]] += 1
+    bad[0, ids["I-venue/journal"]] -= 1
+    v = con.violations(bad)[0]
+    assert v[j] == 1 and v[k] == 1
+    # two of the three titles are one token long: at 60% agreement the bound tightens to 1
+    loose = citation_constraints(cites, labels, min_support=1, length_agreement=0.6)
+    assert "max_len(title) <= 1" in loose.names
+
+
 def test_exclusive_must_hold_from_both_sides():
     # ref-markers in four citations, a publisher in one of them: "never together" fails for the publisher
     lines = [f"<ref-marker> [{i}] </ref-marker> <title> T{i} </title>" for i in range(3)]
@@ -146,6 +175,8 @@ def test_errors(cites):
         citation_constraints([], ["O"])
     with pytest.raises(ValueError, match="min_agreement"):
         citation_constraints(cites, labels_of(cites), min_agreement=0.0)
+    with pytest.raises(ValueError, match="length_agreement"):
+        citation_constraints(cites, labels_of(cites), length_agreement=1.5)
     with pytest.raises(ValueError, match="citations"):
         order_constraints([], ["O"])
     with pytest.raises(ValueError, match="min_agreement"):
