@@ -35,7 +35,7 @@ from ..data.citation_constraints import (
     order_constraints,
 )
 from ..data.citation_features import FeatureIndex
-from ..data.citations import Citation
+from ..data.citations import Citation, tokenize_citation
 from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
 from ..inference import decode
@@ -257,18 +257,33 @@ def plot_histogram(results: dict, path: str) -> None:
 
 
 def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
-    """Write a tagged citation back in the data's nested-tag format."""
+    """Write a tagged citation back in the data's nested-tag format.
+
+    BIO labels over tag paths do not say where a group (a person, the authors) ends, so two rules put the
+    groups back: a ``B-`` label at a group's own level after its members continues the group (``and``
+    between two persons stays inside ``<authors>``), and a field that already occurred in the innermost open
+    group starts a new instance of that group (a second first name, or a last name right after a last name,
+    begins a new ``<person>``); a repeated top-level field is a new instance of itself."""
     out: list[str] = []
     open_path: list[str] = []
+    seen: list[set[str]] = []                         # the tags opened directly under each open tag
     for tok, label in zip(tokens, labels, strict=True):
         path = [] if label == "O" else label[2:].split("/")
         keep = 0
         while keep < min(len(open_path), len(path)) and open_path[keep] == path[keep]:
             keep += 1
-        if label.startswith("B-") and keep == len(path) and path:
-            keep -= 1                                 # a new instance of the innermost tag
+        if label.startswith("B-") and path:
+            if keep == len(path) == len(open_path):
+                keep -= 1                             # a new instance of the innermost tag
+            if keep == len(path) - 1 and keep > 0 and path[keep] in seen[keep - 1]:
+                keep -= 1                             # a repeated field: a new instance of its group
         out += [f"</{t}>" for t in reversed(open_path[keep:])]
-        out += [f"<{t}>" for t in path[keep:]]
+        del seen[keep:]
+        for t in path[keep:]:
+            if seen:
+                seen[-1].add(t)
+            seen.append(set())
+            out.append(f"<{t}>")
         open_path = path
         out.append(tok)
     out += [f"</{t}>" for t in reversed(open_path)]
@@ -305,8 +320,10 @@ def load_model(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF]:
 
 
 def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, max_iter: int = 40) -> list[str]:
-    """Tag raw citation strings (whitespace-tokenised) with the non-local model; nested-tag output."""
-    cites = [Citation(line.split(), [()] * len(line.split()), ["O"] * len(line.split())) for line in lines]
+    """Tag raw citation strings (split by :func:`~betheproj.data.citations.tokenize_citation`, the data's
+    convention) with the non-local model; nested-tag output."""
+    words = [tokenize_citation(line) for line in lines]
+    cites = [Citation(w, [()] * len(w), ["O"] * len(w)) for w in words]
     keep = [i for i, c in enumerate(cites) if c.tokens]
     out = [""] * len(lines)
     if not keep:
