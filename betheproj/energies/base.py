@@ -82,7 +82,14 @@ class Energy:
 
     ``value`` of example ``b`` must depend on ``mu[b]`` only.  Energies add with ``+`` and scale with
     ``w * energy`` (``w`` a float or a per-example [B] tensor).
+
+    ``edge_totals`` (default ``False``) declares that :meth:`value` and :meth:`grad` read edge marginals only
+    through :meth:`Marginals.edge_total <betheproj.oracles.base.Marginals.edge_total>` (each example's sum
+    over positions), or not at all, so the edge gradient is the same at every position of an example; the
+    solver then keeps one [C, C] edge offset per example instead of one per position.
     """
+
+    edge_totals: bool = False
 
     def value(self, marginals: Marginals) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement value(marginals)")
@@ -163,6 +170,10 @@ class EnergySum(Energy):
             total = total + term.grad(marginals)
         return total
 
+    @property
+    def edge_totals(self) -> bool:
+        return all(term.edge_totals for term in self.terms)
+
     def validate(self, marginals: Marginals) -> None:
         for term in self.terms:
             term.validate(marginals)
@@ -179,6 +190,10 @@ class Scaled(Energy):
             raise TypeError(f"energy must be an Energy, got {type(energy).__name__}")
         self.energy = energy
         self.weight = as_weight(weight, "weight")
+
+    @property
+    def edge_totals(self) -> bool:
+        return self.energy.edge_totals
 
     def value(self, marginals: Marginals) -> Tensor:
         return weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight") \

@@ -44,6 +44,8 @@ class BigramExclusion(MeasurementLoss):
         psi: weights, a float, ``[B]``, ``[1, J]`` or ``[B, J]``.
     """
 
+    edge_totals = True          # node marginals only
+
     def __init__(self, left: Tensor, right: Tensor, pairs: Tensor, offset: float | Tensor = 0.0,
                  loss: Loss | str = "smoothed_hinge", psi: float | Tensor = 1.0):
         label_vectors("left", left, "P")

@@ -190,6 +190,10 @@ class LinearMeasurements(MeasurementLoss):
         self.loss = loss if isinstance(loss, Loss) else Loss(loss)
         self.psi = as_weight(psi)
 
+    @property
+    def edge_totals(self) -> bool:
+        return self.edge is None or self.edge.dim() == 3       # [J, C, C]: the same vector at every position
+
     # -- helpers ---------------------------------------------------------------------------------
     def _node_vectors(self, mu: Tensor) -> Tensor | None:
         """Node measurement vectors broadcast to [B or 1, J, N, C]."""
@@ -229,13 +233,12 @@ class LinearMeasurements(MeasurementLoss):
                 z = z + node.sum(1) @ a[0, :, 0].t()
             else:
                 z = z + torch.einsum("bnc,bjnc->bj", node, a.expand(b, *a.shape[1:]))
-        if self.edge is not None:
+        if self.edge is not None and self.edge.dim() == 3:
+            z = z + torch.einsum("bij,kij->bk", marginals.edge_total(), self.edge.to(node))
+        elif self.edge is not None:
             edge = marginals.edge * marginals.edge_mask()[..., None, None]
             ae = self._edge_vectors(edge.shape, edge)
-            if self.edge.dim() == 3:
-                z = z + torch.einsum("bij,kij->bk", edge.sum(1), ae[0, :, 0])
-            else:
-                z = z + torch.einsum("bnij,bknij->bk", edge, ae.expand(b, *ae.shape[1:]))
+            z = z + torch.einsum("bnij,bknij->bk", edge, ae.expand(b, *ae.shape[1:]))
         return z
 
     def _z(self, marginals: Marginals) -> Tensor:

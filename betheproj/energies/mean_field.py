@@ -21,6 +21,8 @@ class MeanField(Energy):
             (rows index the label of ``a_k``).  Pairs that reach past an example's length are ignored.
     """
 
+    edge_totals = True          # node marginals only
+
     def __init__(self, pairs: Tensor, weights: Tensor):
         pairs = torch.as_tensor(pairs)
         if pairs.dim() != 2 or pairs.shape[1] != 2 or pairs.is_floating_point():

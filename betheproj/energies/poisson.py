@@ -39,6 +39,8 @@ class Poisson(Energy):
         scale: population size ``M > 0`` (a float or [B]).
     """
 
+    edge_totals = True          # node marginals only
+
     def __init__(self, counts: Tensor, rate: float | Tensor = 1.0, scale: float | Tensor = 1.0):
         if not isinstance(counts, Tensor) or not counts.is_floating_point():
             raise TypeError("counts must be a floating-point tensor [B, N, C]")

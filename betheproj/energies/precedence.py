@@ -45,6 +45,8 @@ class Precedence(MeasurementLoss):
             non-decreasing, so ``psi >= 0`` penalises violations.
     """
 
+    edge_totals = True          # node marginals only
+
     def __init__(self, first: Tensor, then: Tensor, offset: float | Tensor = 0.0,
                  loss: Loss | str = "smoothed_hinge", psi: float | Tensor = 1.0):
         self.first = label_vectors("first", first)

@@ -21,6 +21,8 @@ class NearestPrototype(Energy):
     ``psi`` is a float or a per-example [B] tensor.
     """
 
+    edge_totals = True          # node marginals only
+
     def __init__(self, prototypes: Tensor, psi: float | Tensor = 1.0, statistic: str = "unigram",
                  prototype_lengths: Tensor | None = None):
         if statistic not in ("unigram", "word"):
@@ -113,6 +115,8 @@ class PrototypeDistance(Energy):
     """``psi * ||t_b - S(mu_b)||_1`` to a given target per example (one convex piece of :class:`NearestPrototype`):
     ``targets`` [B, C] for ``statistic="unigram"``, [B, M, C] (zero-padded) for ``"word"``.  For ``"word"`` and
     one-hot targets it is linear on the polytope: ``2 psi sum_n (1 - mu_n(t_n))``."""
+
+    edge_totals = True          # node marginals only
 
     def __init__(self, targets: Tensor, psi: float | Tensor = 1.0, statistic: str = "unigram"):
         if statistic not in ("unigram", "word"):

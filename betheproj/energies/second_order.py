@@ -65,6 +65,8 @@ class SecondOrderArcs(Energy):
     :func:`betheproj.learning.model.surrogate_nll`).  The energy is non-convex in general (eq. 9).
     """
 
+    edge_totals = True          # node marginals only
+
     def __init__(self, sibling: Tensor | None, grandparent: Tensor | None,
                  parts: tuple[Tensor | None, Tensor | None] | None = None):
         if sibling is None and grandparent is None:

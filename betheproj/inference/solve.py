@@ -92,6 +92,14 @@ def _masked_gradient(energy: Energy, mu: Marginals) -> Gradient:
     return Gradient(node, edge)
 
 
+def _total_gradient(energy: Energy, mu: Marginals) -> Gradient:
+    """``grad L`` for an energy with ``edge_totals``: node [B, N, C] with padding zeroed, edge [B, C, C] (the
+    gradient at every position)."""
+    g = energy.grad(mu)
+    node = _masked(g.node if g.node is not None else torch.zeros_like(mu.node), mu.node_mask())
+    return Gradient(node, None if g.edge is None else g.edge[:, 0])
+
+
 def _residual(delta: Tensor, grad: Tensor, mu: Tensor, dims: int) -> Tensor:
     """Stationarity residual of Proposition 1 for one part (node: ``dims=1``, edge: ``dims=2``) [B].
 
@@ -192,14 +200,40 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     energy.validate(base)
     g0 = _masked_gradient(energy, base)
     need_edges = g0.edge is not None or method == "accelerated"
-    theta = _edge_potentials(potentials, need_edges)
+    # Energies that read edge marginals only through per-example sums over positions (Energy.edge_totals),
+    # with shared transitions and an oracle that takes one transition table per example, keep every edge
+    # quantity as [B, C, C]: edge "marginals" are those sums, offsets are the same at every position.
+    totals = (need_edges and method != "accelerated" and warm_start is None and n > 1 and potentials.shared_edge
+              and energy.edge_totals and getattr(oracle, "per_example_edges", False))
+    theta = potentials if totals else _edge_potentials(potentials, need_edges)
     calls = b
     start_node, start_edge = _warm_offsets(warm_start, theta, need_edges, method)
     mu0 = base if start_node is None else oracle.marginals(theta.shifted(start_node, start_edge))
 
+    def point(node: Tensor, edge: Tensor | None, lens: Tensor) -> Marginals:
+        if totals:
+            return Marginals(node, None, None, lens, edge_total=edge)
+        return Marginals(node, edge, None, lens)
+
+    def shift(pot: PairwisePotentials, dn: Tensor, de: Tensor | None) -> PairwisePotentials:
+        """``pot`` with dual offsets (per-example [B, C, C] edge offsets viewed over the positions)."""
+        if not totals or de is None:
+            return pot.shifted(dn, de)
+        out = pot.shifted(dn, None)
+        out.edge = (pot.edge + de)[:, None].expand(dn.shape[0], n - 1, c, c)
+        return out
+
+    def edge_residual(delta: Tensor, grad: Tensor, mu: Tensor) -> Tensor:
+        if not totals:
+            return _residual(delta, grad, mu, 2)
+        # the residual of the position-averaged edge marginal (zero iff the offsets are stationary)
+        mass = mu.sum((-1, -2), keepdim=True)
+        mean = torch.where(mass > 0, mu / mass.clamp_min(torch.finfo(mu.dtype).tiny), 0.0)
+        return _residual(delta[:, None], grad[:, None], mean[:, None], 2)
+
     # state of every example; rows of converged examples stay frozen
     mu_node = mu0.node.clone()
-    mu_edge = mu0.edge.clone() if need_edges else None
+    mu_edge = (mu0.edge_total() if totals else mu0.edge).clone() if need_edges else None
     zeros_edge = (lambda: torch.zeros_like(mu_edge)) if need_edges else (lambda: None)
     delta_node, delta_edge = torch.zeros_like(mu_node), zeros_edge()     # dual offset of the last oracle point
     if start_node is not None:
@@ -212,7 +246,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     log_z = mu0.log_partition.clone()
     support = base.node > 0                                               # where theta allows mass
     nu_node, nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
-    f = -log_z + _inner(delta_node, mu_node) + energy.value(Marginals(mu_node, mu_edge, None, lengths))
+    f = -log_z + _inner(delta_node, mu_node) + energy.value(point(mu_node, mu_edge, lengths))
     if need_edges:
         f = f + _inner(delta_edge, mu_edge)
     if not torch.isfinite(f).all():
@@ -237,11 +271,11 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
 
     def with_rows(rows: Tensor, node: Tensor, edge: Tensor | None) -> Marginals:
         """Full-batch marginals with ``rows`` replaced: energies may hold data for the whole batch."""
-        return Marginals(mu_node.index_put((rows,), node),
-                         None if edge is None else mu_edge.index_put((rows,), edge), None, lengths)
+        return point(mu_node.index_put((rows,), node), None if edge is None else mu_edge.index_put((rows,), edge),
+                     lengths)
 
     def gradient_rows(rows: Tensor, node: Tensor, edge: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        g = _masked_gradient(energy, with_rows(rows, node, edge))
+        g = (_total_gradient if totals else _masked_gradient)(energy, with_rows(rows, node, edge))
         ge = None
         if need_edges:
             ge = g.edge[rows] if g.edge is not None else torch.zeros_like(edge)
@@ -296,7 +330,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         # converged: the current point is stationary (Proposition 1); no oracle call is needed
         res = _residual(delta_node[a], g_n, point_node, 1)
         if g_e is not None:
-            res = torch.maximum(res, _residual(delta_edge[a], g_e, point_edge, 2))
+            res = torch.maximum(res, edge_residual(delta_edge[a], g_e, point_edge))
         residual[a] = res
         keep = res > tol
         converged[a[~keep]] = True
@@ -319,16 +353,16 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             if wild.any():
                 dn = torch.where(wild[:, None, None], delta_node[rows], dn)
                 if de is not None:
-                    de = torch.where(wild[:, None, None, None], delta_edge[rows], de)
+                    de = torch.where(wild.reshape(-1, *([1] * (de.dim() - 1))), delta_edge[rows], de)
             calls += int(rows.numel())
-            m = oracle.marginals(theta.index(rows).shifted(dn, de))
+            m = oracle.marginals(shift(theta.index(rows), dn, de))
             if method == "accelerated":
                 w = cw[pending]
                 cand_node, cand_edge = lerp(mu_node[rows], m.node, w), lerp(mu_edge[rows], m.edge, w)
                 lin = _objective_parts(oracle, theta.index(rows), Marginals(cand_node, cand_edge, None, lengths[rows]))
                 scale = lin.abs()
             else:
-                cand_node, cand_edge = m.node, (m.edge if need_edges else None)
+                cand_node, cand_edge = m.node, ((m.edge_total() if totals else m.edge) if need_edges else None)
                 inner = _inner(dn, cand_node) + (_inner(de, cand_edge) if de is not None else 0.0)
                 lin = -m.log_partition + inner
                 scale = m.log_partition.abs() + inner.abs()
@@ -349,7 +383,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                     gb_n, gb_e = gradient_rows(rows[band], cand_node[band], None if de is None else cand_edge[band])
                     res_b = _residual(dn[band], gb_n, cand_node[band], 1)
                     if de is not None and gb_e is not None:
-                        res_b = torch.maximum(res_b, _residual(de[band], gb_e, cand_edge[band], 2))
+                        res_b = torch.maximum(res_b, edge_residual(de[band], gb_e, cand_edge[band]))
                     ok[band] = res_b < residual[rows[band]]
             # no marginal may collapse to an exact zero (the barrier energies' failure), nor, with a trust
             # region, move by more than ``trust_region`` nats
@@ -438,7 +472,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         history.append(f.clone())
         active = active[~converged[active] & ~stall[active] & ~at_floor[active]]
 
-    final = theta.shifted(delta_node, delta_edge)
+    final = shift(theta, delta_node, delta_edge)
     if method == "accelerated":
         # mu_t averages oracle outputs; the dual iterate is that of the last nu_t
         marg = Marginals(mu_node, mu_edge, log_z, lengths)

@@ -128,12 +128,14 @@ class Marginals:
     """
 
     def __init__(self, node: Tensor, edge: Tensor | Callable[[], Tensor] | None,
-                 log_partition: Tensor | None, lengths: Tensor):
+                 log_partition: Tensor | None, lengths: Tensor, *,
+                 edge_total: Tensor | Callable[[], Tensor] | None = None):
         self.node = node
         self._edge = edge
         self.log_partition = log_partition
         self.lengths = lengths
         self.edge_sum = None     # optional ``weights [B] -> sum_{b,t} w_b edge[b, t]`` without materialising
+        self._edge_total = edge_total
 
     @property
     def edge(self) -> Tensor:
@@ -142,6 +144,15 @@ class Marginals:
         if self._edge is None:
             raise AttributeError("these marginals carry no edge marginals")
         return self._edge
+
+    def edge_total(self) -> Tensor:
+        """``sum_t edge[b, t]`` [B, C, C], each example's edge marginals summed over its valid positions (an
+        oracle or a solver may provide them without materialising the per-position edges)."""
+        if callable(self._edge_total):
+            self._edge_total = self._edge_total()
+        if self._edge_total is None:
+            self._edge_total = (self.edge * self.edge_mask()[..., None, None]).sum(1)
+        return self._edge_total
 
     @property
     def has_edge(self) -> bool:

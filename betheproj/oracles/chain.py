@@ -43,7 +43,11 @@ class LinearChain:
     """Exact inference in a linear-chain pairwise MRF ``p(y) ∝ exp(sum_t node[t, y_t] + sum_t edge[t, y_t, y_t+1])``.
 
     All methods are batched over examples of different lengths; see :class:`~betheproj.ChainPotentials`.
+    Per-position edges that are one [C, C] table per example viewed over the positions (stride 0, as
+    ``edge[:, None].expand(B, N-1, C, C)`` makes) are recognised and cost no more than shared ones.
     """
+
+    per_example_edges = True      # the solvers may hand it such views (see betheproj.inference.solve)
 
     def __init__(self) -> None:
         self._cache: tuple | None = None
@@ -122,7 +126,14 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     p.sub_(node_max).exp_()
     edge = pot.edge
     shared = pot.shared_edge
-    edge_max, m = (oracle or LinearChain())._edge_factors(edge, shared)
+    # one [C, C] table per example, viewed over the positions with stride 0 (the solvers' per-example offsets)
+    per_example = not shared and n > 1 and edge.stride(1) == 0
+    if per_example:
+        edge_max = edge[:, 0].amax((-1, -2), keepdim=True)                       # [B, 1, 1]
+        edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
+        m = torch.exp(edge[:, 0] - edge_max)                                      # [B, C, C]
+    else:
+        edge_max, m = (oracle or LinearChain())._edge_factors(edge, shared)
 
     alpha = torch.empty_like(p)
     s = torch.empty(n, b, dtype=dtype, device=device)
@@ -132,7 +143,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
             if shared:
                 torch.mm(alpha[t - 1], m, out=alpha[t])
             else:
-                torch.bmm(alpha[t - 1, :, None, :], m[t - 1], out=alpha[t, :, None, :])
+                torch.bmm(alpha[t - 1, :, None, :], m if per_example else m[t - 1], out=alpha[t, :, None, :])
             alpha[t] *= p[t]
         torch.sum(alpha[t], -1, out=s[t])
         alpha[t] *= (1.0 / s[t])[:, None]
@@ -146,7 +157,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         if shared:
             torch.mm(v, mt, out=beta[t])
         else:
-            torch.bmm(m[t], v[:, :, None], out=beta[t, :, :, None])
+            torch.bmm(m if per_example else m[t], v[:, :, None], out=beta[t, :, :, None])
         torch.sum(beta[t], -1, out=r[t])
         beta[t] *= (1.0 / r[t])[:, None]
         if any_short:
@@ -166,7 +177,10 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     log_z = torch.where(valid_t, torch.log(s) + node_max[..., 0], zero).sum(0)
     if n > 1:
         edge_valid = torch.arange(n - 1, device=device) < (lengths[:, None] - 1)
-        e_shift = edge_max.reshape(-1).expand(b, n - 1) if shared else edge_max.reshape(b, n - 1)
+        if shared:
+            e_shift = edge_max.reshape(-1).expand(b, n - 1)
+        else:
+            e_shift = edge_max.reshape(b, 1).expand(b, n - 1) if per_example else edge_max.reshape(b, n - 1)
         log_z = log_z + torch.where(edge_valid, e_shift, zero).sum(-1)
     bound = 4.0 * c * c * tiny * torch.where(valid_t, (1.0 / s + 1.0 / r) / d, zero).sum(0)
     ok = torch.isfinite(bound) & (bound <= torch.finfo(dtype).eps) & torch.isfinite(log_z)
@@ -233,7 +247,21 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
             total = total + torch.einsum("b,bnij->ij", weights.to(dtype)[slow], slow_edges())
         return total
 
-    mu = Marginals(node_marg, edge_marginals, log_z, lengths)
+    def edge_total() -> Tensor:
+        """Each example's edge marginals summed over its positions [B, C, C], for one transition table per
+        example: ``M_b * sum_t (alpha_t / z_t) (x) v_{t+1}``, without materialising them."""
+        if n == 1:
+            return node.new_zeros(b, c, c)
+        a_prev, v, z = scaled_pairs()
+        w = 1.0 / z
+        if any_short:
+            w = torch.where(torch.arange(n - 1, device=device)[:, None] < (lengths - 1), w, zero)
+        total = m * torch.einsum("tbi,tbj->bij", a_prev * w[..., None], v)
+        if slow_state is not None:
+            total[slow] = slow_edges().sum(1)
+        return total
+
+    mu = Marginals(node_marg, edge_marginals, log_z, lengths, edge_total=edge_total if shared or per_example else None)
     if shared:
         mu.edge_sum = edge_sum
     return mu

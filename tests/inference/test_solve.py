@@ -166,6 +166,63 @@ def test_edge_energy_uses_position_dependent_offsets():
     assert (tilde.edge - sol.marginals.edge).abs().max() < 1e-6
 
 
+class _Opaque(bp.energies.Energy):
+    """The same energy without ``edge_totals``: the solver keeps per-position edge state for it."""
+
+    def __init__(self, energy):
+        self.energy = energy
+
+    def value(self, marginals):
+        return self.energy.value(marginals)
+
+    def grad(self, marginals):
+        return self.energy.grad(marginals)
+
+
+@pytest.mark.parametrize("method", ["md", "rda"])
+def test_edge_totals_path_matches_per_position_path(method):
+    # shared transitions with a forbidden one, short and one-token examples, edge and node measurements
+    edge = torch.randn(4, 4, dtype=DT)
+    edge[1, 2] = -float("inf")
+    theta = bp.ChainPotentials(torch.randn(4, 6, 4, dtype=DT), edge, torch.tensor([6, 4, 1, 5]))
+    energy = (LinearMeasurements(edge=torch.randn(3, 4, 4, dtype=DT), offset=0.3, loss="smoothed_hinge", psi=2.0)
+              + LinearMeasurements(node=torch.randn(2, 4, dtype=DT), offset=-0.5, loss="squared", psi=1.0))
+    assert energy.edge_totals and not _Opaque(energy).edge_totals
+    chain = bp.LinearChain()
+    fast = bp.solve(chain, theta, energy, method=method, max_iter=3000, tol=1e-9)
+    slow = bp.solve(chain, theta, _Opaque(energy), method=method, max_iter=3000, tol=1e-9)
+    assert fast.potentials.edge.stride(1) == 0 and slow.potentials.edge.stride(1) != 0   # which path ran
+    assert torch.allclose(fast.objective, slow.objective, atol=1e-8)
+    assert (fast.marginals.node - slow.marginals.node).abs().max() < 1e-5
+    assert (fast.marginals.edge - slow.marginals.edge).abs().max() < 1e-5
+    assert torch.equal(bp.decode(chain, fast), bp.decode(chain, slow))
+    assert torch.isneginf(fast.potentials.edge[:, :, 1, 2]).all()
+    # Proposition 1 on the edges: the marginals of theta - grad L(mu*) are mu*
+    g = energy.grad(fast.marginals)
+    tilde = chain.marginals(bp.ChainPotentials(theta.node - g.node, theta.full_edge() - g.edge, theta.lengths))
+    gap = (tilde.edge - fast.marginals.edge).abs().max()
+    assert gap < (1e-6 if method == "md" else max(1e-5, 10 * fast.residual.max().item()))   # RDA: O(1/t)
+
+
+def test_chain_edge_totals_and_per_example_tables():
+    edge = torch.randn(3, 4, 4, dtype=DT)
+    edge[0, 0, 1] = -float("inf")
+    node = torch.randn(3, 5, 4, dtype=DT)
+    lengths = torch.tensor([5, 2, 1])
+    chain = bp.LinearChain()
+    view = bp.ChainPotentials(node, edge[:, None].expand(3, 4, 4, 4), lengths)
+    dense = bp.ChainPotentials(node, edge[:, None].expand(3, 4, 4, 4).contiguous(), lengths)
+    mv, md = chain.marginals(view), chain.marginals(dense)
+    assert torch.allclose(mv.node, md.node, atol=1e-14) and torch.allclose(mv.log_partition, md.log_partition)
+    assert torch.allclose(mv.edge, md.edge, atol=1e-14)
+    summed = (md.edge * md.edge_mask()[..., None, None]).sum(1)
+    assert torch.allclose(mv.edge_total(), summed, atol=1e-14) and torch.allclose(md.edge_total(), summed)
+    assert torch.equal(chain.map(view), chain.map(dense))
+    huge = bp.ChainPotentials(node * 1e4, edge[:, None].expand(3, 4, 4, 4) * 1e3, lengths)   # log-space rows
+    exact = chain.marginals(bp.ChainPotentials(huge.node, huge.edge.contiguous(), lengths))
+    assert torch.allclose(chain.marginals(huge).edge_total(), (exact.edge * exact.edge_mask()[..., None, None]).sum(1))
+
+
 def test_decode_map_and_marginal():
     theta = _theta()
     zero = LinearMeasurements(node=torch.ones(1, 4, dtype=DT), psi=0.0)
