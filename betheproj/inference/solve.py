@@ -226,7 +226,9 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     def edge_residual(delta: Tensor, grad: Tensor, mu: Tensor) -> Tensor:
         if not totals:
             return _residual(delta, grad, mu, 2)
-        # the residual of the position-averaged edge marginal (zero iff the offsets are stationary)
+        # the residual of the position-averaged edge marginal: zero only if every position's residual is (the
+        # offsets are the same at every position), and zero at a stationary point unless the positions' edge
+        # supports split into groups that do not overlap
         mass = mu.sum((-1, -2), keepdim=True)
         mean = torch.where(mass > 0, mu / mass.clamp_min(torch.finfo(mu.dtype).tiny), 0.0)
         return _residual(delta[:, None], grad[:, None], mean[:, None], 2)
