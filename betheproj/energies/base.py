@@ -101,6 +101,12 @@ class Energy:
         differentiate it (eq. 15)."""
         return autograd_gradient(self, marginals)
 
+    def total_grad(self, marginals: Marginals) -> Gradient:
+        """For an energy with ``edge_totals``: :meth:`grad` with its edge part as [B, C, C], the gradient at
+        every position (by default read off :meth:`grad`; closed forms skip the per-position tensor)."""
+        g = self.grad(marginals)
+        return Gradient(g.node, None if g.edge is None else g.edge[:, 0])
+
     def validate(self, marginals: Marginals) -> None:
         """Raise ``ValueError`` if the energy does not fit marginals of this shape (called once by solvers)."""
 
@@ -174,6 +180,12 @@ class EnergySum(Energy):
     def edge_totals(self) -> bool:
         return all(term.edge_totals for term in self.terms)
 
+    def total_grad(self, marginals: Marginals) -> Gradient:
+        total = Gradient(None, None)
+        for term in self.terms:
+            total = total + term.total_grad(marginals)
+        return total
+
     def validate(self, marginals: Marginals) -> None:
         for term in self.terms:
             term.validate(marginals)
@@ -202,6 +214,10 @@ class Scaled(Energy):
     def grad(self, marginals: Marginals) -> Gradient:
         w = weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight")
         return self.energy.grad(marginals).scale(w)
+
+    def total_grad(self, marginals: Marginals) -> Gradient:
+        w = weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight")
+        return self.energy.total_grad(marginals).scale(w)
 
     def validate(self, marginals: Marginals) -> None:
         weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight")

@@ -245,17 +245,27 @@ class LinearMeasurements(MeasurementLoss):
         return self._minus_offset(self.measurements(marginals))
 
     # -- Energy API ------------------------------------------------------------------------------
+    def total_grad(self, marginals: Marginals) -> Gradient:
+        if self.edge is None or self.edge.dim() != 3:
+            return super().total_grad(marginals)
+        w = self._slopes(self._z(marginals))
+        g = self._node_grad(marginals, w)
+        return Gradient(g, torch.einsum("bk,kij->bij", w, self.edge.to(marginals.node)))
+
+    def _node_grad(self, marginals: Marginals, w: Tensor) -> Tensor | None:
+        node = marginals.node
+        if self.node is None:
+            return None
+        a = self._node_vectors(node)
+        if self.node.dim() == 2:
+            return (w @ a[0, :, 0])[:, None, :].expand_as(node) * marginals.node_mask()[..., None]
+        g_node = torch.einsum("bj,bjnc->bnc", w, a.expand(node.shape[0], *a.shape[1:]))
+        return g_node * marginals.node_mask()[..., None]
+
     def grad(self, marginals: Marginals) -> Gradient:
         node = marginals.node
         w = self._slopes(self._z(marginals))                                  # [B, J]
-        g_node = g_edge = None
-        if self.node is not None:
-            a = self._node_vectors(node)
-            if self.node.dim() == 2:
-                g_node = (w @ a[0, :, 0])[:, None, :].expand_as(node) * marginals.node_mask()[..., None]
-            else:
-                g_node = torch.einsum("bj,bjnc->bnc", w, a.expand(node.shape[0], *a.shape[1:]))
-                g_node = g_node * marginals.node_mask()[..., None]
+        g_node, g_edge = self._node_grad(marginals, w), None
         if self.edge is not None:
             b, n, c = node.shape
             ae = self._edge_vectors(torch.Size((b, n - 1, c, c)), node)

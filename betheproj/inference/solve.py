@@ -95,9 +95,9 @@ def _masked_gradient(energy: Energy, mu: Marginals) -> Gradient:
 def _total_gradient(energy: Energy, mu: Marginals) -> Gradient:
     """``grad L`` for an energy with ``edge_totals``: node [B, N, C] with padding zeroed, edge [B, C, C] (the
     gradient at every position)."""
-    g = energy.grad(mu)
+    g = energy.total_grad(mu)
     node = _masked(g.node if g.node is not None else torch.zeros_like(mu.node), mu.node_mask())
-    return Gradient(node, None if g.edge is None else g.edge[:, 0])
+    return Gradient(node, g.edge)
 
 
 def _residual(delta: Tensor, grad: Tensor, mu: Tensor, dims: int) -> Tensor:
@@ -198,13 +198,14 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     lengths = potentials.lengths
     base = oracle.marginals(potentials)
     energy.validate(base)
-    g0 = _masked_gradient(energy, base)
-    need_edges = g0.edge is not None or method == "accelerated"
     # Energies that read edge marginals only through per-example sums over positions (Energy.edge_totals),
     # with shared transitions and an oracle that takes one transition table per example, keep every edge
     # quantity as [B, C, C]: edge "marginals" are those sums, offsets are the same at every position.
-    totals = (need_edges and method != "accelerated" and warm_start is None and n > 1 and potentials.shared_edge
+    totals = (method != "accelerated" and warm_start is None and n > 1 and potentials.shared_edge
               and energy.edge_totals and getattr(oracle, "per_example_edges", False))
+    g0 = (_total_gradient if totals else _masked_gradient)(energy, base)
+    need_edges = g0.edge is not None or method == "accelerated"
+    totals = totals and need_edges
     theta = potentials if totals else _edge_potentials(potentials, need_edges)
     calls = b
     start_node, start_edge = _warm_offsets(warm_start, theta, need_edges, method)

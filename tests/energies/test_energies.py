@@ -79,6 +79,27 @@ def test_closed_form_gradient_equals_autograd(name):
         assert closed.edge is None
 
 
+def test_edge_totals_and_total_grad():
+    mu = _marginals()
+    e = _energies(mu)
+    assert e["linear-edge"].edge_totals and not e["linear-edge-position"].edge_totals
+    assert e["poisson"].edge_totals and e["precedence"].edge_totals
+    assert (e["linear-edge"] + 2.0 * e["linear-counts"]).edge_totals
+    assert not (e["linear-edge"] + e["linear-edge-position"]).edge_totals
+    assert not FunctionEnergy(lambda m: m.node.sum((1, 2))).edge_totals
+    # the closed-form per-example edge gradient is the per-position one at every valid position
+    total = e["linear-edge"] + torch.rand(3, dtype=DT) * e["linear-counts"]
+    g, tg = total.grad(mu), total.total_grad(mu)
+    assert tg.edge.shape == (3, 3, 3) and torch.allclose(tg.node, g.node)
+    emask = mu.edge_mask()[..., None, None]
+    assert torch.allclose(torch.where(emask, tg.edge[:, None].expand_as(g.edge), 0.0), g.edge)
+    # value through the chain's summed edges (shared transitions) equals value through the materialised ones
+    pot = bp.ChainPotentials(torch.randn(3, 4, 3, dtype=DT), torch.randn(3, 3, dtype=DT), mu.lengths)
+    shared = bp.LinearChain().marginals(pot)
+    dense = Marginals(shared.node, shared.edge, None, shared.lengths)
+    assert torch.allclose(e["linear-edge"].value(shared), e["linear-edge"].value(dense), atol=1e-12)
+
+
 class _ClosedForm(torch.autograd.Function):
     """``L(mu)`` whose backward is the energy's closed-form gradient, so gradcheck tests that gradient."""
 
