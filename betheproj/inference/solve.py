@@ -17,6 +17,11 @@ previous iterate, is rejected and recomputed with a smaller step (``beta_t`` dou
 halved for MD, ``L`` doubled for the accelerated method), up to ``max_backtracks`` times; the solution
 reports which examples needed it.  Converged examples drop out of the batch: they stop changing and stop
 costing oracle calls.
+
+Edge state is per position ([B, N-1, C, C]) in general.  When the energy reads edge marginals only through
+per-example sums over positions (``Energy.edge_totals``), the transitions are shared and the oracle takes one
+transition table per example (``LinearChain``), ``"rda"`` and ``"md"`` keep it per example ([B, C, C]: the
+sums, the offsets, the gradients), and the oracle gets the offsets as a stride-0 view over the positions.
 """
 
 from __future__ import annotations
