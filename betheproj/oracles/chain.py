@@ -231,32 +231,34 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
             xi[slow] = slow_edges()
         return xi
 
-    def edge_sum(weights: Tensor) -> Tensor:
-        """``sum_{b,t} weights[b] * edge_marginals[b, t]`` [C, C] without materialising them: for shared
-        transitions, ``M * (A^T V)`` with ``A`` the rescaled forward and ``V`` the backward vectors."""
-        if n == 1:
-            return node.new_zeros(c, c)
+    def weighted_pairs(weights: Tensor) -> tuple[Tensor, Tensor]:
+        """``alpha_t w_b / z_t`` (zero past each length) and ``v_{t+1}`` [N-1, B, C]: for one transition table
+        per example, the fast-path edge marginals summed over positions with weights ``w`` [B] are
+        ``M * sum_t (alpha_t w_b / z_t) (x) v_{t+1}``, without materialising them."""
         a_prev, v, z = scaled_pairs()
         w = weights.to(dtype)[None, :] / z
         if any_short:
             w = torch.where(torch.arange(n - 1, device=device)[:, None] < (lengths - 1), w, zero)
+        return a_prev * w[..., None], v
+
+    def edge_sum(weights: Tensor) -> Tensor:
+        """``sum_{b,t} weights[b] * edge_marginals[b, t]`` [C, C] for shared transitions: ``M * (A^T V)``."""
+        if n == 1:
+            return node.new_zeros(c, c)
+        a, v = weighted_pairs(weights)
         if slow_state is not None:
-            w[:, slow] = 0.0
-        total = m * ((a_prev * w[..., None]).reshape(-1, c).t() @ v.reshape(-1, c))
+            a[:, slow] = 0.0
+        total = m * (a.reshape(-1, c).t() @ v.reshape(-1, c))
         if slow_state is not None:
             total = total + torch.einsum("b,bnij->ij", weights.to(dtype)[slow], slow_edges())
         return total
 
     def edge_total() -> Tensor:
-        """Each example's edge marginals summed over its positions [B, C, C], for one transition table per
-        example: ``M_b * sum_t (alpha_t / z_t) (x) v_{t+1}``, without materialising them."""
+        """Each example's edge marginals summed over its positions [B, C, C]."""
         if n == 1:
             return node.new_zeros(b, c, c)
-        a_prev, v, z = scaled_pairs()
-        w = 1.0 / z
-        if any_short:
-            w = torch.where(torch.arange(n - 1, device=device)[:, None] < (lengths - 1), w, zero)
-        total = m * torch.einsum("tbi,tbj->bij", a_prev * w[..., None], v)
+        a, v = weighted_pairs(torch.ones(b, dtype=dtype, device=device))
+        total = m * torch.einsum("tbi,tbj->bij", a, v)
         if slow_state is not None:
             total[slow] = slow_edges().sum(1)
         return total
