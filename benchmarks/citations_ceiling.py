@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -36,6 +37,8 @@ def main() -> None:
                         help="Algorithm 3 epochs over the test split (one fit each)")
     parser.add_argument("--dev-halves", type=int, default=0, help="also fit c on this many random halves of dev")
     args = parser.parse_args()
+    if not Path(args.model).is_file():
+        parser.error(f"--model: no trained model at {args.model}; run 'betheproj citations --data DIR --out DIR' first")
     data = load_citations(args.data)
     test, dev = data["test"], data["dev"]
     index, model = load_model(args.model)

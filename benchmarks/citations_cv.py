@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -42,6 +43,8 @@ def main() -> None:
                         help=f"a setting for learning c, one of {sorted(TUNABLE)}")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = parser.parse_args()
+    if not Path(args.model).is_file():
+        parser.error(f"--model: no trained model at {args.model}; run 'betheproj citations --data DIR --out DIR' first")
     dev = load_citations(args.data)["dev"]
     index, model = load_model(args.model)
     saved = torch.load(args.model, weights_only=True)["config"]

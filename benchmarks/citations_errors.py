@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
+from pathlib import Path
 
 from betheproj.data.citations import SPLITS, bio_segments, load_citations
 from betheproj.experiments.citations import _nonlocal_predictor, f1_of, load_model
@@ -58,6 +59,8 @@ def main() -> None:
     parser.add_argument("--split", default="dev", choices=sorted(SPLITS))
     parser.add_argument("--top", type=int, default=15, help="how many confusions to list")
     args = parser.parse_args()
+    if not Path(args.model).is_file():
+        parser.error(f"--model: no trained model at {args.model}; run 'betheproj citations --data DIR --out DIR' first")
     cites = load_citations(args.data)[args.split]
     index, model = load_model(args.model)
     enc = index.encode(cites)
