@@ -3,13 +3,16 @@
 Run by hand, after ``betheproj citations --data DIR --out citations-results`` (which writes the model):
 
     python benchmarks/citations_cv.py --data ../shared/data/umass_citation/original \
-        --model citations-results/model.pt [--set epochs=15] [--seeds 0 1 2]
+        --model citations-results/model.pt [--set epochs=15] [--set length_agreement=none] [--seeds 0 1 2]
 
 The dev F1 of the non-local row is measured on the citations its weights ``c`` were learned on, so it flatters
 every setting that fits ``c`` harder. Here dev is split in two random halves; ``c`` is learned by Algorithm 3 on
-each half (the saved run's settings, with ``--set`` overrides of :class:`CitationConfig` fields such as
-``epochs``, ``psi_lr``, ``batch_size``, ``train_iter``) and the other half is tagged; the F1 over all of dev's
-held-out predictions is printed for each seed (the seed picks the halves and the minibatch order).
+each half (the saved run's settings, with ``--set`` overrides of :class:`CitationConfig` fields: those of
+learning c, ``epochs``, ``psi_lr``, ``batch_size``, ``train_iter``, and those of the templates, which are
+instantiated again on the training split, ``length_agreement``, ``order_agreement``, ``format_together``
+(``none``: without that family), ``min_support``, ``min_agreement``, ``hinge_width``) and the other half is
+tagged; the F1 over all of dev's held-out predictions is printed for each seed (the seed picks the halves and
+the minibatch order). The base CRF is the saved one throughout.
 """
 
 from __future__ import annotations
@@ -20,19 +23,30 @@ from pathlib import Path
 
 import torch
 
+from betheproj.data.citation_constraints import bigram_exclusions, citation_constraints, order_constraints
 from betheproj.data.citations import load_citations
-from betheproj.experiments.citations import CitationConfig, _nonlocal_predictor, f1_of, load_model
+from betheproj.experiments.citations import CitationConfig, _nonlocal_predictor, constraint_model, f1_of, load_model
 from betheproj.learning.metrics import segment_f1
 from betheproj.learning.train import fit_doubly_stochastic
 
-TUNABLE = {"epochs": int, "batch_size": int, "train_iter": int, "psi_lr": float}
+
+def _optional(value: str) -> float | None:
+    return None if value.lower() == "none" else float(value)
 
 
-def override(text: str) -> tuple[str, int | float]:
+TUNABLE = {"epochs": int, "batch_size": int, "train_iter": int, "psi_lr": float, "min_support": int,
+           "min_agreement": float, "hinge_width": float, "length_agreement": _optional,
+           "order_agreement": _optional, "format_together": _optional}
+
+
+def override(text: str) -> tuple[str, int | float | None]:
     key, _, value = text.partition("=")
     if key not in TUNABLE:
         raise argparse.ArgumentTypeError(f"--set takes one of {sorted(TUNABLE)}=VALUE, got {text!r}")
-    return key, TUNABLE[key](value)
+    try:
+        return key, TUNABLE[key](value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--set {key} takes a number, got {value!r}") from None
 
 
 def main() -> None:
@@ -45,10 +59,19 @@ def main() -> None:
     args = parser.parse_args()
     if not Path(args.model).is_file():
         parser.error(f"--model: no trained model at {args.model}; run 'betheproj citations --data DIR --out DIR' first")
-    dev = load_citations(args.data)["dev"]
-    index, model = load_model(args.model)
+    data = load_citations(args.data)
+    train, dev = data["train"], data["dev"]
+    index, saved_model = load_model(args.model)
     saved = torch.load(args.model, weights_only=True)["config"]
     config = CitationConfig(**{**saved, "test_iters": tuple(saved["test_iters"]), **dict(args.set)})
+    constraints = citation_constraints(train, index.labels, config.min_support, config.min_agreement,
+                                       length_agreement=config.length_agreement)
+    order = None if config.order_agreement is None else order_constraints(
+        train, index.labels, config.min_support, config.order_agreement)
+    formats = None if config.format_together is None else bigram_exclusions(
+        train, index.labels, config.min_support, config.format_together)
+    model = constraint_model(saved_model.theta, constraints, config, order, formats)
+    print(f"{len(constraints)} count, {len(order or [])} order, {len(formats or [])} name-format templates")
     x, y, n = index.encode(dev)
     scores = []
     for seed in args.seeds:
