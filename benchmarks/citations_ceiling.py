@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
 from betheproj.data.citations import load_citations
-from betheproj.experiments.citations import _nonlocal_predictor, f1_of, load_model
-from betheproj.learning.train import fit_doubly_stochastic
-from betheproj.oracles import LinearChain
+from betheproj.experiments.citations import f1_of, learn_weights, load_run, nonlocal_predictor, viterbi_predictor
 
 
 def main() -> None:
@@ -37,40 +34,32 @@ def main() -> None:
                         help="Algorithm 3 epochs over the test split (one fit each)")
     parser.add_argument("--dev-halves", type=int, default=0, help="also fit c on this many random halves of dev")
     args = parser.parse_args()
-    if not Path(args.model).is_file():
-        parser.error(f"--model: no trained model at {args.model}; run 'betheproj citations --data DIR --out DIR' first")
+    try:
+        index, model, config = load_run(args.model)
+    except FileNotFoundError as error:
+        parser.error(f"--model: {error}")
     data = load_citations(args.data)
-    test, dev = data["test"], data["dev"]
-    index, model = load_model(args.model)
-    config = torch.load(args.model, weights_only=True)["config"]
+    test = data["test"]
     enc = index.encode(test)
-    base = model.theta
-    iters = config["test_iters"][-1]
-
-    def viterbi(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-        return LinearChain().map(base(x, n))
-
-    baseline = f1_of(viterbi, index, test, enc)[0]
-    saved = f1_of(_nonlocal_predictor(model, iters), index, test, enc)[0]
+    iters = config.test_iters[-1]
+    baseline = f1_of(viterbi_predictor(model.theta), index, test, enc)[0]
+    saved = f1_of(nonlocal_predictor(model, iters), index, test, enc)[0]
     print(f"test F1: baseline {baseline:.2f}; c learned on dev (the saved run) {saved:.2f} ({saved - baseline:+.2f})")
 
-    def fit_and_score(x: torch.Tensor, y: torch.Tensor, n: torch.Tensor, epochs: int, seed: int) -> str:
-        with torch.no_grad():
-            model.psi.value.fill_(config["psi_init"])
+    def fit_and_score(encoded: tuple[torch.Tensor, torch.Tensor, torch.Tensor], epochs: int, seed: int) -> str:
         start = time.perf_counter()
-        fit_doubly_stochastic(model, x, y, n, epochs=epochs, batch_size=config["batch_size"], lr=config["psi_lr"],
-                              psi_lr=config["psi_lr"], learn_theta=False, train_iter=config["train_iter"], seed=seed)
-        f1 = f1_of(_nonlocal_predictor(model, iters), index, test, enc)[0]
+        learn_weights(model, encoded, config, epochs=epochs, seed=seed)
+        f1 = f1_of(nonlocal_predictor(model, iters), index, test, enc)[0]
         return (f"{f1:.2f} ({f1 - baseline:+.2f}; {int((model.psi.value > 0).sum())} active, "
                 f"{time.perf_counter() - start:.0f} s)")
 
     for epochs in args.epochs:
-        print(f"c learned on test, {epochs} epochs: {fit_and_score(*enc, epochs, config['seed'])}")
-    x, y, n = index.encode(dev)
+        print(f"c learned on test, {epochs} epochs: {fit_and_score(enc, epochs, config.seed)}")
+    dev = index.encode(data["dev"])
     for half in range(args.dev_halves):
-        rows = torch.randperm(len(n), generator=torch.Generator().manual_seed(half))[: len(n) // 2]
-        print(f"c learned on dev half {half} ({len(rows)} citations), {config['epochs']} epochs: test "
-              f"{fit_and_score(x[rows], y[rows], n[rows], config['epochs'], half)}")
+        rows = torch.randperm(len(dev[2]), generator=torch.Generator().manual_seed(half))[: len(dev[2]) // 2]
+        print(f"c learned on dev half {half} ({len(rows)} citations), {config.epochs} epochs: test "
+              f"{fit_and_score(tuple(t[rows] for t in dev), config.epochs, half)}")
 
 
 if __name__ == "__main__":

@@ -18,16 +18,21 @@ the minibatch order). The base CRF is the saved one throughout.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
-from pathlib import Path
 
 import torch
 
-from betheproj.data.citation_constraints import bigram_exclusions, citation_constraints, order_constraints
 from betheproj.data.citations import load_citations
-from betheproj.experiments.citations import CitationConfig, _nonlocal_predictor, constraint_model, f1_of, load_model
+from betheproj.experiments.citations import (
+    constraint_model,
+    f1_of,
+    learn_weights,
+    load_run,
+    nonlocal_predictor,
+    templates,
+)
 from betheproj.learning.metrics import segment_f1
-from betheproj.learning.train import fit_doubly_stochastic
 
 
 def _optional(value: str) -> float | None:
@@ -57,19 +62,14 @@ def main() -> None:
                         help=f"a setting for learning c, one of {sorted(TUNABLE)}")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = parser.parse_args()
-    if not Path(args.model).is_file():
-        parser.error(f"--model: no trained model at {args.model}; run 'betheproj citations --data DIR --out DIR' first")
+    try:
+        index, saved_model, saved = load_run(args.model)
+    except FileNotFoundError as error:
+        parser.error(f"--model: {error}")
+    config = dataclasses.replace(saved, **dict(args.set))
     data = load_citations(args.data)
-    train, dev = data["train"], data["dev"]
-    index, saved_model = load_model(args.model)
-    saved = torch.load(args.model, weights_only=True)["config"]
-    config = CitationConfig(**{**saved, "test_iters": tuple(saved["test_iters"]), **dict(args.set)})
-    constraints = citation_constraints(train, index.labels, config.min_support, config.min_agreement,
-                                       length_agreement=config.length_agreement)
-    order = None if config.order_agreement is None else order_constraints(
-        train, index.labels, config.min_support, config.order_agreement)
-    formats = None if config.format_together is None else bigram_exclusions(
-        train, index.labels, config.min_support, config.format_together)
+    dev = data["dev"]
+    constraints, order, formats = templates(data["train"], index.labels, config)
     model = constraint_model(saved_model.theta, constraints, config, order, formats)
     print(f"{len(constraints)} count, {len(order or [])} order, {len(formats or [])} name-format templates")
     x, y, n = index.encode(dev)
@@ -80,13 +80,9 @@ def main() -> None:
         halves = (perm[: len(dev) // 2], perm[len(dev) // 2:])
         gold, pred = [], []
         for fit, tag in (halves, halves[::-1]):
-            with torch.no_grad():
-                model.psi.value.fill_(config.psi_init)
-            fit_doubly_stochastic(model, x[fit], y[fit], n[fit], epochs=config.epochs, batch_size=config.batch_size,
-                                  lr=config.psi_lr, psi_lr=config.psi_lr, learn_theta=False,
-                                  train_iter=config.train_iter, seed=seed)
+            learn_weights(model, (x[fit], y[fit], n[fit]), config, seed=seed)
             held = [dev[i] for i in tag.tolist()]
-            pred += f1_of(_nonlocal_predictor(model, config.test_iters[-1]), index, held,
+            pred += f1_of(nonlocal_predictor(model, config.test_iters[-1]), index, held,
                           (x[tag], y[tag], n[tag]))[1]
             gold += [c.labels for c in held]
         scores.append(100 * segment_f1(gold, pred).f1)

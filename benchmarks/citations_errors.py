@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-from pathlib import Path
 
 from betheproj.data.citations import SPLITS, bio_segments, load_citations
-from betheproj.experiments.citations import _nonlocal_predictor, f1_of, load_model
-from betheproj.oracles import LinearChain
+from betheproj.experiments.citations import f1_of, load_model, nonlocal_predictor, viterbi_predictor
 
 
 def breakdown(gold: list[list[str]], pred: list[list[str]]) -> tuple[Counter, Counter, int]:
@@ -59,29 +57,24 @@ def main() -> None:
     parser.add_argument("--split", default="dev", choices=sorted(SPLITS))
     parser.add_argument("--top", type=int, default=15, help="how many confusions to list")
     args = parser.parse_args()
-    if not Path(args.model).is_file():
-        parser.error(f"--model: no trained model at {args.model}; run 'betheproj citations --data DIR --out DIR' first")
+    try:
+        index, model = load_model(args.model)
+    except FileNotFoundError as error:
+        parser.error(f"--model: {error}")
     cites = load_citations(args.data)[args.split]
-    index, model = load_model(args.model)
     enc = index.encode(cites)
     gold = [c.labels for c in cites]
     n_gold = sum(len(bio_segments(g)) for g in gold)
-    max_iter = model.max_iter
-
-    def viterbi(x, n):
-        return LinearChain().map(model.theta(x, n))
-
-    rows = {"baseline": f1_of(viterbi, index, cites, enc), "non-local": f1_of(_nonlocal_predictor(model, max_iter),
-                                                                                index, cites, enc)}
+    predictors = {"baseline": viterbi_predictor(model.theta), "non-local": nonlocal_predictor(model, model.max_iter)}
     print(f"{args.split}: {len(cites)} citations, {n_gold} gold segments")
     print(f"{'':<12}{'F1':>7}{'wrong cit.':>12}{'missed':>8}{'label':>7}{'boundary':>10}{'other':>7}")
-    pairs: Counter = Counter()
-    for name, (f1, pred) in rows.items():
-        kinds, pairs, wrong = breakdown(gold, pred)             # the last row's confusions are listed below
+    for name, predict in predictors.items():
+        f1, pred = f1_of(predict, index, cites, enc)
+        kinds, pairs, wrong = breakdown(gold, pred)
         print(f"{name:<12}{f1:>7.2f}{wrong:>12}{sum(kinds.values()):>8}{kinds['label']:>7}{kinds['boundary']:>10}"
               f"{kinds['other']:>7}")
     print("most frequent misses of the non-local row (gold field -> predicted):")
-    for (field, got), count in pairs.most_common(args.top):
+    for (field, got), count in pairs.most_common(args.top):                  # pairs: the last row's
         print(f"{count:>5}  {field} -> {got}")
 
 

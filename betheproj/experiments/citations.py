@@ -42,12 +42,13 @@ from ..inference import decode
 from ..learning import ConstantPsi, NonLocalCRF, SparseChainCRF, fit_crf
 from ..learning.crf import length_chunks
 from ..learning.metrics import segment_f1
-from ..learning.train import fit_doubly_stochastic
+from ..learning.train import History, fit_doubly_stochastic
 from ..oracles import LinearChain
 from ._plot import figure
 
-__all__ = ["PAPER", "CitationConfig", "train_baseline", "constraint_model", "f1_of", "run", "format_table",
-           "plot_iterations", "plot_histogram", "tag_strings", "to_nested_tags", "save_model", "load_model"]
+__all__ = ["PAPER", "CitationConfig", "train_baseline", "templates", "constraint_model", "learn_weights",
+           "viterbi_predictor", "nonlocal_predictor", "f1_of", "run", "format_table", "plot_iterations",
+           "plot_histogram", "tag_strings", "to_nested_tags", "save_model", "load_model", "load_run"]
 
 PAPER = {"baseline": 94.47, "non-local": 95.47, "Anzaroot et al. baseline": 94.41, "Soft-DD": 95.39}
 
@@ -108,6 +109,19 @@ def train_baseline(index: FeatureIndex, encoded: tuple[Tensor, Tensor, Tensor],
     return model
 
 
+def templates(train: Sequence[Citation], labels: Sequence[str], config: CitationConfig
+              ) -> tuple[Constraints, OrderConstraints | None, BigramExclusions | None]:
+    """The count, order and name-format templates of ``config`` instantiated on the ``train`` citations (a
+    family whose setting is ``None`` is left out)."""
+    constraints = citation_constraints(train, labels, config.min_support, config.min_agreement,
+                                       length_agreement=config.length_agreement)
+    order = None if config.order_agreement is None else order_constraints(
+        train, labels, config.min_support, config.order_agreement)
+    formats = None if config.format_together is None else bigram_exclusions(
+        train, labels, config.min_support, config.format_together)
+    return constraints, order, formats
+
+
 def constraint_model(base: SparseChainCRF, constraints: Constraints, config: CitationConfig,
                      order: OrderConstraints | None = None, formats: BigramExclusions | None = None) -> NonLocalCRF:
     """The CRF plus energy (20) over the count ``constraints``, the ``order`` and the name-``formats`` templates,
@@ -132,7 +146,30 @@ def constraint_model(base: SparseChainCRF, constraints: Constraints, config: Cit
     return NonLocalCRF(base, energy, psi=psi, method=config.method, max_iter=config.test_iters[-1])
 
 
-def _nonlocal_predictor(model: NonLocalCRF, max_iter: int, iterations: list[Tensor] | None = None):
+def learn_weights(model: NonLocalCRF, encoded: tuple[Tensor, Tensor, Tensor], config: CitationConfig,
+                  epochs: int | None = None, seed: int | None = None, progress: bool = False) -> History:
+    """Algorithm 3 with theta fixed: the weights ``c`` of ``model``, reset to ``config.psi_init``, learned on the
+    ``encoded`` citations (``config.epochs`` and ``config.seed`` unless given); returns the history."""
+    with torch.no_grad():
+        model.psi.value.fill_(config.psi_init)
+    x, y, n = encoded
+    return fit_doubly_stochastic(model, x, y, n, epochs=config.epochs if epochs is None else epochs,
+                                 batch_size=config.batch_size, lr=config.psi_lr, psi_lr=config.psi_lr,
+                                 learn_theta=False, train_iter=config.train_iter,
+                                 seed=config.seed if seed is None else seed, progress=progress)
+
+
+def viterbi_predictor(base: SparseChainCRF) -> Callable[[Tensor, Tensor], Tensor]:
+    """``(features, lengths) -> labels``: the baseline row, Viterbi in ``theta``."""
+    def predict(x: Tensor, n: Tensor) -> Tensor:
+        return LinearChain().map(base(x, n))
+    return predict
+
+
+def nonlocal_predictor(model: NonLocalCRF, max_iter: int, iterations: list[Tensor] | None = None
+                       ) -> Callable[[Tensor, Tensor], Tensor]:
+    """``(features, lengths) -> labels``: the non-local row, Viterbi in ``theta - grad L(mu*)`` after at most
+    ``max_iter`` solver iterations (each batch's iteration counts appended to ``iterations`` if given)."""
     def predict(x: Tensor, n: Tensor) -> Tensor:
         sol = model.infer(x, n, max_iter)
         if iterations is not None:
@@ -164,15 +201,8 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     base = train_baseline(index, enc["train"], config)
     base_seconds = time.perf_counter() - t
 
-    def viterbi(x: Tensor, n: Tensor) -> Tensor:
-        return LinearChain().map(base(x, n))
-
-    constraints = citation_constraints(data["train"], index.labels, config.min_support, config.min_agreement,
-                                       length_agreement=config.length_agreement)
-    order = None if config.order_agreement is None else order_constraints(
-        data["train"], index.labels, config.min_support, config.order_agreement)
-    formats = None if config.format_together is None else bigram_exclusions(
-        data["train"], index.labels, config.min_support, config.format_together)
+    viterbi = viterbi_predictor(base)
+    constraints, order, formats = templates(data["train"], index.labels, config)
     model = constraint_model(base, constraints, config, order, formats)
     names = constraints.names + (order.names if order else []) + (formats.names if formats else [])
     rows = {"baseline": _Row(*(f1_of(viterbi, index, data[s], enc[s])[0] for s in ("dev", "test")))}
@@ -180,10 +210,7 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
                        f"learning {len(names)} constraint weights on dev ({len(constraints)} count, "
                        f"{len(order or [])} order, {len(formats or [])} name-format)")
     t = time.perf_counter()
-    x, y, n = enc["dev"]
-    history = fit_doubly_stochastic(model, x, y, n, epochs=config.epochs, batch_size=config.batch_size,
-                                    lr=config.psi_lr, psi_lr=config.psi_lr, learn_theta=False,
-                                    train_iter=config.train_iter, seed=config.seed, progress=progress)
+    history = learn_weights(model, enc["dev"], config, progress=progress)
     learn_seconds = time.perf_counter() - t
     c = model.psi.value.detach()
     curves: dict[str, list[float]] = {"dev": [], "test": []}
@@ -191,7 +218,7 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     for it in config.test_iters:
         for split in ("dev", "test"):
             sink = iterations if (split == "test" and it == config.test_iters[-1]) else None
-            curves[split].append(f1_of(_nonlocal_predictor(model, it, sink), index, data[split], enc[split])[0])
+            curves[split].append(f1_of(nonlocal_predictor(model, it, sink), index, data[split], enc[split])[0])
     rows["non-local"] = _Row(curves["dev"][-1], curves["test"][-1])
     active = sorted(((float(v), names[j]) for j, v in enumerate(c.tolist()) if v > 0), reverse=True)
     _progress_log(log, f"non-local: dev {rows['non-local'].dev:.2f} test {rows['non-local'].test:.2f}; "
@@ -305,6 +332,12 @@ def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constr
 
 def load_model(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF]:
     """The feature index and the non-local model written by :func:`save_model`."""
+    index, model, _ = load_run(path)
+    return index, model
+
+
+def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfig]:
+    """:func:`load_model` and the settings the model was trained with."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no trained citation model at {path}: run 'betheproj citations --data DIR' first")
@@ -316,7 +349,7 @@ def load_model(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF]:
     formats = BigramExclusions(**state["formats"]) if "formats" in state else None
     model = constraint_model(base, Constraints(state["a"], state["b"], state["names"]), config, order, formats)
     model.load_state_dict(state["model"])
-    return index, model
+    return index, model, config
 
 
 def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, max_iter: int = 40) -> list[str]:
@@ -329,7 +362,7 @@ def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, m
     if not keep:
         return out
     enc = index.encode([cites[i] for i in keep])
-    _, pred = f1_of(_nonlocal_predictor(model, max_iter), index, [cites[i] for i in keep], enc)
+    _, pred = f1_of(nonlocal_predictor(model, max_iter), index, [cites[i] for i in keep], enc)
     for i, labels in zip(keep, pred, strict=True):
         out[i] = to_nested_tags(cites[i].tokens, labels)
     return out
