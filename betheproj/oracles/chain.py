@@ -236,18 +236,21 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         per example, the fast-path edge marginals summed over positions with weights ``w`` [B] are
         ``M * sum_t (alpha_t w_b / z_t) (x) v_{t+1}``, without materialising them."""
         a_prev, v, z = scaled_pairs()
-        w = weights.to(dtype)[None, :] / z
-        if any_short:
-            w = torch.where(torch.arange(n - 1, device=device)[:, None] < (lengths - 1), w, zero)
-        return a_prev * w[..., None], v
+        a = a_prev * (weights.to(dtype)[None, :] / z)[..., None]
+        if any_short:      # past a length the recursion may hold 0/0 (a dead end in the padding): mask, not scale
+            ev = torch.arange(n - 1, device=device)[:, None] < (lengths - 1)
+            a = torch.where(ev[..., None], a, zero)
+        return a, v
 
     def edge_sum(weights: Tensor) -> Tensor:
         """``sum_{b,t} weights[b] * edge_marginals[b, t]`` [C, C] for shared transitions: ``M * (A^T V)``."""
         if n == 1:
             return node.new_zeros(c, c)
         a, v = weighted_pairs(weights)
-        if slow_state is not None:
+        if slow_state is not None:        # uncertified examples may hold inf/NaN, and A^T V mixes examples
             a[:, slow] = 0.0
+            v = v.clone()
+            v[:, slow] = 0.0
         total = m * (a.reshape(-1, c).t() @ v.reshape(-1, c))
         if slow_state is not None:
             total = total + torch.einsum("b,bnij->ij", weights.to(dtype)[slow], slow_edges())

@@ -155,3 +155,39 @@ def test_fused_edge_sum_equals_the_weighted_edge_marginals(scale):
     m = bp.LinearChain().marginals(pot)
     w = torch.randn(6, dtype=DT)
     assert torch.allclose(m.edge_sum(w), torch.einsum("b,bnij->ij", w, m.edge), atol=1e-12)
+
+
+def _dead_end_in_padding(shared):
+    """Example 1 ends (length 2 of 4) on label 0, whose transitions are all -inf: feasible, but the
+    fast path's recursion past its length is 0/0."""
+    node = torch.zeros(2, 4, 2, dtype=DT)
+    node[1, 1, 1] = -INF
+    node[0, :, 0] = -INF
+    edge = torch.tensor([[-INF, -INF], [0.0, 0.0]], dtype=DT)
+    if not shared:
+        edge = edge.expand(2, 3, 2, 2)                    # the stride-0 per-example view
+    return bp.ChainPotentials(node, edge, torch.tensor([4, 2]))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_edge_sums_ignore_a_dead_end_in_the_padding(shared):
+    pot = _dead_end_in_padding(shared)
+    m, ref = bp.LinearChain().marginals(pot), bp.BruteForce().marginals(pot)
+    assert torch.allclose(m.edge_total(), ref.edge.sum(1))
+    if shared:
+        w = torch.tensor([2.0, -1.0], dtype=DT)
+        assert torch.allclose(m.edge_sum(w), torch.einsum("b,bnij->ij", w, ref.edge))
+        edge = pot.edge.clone().requires_grad_(True)
+        bp.LinearChain().log_partition(bp.ChainPotentials(pot.node, edge, pot.lengths)).sum().backward()
+        assert torch.allclose(edge.grad, ref.edge.sum((0, 1)))
+
+
+def test_shared_edge_gradient_with_an_example_on_the_log_space_path_float32():
+    torch.manual_seed(0)
+    edge = torch.tensor([[-200.0, 0.0], [-200.0, 0.0]], requires_grad=True)
+    node = torch.randn(3, 5, 2)
+    node[1, 2] = torch.tensor([0.0, -200.0])              # this example leaves the fast path
+    lengths = torch.tensor([5, 5, 3])
+    bp.LinearChain().log_partition(bp.ChainPotentials(node, edge, lengths)).sum().backward()
+    ref = bp.BruteForce().marginals(bp.ChainPotentials(node.double(), edge.detach().double(), lengths))
+    assert torch.allclose(edge.grad.double(), ref.edge.sum((0, 1)), atol=1e-5)
