@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Marginals, PairwisePotentials, bethe_entropy, log_partition
+from .base import Marginals, PairwisePotentials, _unchecked, bethe_entropy, log_partition
 
 __all__ = ["LinearChain"]
 
@@ -55,9 +55,9 @@ class LinearChain:
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
         """Node and edge marginals and ``log Z`` (eq. 1's optimum); edge marginals are computed on access.
 
-        The solvers call this with the same edge tensor and shifted node scores; the exponentiated edge
-        scores of the last call are kept (with a reference to their tensor and its version counter, so an
-        in-place change or a new tensor is never mistaken for it)."""
+        The solvers call this with the same edge scores and shifted node scores; the exponentiated edge
+        scores of the last call are kept beside a copy of the scores they came from, and reused only for
+        scores equal to that copy (so no in-place change, even through ``.data``, is mistaken for them)."""
         pot = _check_potentials(potentials)
         with torch.no_grad():
             return _forward_backward(pot, self)
@@ -65,8 +65,9 @@ class LinearChain:
     def _edge_factors(self, edge: Tensor, shared: bool) -> tuple[Tensor, Tensor]:
         """``edge_max`` and ``exp(edge - edge_max)`` (time-major [N-1, B, C, C] unless shared)."""
         cache = getattr(self, "_cache", None)
-        if cache is not None and cache[0] is edge and cache[1] == edge._version:
-            return cache[2], cache[3]
+        if (cache is not None and cache[0].shape == edge.shape and cache[0].dtype == edge.dtype
+                and cache[0].device == edge.device and torch.equal(cache[0], edge)):
+            return cache[1], cache[2]
         zero = torch.zeros((), dtype=edge.dtype, device=edge.device)
         edge_max = edge.amax((-1, -2), keepdim=True)
         edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
@@ -74,7 +75,7 @@ class LinearChain:
         if not shared:
             m = m.transpose(0, 1).contiguous()                    # [N-1, B, C, C]
         if edge.numel() >= 4096:                                  # worth keeping
-            self._cache = (edge, edge._version, edge_max, m)
+            self._cache = (edge.detach().clone(), edge_max, m)
         return edge_max, m
 
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
@@ -192,6 +193,8 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     if slow.numel():
         node_marg = node_marg.contiguous()
         sub = pot.index(slow)
+        if sub.node is pot.node or sub.edge is pot.edge:   # the lazy edge marginals must not see later writes
+            sub = _unchecked(PairwisePotentials, sub.node.clone(), sub.edge.clone(), sub.lengths.clone())
         la, lb, lz = _log_forward_backward(sub)
         _raise_infeasible_at(lz, slow)
         # normalised per position, so rounding of large scores cannot unbalance the sums

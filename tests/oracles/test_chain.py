@@ -191,3 +191,24 @@ def test_shared_edge_gradient_with_an_example_on_the_log_space_path_float32():
     bp.LinearChain().log_partition(bp.ChainPotentials(node, edge, lengths)).sum().backward()
     ref = bp.BruteForce().marginals(bp.ChainPotentials(node.double(), edge.detach().double(), lengths))
     assert torch.allclose(edge.grad.double(), ref.edge.sum((0, 1)), atol=1e-5)
+
+
+def test_cached_edge_factors_follow_writes_through_data():
+    torch.manual_seed(0)
+    node, edge = torch.randn(4, 33, 8, dtype=DT), torch.randn(4, 32, 8, 8, dtype=DT)   # large enough to cache
+    chain = bp.LinearChain()
+    chain.marginals(bp.ChainPotentials(node, edge))
+    edge.data.mul_(3.0)                                   # bumps no version counter
+    again = chain.marginals(bp.ChainPotentials(node, edge)).log_partition
+    assert torch.allclose(again, bp.LinearChain().marginals(bp.ChainPotentials(node, edge)).log_partition)
+
+
+def test_lazy_edge_marginals_do_not_see_later_writes_to_the_potentials():
+    node = torch.tensor([[[0.0, 1.0], [0.0, -1000.0], [0.0, 2.0]]], dtype=DT)   # on the log-space path
+    edge = torch.tensor([[-INF, 0.0], [-INF, 0.0]], dtype=DT)
+    pot = bp.ChainPotentials(node, edge)
+    ref = bp.BruteForce().marginals(pot).edge.clone()
+    mu = bp.LinearChain().marginals(pot)
+    edge.copy_(torch.tensor([[0.0, 0.0], [-INF, 0.0]], dtype=DT))
+    node[0, 0] = torch.tensor([5.0, 0.0], dtype=DT)
+    assert torch.allclose(mu.edge, ref)
