@@ -282,8 +282,25 @@ def _raise_infeasible_at(log_z: Tensor, index: Tensor) -> None:
                          f"potential) for examples {index[bad][:10].tolist()}")
 
 
+def _max_shifted(pot: PairwisePotentials) -> tuple[PairwisePotentials, Tensor]:
+    """The potentials with each position's node scores and each edge table shifted by their (finite) maximum,
+    and the total shift [B] per example: huge constants then cannot absorb the O(1) scores beside them."""
+    node, valid = _valid_node(pot)
+    edge = pot.full_edge()
+    zero = torch.zeros((), dtype=node.dtype, device=node.device)
+    node_max = node.amax(-1, keepdim=True)
+    node_max = torch.where(torch.isfinite(node_max), node_max, zero)
+    edge_max = edge.amax((-1, -2), keepdim=True)
+    edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
+    edge_valid = torch.arange(edge.shape[1], device=node.device) < (pot.lengths[:, None] - 1)
+    shift = node_max[..., 0].sum(-1) + torch.where(edge_valid, edge_max[..., 0, 0], zero).sum(-1)
+    return _unchecked(PairwisePotentials, node - node_max, edge - edge_max, pot.lengths), shift
+
+
 def _log_forward_backward(pot: PairwisePotentials) -> tuple[Tensor, Tensor, Tensor]:
-    """Exact log-space forward-backward: log alpha, log beta [B, N, C] and log Z [B]."""
+    """Exact log-space forward-backward of the max-shifted potentials (:func:`_max_shifted`, which the edge
+    marginals must then use too): log alpha, log beta [B, N, C] and the log Z [B] of ``pot`` itself."""
+    pot, shift = _max_shifted(pot)
     node, valid = _valid_node(pot)
     b, n, c = node.shape
     edge = pot.full_edge()
@@ -298,10 +315,11 @@ def _log_forward_backward(pot: PairwisePotentials) -> tuple[Tensor, Tensor, Tens
         lb[:, t] = torch.where((t >= lengths - 1)[:, None], torch.zeros((), dtype=node.dtype), nxt)
     last = la.gather(1, (lengths - 1)[:, None, None].expand(b, 1, c)).squeeze(1)
     log_z = torch.logsumexp(last, dim=-1)
-    return la, lb, log_z
+    return la, lb, log_z + shift
 
 
 def _log_edge_marginals(pot: PairwisePotentials, la: Tensor, lb: Tensor, log_z: Tensor) -> Tensor:
+    pot, _ = _max_shifted(pot)
     node, _ = _valid_node(pot)
     edge = pot.full_edge()
     score = la[:, :-1, :, None] + edge + (node[:, 1:] + lb[:, 1:])[:, :, None, :]

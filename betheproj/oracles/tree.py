@@ -66,17 +66,26 @@ class Tree:
         return potentials
 
     def _setup(self, pot: PairwisePotentials):
+        """Node scores zeroed past each length, and node scores and edge tables each shifted by their (finite)
+        maximum, so a huge constant cannot absorb the O(1) scores beside it; ``shift`` [B] is their sum."""
         node = pot.node
         b, n, c = node.shape
+        zero = torch.zeros((), dtype=node.dtype, device=node.device)
         valid = torch.arange(n, device=node.device) < pot.lengths[:, None]
-        node = torch.where(valid[..., None], node, torch.zeros((), dtype=node.dtype))
+        node = torch.where(valid[..., None], node, zero)
+        edge = pot.full_edge()
+        node_max = node.amax(-1, keepdim=True)
+        node_max = torch.where(torch.isfinite(node_max), node_max, zero)
+        edge_max = edge.amax((-1, -2), keepdim=True)
+        edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
+        shift = node_max[..., 0].sum(-1) + torch.where(valid[:, 1:], edge_max[..., 0, 0], zero).sum(-1)
         parents = self.parents.to(node.device)
         levels = [lv.to(node.device) for lv in self.levels]
-        return node, pot.full_edge(), valid, parents, levels
+        return node - node_max, edge - edge_max, valid, parents, levels, shift
 
     def _upward(self, pot: PairwisePotentials):
         """Inside scores, upward messages split into finite part and -inf count (to exclude one exactly)."""
-        node, edge, valid, parents, levels = self._setup(pot)
+        node, edge, valid, parents, levels, shift = self._setup(pot)
         inside = node.clone()
         fin = torch.zeros_like(node)                   # finite part of the sum of children's messages
         cnt = torch.zeros(node.shape, dtype=torch.long, device=node.device)  # number of -inf messages
@@ -91,13 +100,13 @@ class Tree:
             # inside of the parents is final once all their children (this level) are in
             par = parents[lv].unique()
             inside[:, par] = torch.where(cnt[:, par] > 0, _neg_inf(node), node[:, par] + fin[:, par])
-        return node, edge, valid, parents, levels, inside, up, fin, cnt
+        return node, edge, valid, parents, levels, shift, inside, up, fin, cnt
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
         pot = self._check(potentials)
         with torch.no_grad():
-            node, edge, valid, parents, levels, inside, up, fin, cnt = self._upward(pot)
-            log_z = torch.logsumexp(inside[:, 0], dim=-1)
+            node, edge, valid, parents, levels, shift, inside, up, fin, cnt = self._upward(pot)
+            log_z = torch.logsumexp(inside[:, 0], dim=-1) + shift
             if not torch.isfinite(log_z).all():
                 bad = torch.nonzero(~torch.isfinite(log_z)).flatten()[:10].tolist()
                 raise ValueError(f"potentials admit no labelling of finite score for examples {bad}")
@@ -130,7 +139,7 @@ class Tree:
         """Max-product MAP: labels [B, N], ``-1`` past each length."""
         pot = self._check(potentials)
         with torch.no_grad():
-            node, edge, valid, parents, levels = self._setup(pot)
+            node, edge, valid, parents, levels, _ = self._setup(pot)
             best = node.clone()
             back = torch.zeros(node.shape, dtype=torch.long, device=node.device)
             for lv in reversed(levels):

@@ -128,7 +128,7 @@ def test_fast_and_log_space_paths_agree():
     m = bp.LinearChain().marginals(pot)
     assert torch.allclose(m.log_partition, lz, rtol=1e-12)
     mask = m.node_mask()[..., None]
-    assert torch.allclose(m.node, torch.where(mask, torch.exp(la + lb - lz[:, None, None]), 0.0), atol=1e-12)
+    assert torch.allclose(m.node, torch.where(mask, torch.softmax(la + lb, -1), 0.0), atol=1e-12)
 
 
 def test_edge_marginals_are_consistent():
@@ -212,3 +212,13 @@ def test_lazy_edge_marginals_do_not_see_later_writes_to_the_potentials():
     edge.copy_(torch.tensor([[0.0, 0.0], [-INF, 0.0]], dtype=DT))
     node[0, 0] = torch.tensor([5.0, 0.0], dtype=DT)
     assert torch.allclose(mu.edge, ref)
+
+
+def test_log_space_path_keeps_small_scores_beside_a_huge_constant():
+    edge = torch.zeros(1, 3, 2, 2, dtype=DT)
+    edge[0, 0] = torch.tensor([[-INF, 0.0], [-INF, 0.0]])          # with -1000 below: on the log-space path
+    node = torch.tensor([[[0.0, 1.0], [0.0, -1000.0], [0.0, 0.0], [0.0, 2.0]]], dtype=DT)
+    ref = bp.LinearChain().marginals(bp.ChainPotentials(node, edge))
+    node[0, 2] = -1e30                                               # a constant position only rescales Z
+    mu = bp.LinearChain().marginals(bp.ChainPotentials(node, edge))
+    assert torch.allclose(mu.node, ref.node) and torch.allclose(mu.edge, ref.edge)

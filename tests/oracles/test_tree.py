@@ -61,3 +61,13 @@ def test_bad_parent_arrays(parents, msg):
 def test_size_mismatch():
     with pytest.raises(ValueError, match="tree has 3 nodes"):
         bp.Tree([-1, 0, 0]).marginals(_pot(4))
+
+
+def test_small_scores_survive_a_huge_constant_edge_table():
+    node = torch.tensor([[[0.0, 1.0], [0.0, 0.0], [0.0, 2.0]]], dtype=torch.float64)
+    edge = torch.zeros(1, 2, 2, 2, dtype=torch.float64)
+    ref = bp.Tree([-1, 0, 1]).marginals(bp.PairwisePotentials(node, edge))
+    edge[0, 1] += 1e20                                       # a constant table only rescales Z
+    mu = bp.Tree([-1, 0, 1]).marginals(bp.PairwisePotentials(node, edge))
+    assert torch.allclose(mu.node, ref.node) and torch.allclose(mu.edge, ref.edge)
+    assert torch.allclose(mu.log_partition, ref.log_partition + 1e20)
