@@ -84,13 +84,22 @@ def eisner(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[
     return _differentiable(scores, log_z, marg), marg
 
 
+def _column_shifted(s: Tensor) -> tuple[Tensor, Tensor]:
+    """Scores with each modifier's column shifted by its (finite) maximum, and the total shift [B]: every tree
+    has one arc into each word, so this only rescales Z, and a huge constant cannot absorb O(1) scores."""
+    col = s.amax(1, keepdim=True)
+    col = torch.where(torch.isfinite(col), col, torch.zeros((), dtype=s.dtype, device=s.device))
+    return s - col, col.sum((1, 2))
+
+
 def _eisner(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    shifted, shift = _column_shifted(s.detach())
     with torch.enable_grad():
-        x = s.detach().requires_grad_(True)
+        x = shifted.requires_grad_(True)
         log_z, _, _ = _chart(x, lengths, single_root, maximize=False)
         _raise_no_tree(log_z)
         (marg,) = torch.autograd.grad(log_z.sum(), x)
-    return log_z.detach(), marg
+    return log_z.detach() + shift, marg
 
 
 def eisner_map(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[Tensor, Tensor]:
@@ -104,8 +113,10 @@ def eisner_map(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tu
 
 
 def _eisner_map(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
-    best, (bp_i, bp_cr, bp_cl), root_child = _chart(s, lengths, single_root, maximize=True)
+    shifted, shift = _column_shifted(s)
+    best, (bp_i, bp_cr, bp_cl), root_child = _chart(shifted, lengths, single_root, maximize=True)
     _raise_no_tree(best)
+    best = best + shift
     b, c, _ = s.shape
     heads = torch.full((b, c - 1), -1, dtype=torch.long)
     bp_i, bp_cr, bp_cl = bp_i.cpu().tolist(), bp_cr.cpu().tolist(), bp_cl.cpu().tolist()

@@ -150,6 +150,20 @@ def test_large_magnitudes_are_finite_and_exact(cls, single_root):
     assert torch.allclose(mu.node.sum(-1), valid.to(DT), atol=1e-12)
 
 
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_a_huge_constant_column_only_rescales_z(cls, single_root):
+    torch.manual_seed(3)
+    scores = torch.randn(1, 5, 5, dtype=DT)
+    scores[:, :, 2] = 0.0
+    ref = cls(single_root=single_root)
+    huge = scores.clone()
+    huge[:, :, 2] = -1e30                         # every tree has exactly one arc into word 2
+    oracle = cls(single_root=single_root)
+    mu = oracle.marginals(arc_potentials(huge))
+    assert torch.allclose(mu.node, ref.marginals(arc_potentials(scores)).node, atol=1e-12)
+    assert torch.equal(oracle.map(arc_potentials(huge)), ref.map(arc_potentials(scores)))
+
+
 @pytest.mark.parametrize("single_root", [False, True])
 def test_fast_and_exact_matrix_tree_agree(single_root):
     scores = _scores(6, 7, 1.0)
