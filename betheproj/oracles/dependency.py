@@ -161,9 +161,22 @@ class DependencyMarginals(Marginals):
         self.structure = structure
 
 
+def _damped_step(evals: Tensor, evecs: Tensor, g_eig: Tensor, g: Tensor, cut: Tensor, lam: Tensor,
+                 support: Tensor) -> tuple[Tensor, Tensor]:
+    """Levenberg-Marquardt step ``-(H + lam I)^+ g`` on the support [B, N, C] and its slope ``<g, step>`` [B],
+    from the eigenpairs of ``H`` (eigenvalues at most ``cut`` treated as zero) and ``g`` in that basis."""
+    zero = torch.zeros((), dtype=evals.dtype, device=evals.device)
+    big = evals > cut
+    inv = torch.where(big, 1.0 / (torch.where(big, evals, 1.0) + lam[:, None]), zero)
+    step = -(evecs @ (inv * g_eig)[..., None]).squeeze(-1)
+    step = torch.where(support, step.reshape(support.shape), zero)
+    return step, (g * step.flatten(1)).sum(-1)
+
+
 class _DependencyOracle:
-    """Shared protocol implementation; subclasses provide ``_marginals_core(scores, lengths)`` -> (log Z, arc
-    marginals, both head-major) and ``_map_core(scores, lengths)`` -> heads [B, N]."""
+    """Shared protocol implementation; subclasses provide ``_marginals_core(scores, lengths, strict)`` -> (log Z,
+    arc marginals, both head-major; ``strict``: raise for an example with no tree, else its ``log Z`` is -inf)
+    and ``_map_core(scores, lengths)`` -> heads [B, N]."""
 
     def __init__(self, single_root: bool = False):
         if not isinstance(single_root, bool):
@@ -171,7 +184,7 @@ class _DependencyOracle:
         self.single_root = single_root
 
     # subclasses ---------------------------------------------------------------------------------------------
-    def _marginals_core(self, scores: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    def _marginals_core(self, scores: Tensor, lengths: Tensor, strict: bool = True) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
     def _map_core(self, scores: Tensor, lengths: Tensor) -> Tensor:
@@ -253,7 +266,7 @@ class _DependencyOracle:
         zero = torch.zeros((), dtype=dtype, device=device)
         ninf = torch.full((), -torch.inf, dtype=dtype, device=device)
         valid = _arc_mask(lengths, c)[:, :, 1:].transpose(1, 2)             # node layout [B, N, C]
-        support = valid & (mu > 0)
+        support = self._in_some_tree(valid & (mu > 0), lengths)
         theta = torch.where(support, torch.log(mu.clamp_min(torch.finfo(dtype).tiny)), ninf)
         edge = mu.new_zeros(c, c)
 
@@ -278,26 +291,35 @@ class _DependencyOracle:
             # Newton step with the pseudo-inverse (Cov is singular along each word's head-sum and other
             # equalities of the polytope; the gradient has no component there)
             evals, evecs = torch.linalg.eigh(hess)
-            cut = evals.amax(-1, keepdim=True) * v * torch.finfo(dtype).eps * 10
-            inv = torch.where(evals > cut, 1.0 / torch.where(evals > cut, evals, 1.0), zero)
+            top = evals.amax(-1, keepdim=True)
+            cut = top * v * torch.finfo(dtype).eps * 10
             gf = g.reshape(-1, v)
-            step = -(evecs @ (inv[..., None] * (evecs.transpose(1, 2) @ gf[..., None]))).squeeze(-1)
-            step = torch.where(support[active], step.reshape(-1, n, c), zero)
-            slope = (gf * step.reshape(-1, v)).sum(-1)                  # -(Newton decrement)^2
+            g_eig = (evecs.transpose(1, 2) @ gf[..., None]).squeeze(-1)
+
+            lam = torch.zeros(active.numel(), dtype=dtype, device=device)
+            step, slope = _damped_step(evals, evecs, g_eig, gf, cut, lam, support[active])   # -(Newton decrement)^2
             # stop where the predicted decrease is below the rounding of F: H is then exact to rounding
             far = -slope > 10 * torch.finfo(dtype).eps * f[active].abs().clamp_min(1.0)
-            active, step, slope = active[far], step[far], slope[far]
+            keep = torch.nonzero(far).flatten()
+            active, step, slope, top, evals, evecs, g_eig, gf, cut = (
+                x[keep] for x in (active, step, slope, top, evals, evecs, g_eig, gf, cut))
             if active.numel() == 0:
                 break
-            t = torch.ones(active.numel(), dtype=dtype, device=device)
             pending = torch.arange(active.numel(), device=device)
             moved = torch.zeros(active.numel(), dtype=torch.bool, device=device)
-            for _ in range(30):                                     # backtracking (Armijo) line search
+            # the full Newton step, then ever more damped ones: directions of rounding-level curvature (arcs of
+            # near-deterministic marginals) can make the undamped step useless at any length
+            for k in range(30):
+                if k:
+                    lam = top[pending, 0] * 10.0 ** (k - 16)
+                    step_p, slope_p = _damped_step(evals[pending], evecs[pending], g_eig[pending], gf[pending],
+                                                   cut[pending], lam, support[active[pending]])
+                else:
+                    step_p, slope_p = step, slope
                 rows = active[pending]
-                th = theta[rows] + t[pending, None, None] * step[pending]
-                th = torch.where(support[rows], th, ninf)
+                th = torch.where(support[rows], theta[rows] + step_p, ninf)
                 f_new, m_new = evaluate(th, rows)
-                ok = torch.isfinite(f_new) & (f_new <= f[rows] + 1e-4 * t[pending] * slope[pending])
+                ok = torch.isfinite(f_new) & (f_new <= f[rows] + 1e-4 * slope_p)
                 if ok.any():
                     r = rows[ok]
                     theta[r], f[r], cur[r] = th[ok], f_new[ok], m_new[ok]
@@ -305,21 +327,40 @@ class _DependencyOracle:
                 pending = pending[~ok]
                 if pending.numel() == 0:
                     break
-                t[pending] /= 2
             active = active[moved]                                  # no decrease: at the rounding floor
         return f
+
+    @staticmethod
+    def _clamp_each(theta: Tensor, support: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One copy of ``theta`` per supported arc ``a = (h -> m)`` with all other heads of ``m`` set to ``-inf``
+        [K, N, C], and the arcs' example, word and head indices [K]."""
+        bi, mi, hi = support.nonzero().unbind(1)
+        k = torch.arange(len(bi), device=theta.device)
+        clamped = theta[bi].clone()
+        keep = torch.nn.functional.one_hot(hi, theta.shape[-1]).bool()
+        clamped[k, mi] = torch.where(keep, clamped[k, mi], -torch.inf)
+        return clamped, bi, mi, hi
+
+    def _in_some_tree(self, support: Tensor, lengths: Tensor) -> Tensor:
+        """``support`` without the arcs that lie in no tree made of supported arcs.  Such arcs carry rounding-level
+        mass in the oracle's own marginals (and so in averages of them) and would make clamping infeasible."""
+        if not support.any():
+            return support
+        theta = torch.where(support, torch.zeros((), dtype=torch.float64), -torch.inf).to(support.device)
+        clamped, bi, mi, hi = self._clamp_each(theta, support)
+        edge = clamped.new_zeros(clamped.shape[-1], clamped.shape[-1])
+        scores, lens = self._scores(_unchecked(PairwisePotentials, clamped, edge, lengths[bi]))
+        log_z, _ = self._marginals_core(scores, lens, strict=False)
+        out = support.clone()
+        out[bi, mi, hi] = torch.isfinite(log_z)
+        return out
 
     def _covariance(self, theta: Tensor, mu: Tensor, support: Tensor, lengths: Tensor) -> Tensor:
         """``Cov(z_a, z_b) = mu_a (mu_b | arc a) - mu_a mu_b`` [B, V, V] (V = N (N+1)), by clamping every
         supported arc ``a = (h -> m)`` (all other heads of ``m`` set to ``-inf``) in one batched oracle call."""
         b, n, c = theta.shape
         v = n * c
-        idx = support.nonzero()                                     # [K, 3]: example, word, head
-        bi, mi, hi = idx.unbind(1)
-        clamped = theta[bi].clone()
-        row = clamped[torch.arange(len(bi), device=theta.device), mi]
-        keep = torch.nn.functional.one_hot(hi, c).bool()
-        clamped[torch.arange(len(bi), device=theta.device), mi] = torch.where(keep, row, -torch.inf)
+        clamped, bi, mi, hi = self._clamp_each(theta, support)
         edge = theta.new_zeros(c, c)
         cond = self.marginals(_unchecked(PairwisePotentials, clamped, edge, lengths[bi])).node   # [K, N, C]
         flat_mu = mu.reshape(b, v)

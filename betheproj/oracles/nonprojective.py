@@ -49,12 +49,14 @@ def matrix_tree(scores: Tensor, lengths: Tensor, single_root: bool = False) -> t
     return _differentiable(scores, log_z, marg), marg
 
 
-def _matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+def _matrix_tree(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:
+    """``strict``: raise for an example with no tree (else its ``log Z`` is ``-inf``)."""
     log_z, marg, ok = _fast_matrix_tree(s, lengths, single_root)
     slow = torch.nonzero(~ok).flatten()
     if slow.numel():
         lz, mg = _exact_matrix_tree(s[slow], lengths[slow], single_root)
-        _raise_no_tree(log_z.index_put((slow,), lz))
+        if strict:
+            _raise_no_tree(log_z.index_put((slow,), lz))
         log_z[slow], marg[slow] = lz, mg
     return log_z, marg
 
@@ -290,8 +292,8 @@ class NonProjective(_DependencyOracle):
     :func:`~betheproj.oracles.dependency.arc_potentials`.
     """
 
-    def _marginals_core(self, scores: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        return _matrix_tree(scores, lengths, self.single_root)
+    def _marginals_core(self, scores: Tensor, lengths: Tensor, strict: bool = True) -> tuple[Tensor, Tensor]:
+        return _matrix_tree(scores, lengths, self.single_root, strict)
 
     def _map_core(self, scores: Tensor, lengths: Tensor) -> Tensor:
         b, c, _ = scores.shape

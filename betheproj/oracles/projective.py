@@ -92,12 +92,14 @@ def _column_shifted(s: Tensor) -> tuple[Tensor, Tensor]:
     return s - col, col.sum((1, 2))
 
 
-def _eisner(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:
+    """``strict``: raise for an example with no tree (else its ``log Z`` is ``-inf``)."""
     shifted, shift = _column_shifted(s.detach())
     with torch.enable_grad():
         x = shifted.requires_grad_(True)
         log_z, _, _ = _chart(x, lengths, single_root, maximize=False)
-        _raise_no_tree(log_z)
+        if strict:
+            _raise_no_tree(log_z)
         (marg,) = torch.autograd.grad(log_z.sum(), x)
     return log_z.detach() + shift, marg
 
@@ -155,8 +157,8 @@ class Projective(_DependencyOracle):
     (:func:`eisner_map`); ``single_root=True`` allows exactly one child of the root.
     """
 
-    def _marginals_core(self, scores: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        return _eisner(scores, lengths, self.single_root)
+    def _marginals_core(self, scores: Tensor, lengths: Tensor, strict: bool = True) -> tuple[Tensor, Tensor]:
+        return _eisner(scores, lengths, self.single_root, strict)
 
     def _map_core(self, scores: Tensor, lengths: Tensor) -> Tensor:
         return _eisner_map(scores, lengths, self.single_root)[1]

@@ -231,6 +231,27 @@ def test_entropy_of_plain_marginals_is_the_conjugate(cls, single_root):
     assert (h_mix >= 0.5 * (oracle.entropy(m1) + oracle.entropy(m2)) - 1e-10).all()
 
 
+def test_conjugate_entropy_ignores_rounding_mass_on_arcs_in_no_tree():
+    s = torch.tensor([[0.0, -INF, -2.458, -INF],                 # -inf arcs leave one tree: 0->2, 2->1, 1->3
+                      [0.0, 0.0, 2.637, 1.840],
+                      [0.0, 0.548, 0.0, -INF],
+                      [0.0, 3.283, 4.989, 0.0]], dtype=DT)[None]
+    mu = NonProjective().marginals(arc_potentials(s))
+    plain = Marginals(mu.node.clone(), None, None, mu.lengths)   # may hold ~1e-13 on arcs 1->2 and 3->2
+    assert abs(float(NonProjective().entropy(plain))) < 1e-10
+
+
+def test_conjugate_entropy_of_near_deterministic_marginals():
+    s = torch.tensor([[[-1331.0949, -81.4503, 123.2838, -16.8059],
+                       [-760.4981, 1761.6567, -342.1495, 260.6731],
+                       [-229.4624, -134.0889, -59.3491, -137.9842],
+                       [-145.4790, -1250.9449, -628.6511, 521.7807]]], dtype=DT)
+    oracle = Projective(single_root=True)
+    mu = oracle.marginals(arc_potentials(s))                     # one alternative tree of probability 7e-7
+    conj = oracle.entropy(Marginals(mu.node.clone(), None, None, mu.lengths))
+    assert torch.allclose(conj, oracle.entropy(mu), rtol=1e-6, atol=1e-15)
+
+
 @pytest.mark.parametrize("cls", [NonProjective, Projective])
 def test_padding_is_ignored(cls):
     scores = _scores(2, 5)
