@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 __all__ = ["main"]
@@ -79,9 +80,29 @@ def _int_list(text: str, name: str, low: int, high: int) -> list[int]:
     return sorted(set(values))
 
 
-def _ocr(args: argparse.Namespace) -> None:
+def _out_folder(path: str, flag: str = "--out"):
+    """``path`` as a folder, created if missing (before any long work, so a bad path fails at once)."""
     from pathlib import Path
 
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{flag}: {folder} exists and is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{flag}: cannot create the folder {folder} ({err.strerror or err})") from None
+    return folder
+
+
+def _need_matplotlib() -> None:
+    """Fail before the work, not after it, when the figures cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError("matplotlib is needed for the figures: pip install 'betheproj[plot]'") from None
+
+
+def _ocr(args: argparse.Namespace) -> None:
     from .data.ocr import load_ocr
     from .experiments import ocr
 
@@ -91,8 +112,9 @@ def _ocr(args: argparse.Namespace) -> None:
     if unknown:
         raise ValueError(f"--rows must be among {', '.join(ocr.ROWS)}, got {', '.join(unknown)}")
     data = load_ocr(args.data)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if any(r in ocr.ENERGY_ROWS for r in rows):
+        _need_matplotlib()
+    out = _out_folder(args.out)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     results = ocr.run(data, folds, rows, ocr.OCRConfig(seed=args.seed), progress=not args.quiet, log=log)
     print(ocr.format_table(results))
@@ -119,7 +141,14 @@ def _citations(args: argparse.Namespace) -> None:
         if not source.is_file():
             raise FileNotFoundError(f"--predict: no file at {source}")
         index, model = citations.load_model(out / "model.pt")
-        for line in citations.tag_strings(source.read_text(encoding="utf-8").splitlines(), index, model):
+        try:
+            text = source.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"--predict: {source} is not UTF-8 text ({err})") from None
+        lines = [line.rstrip("\r") for line in text.split("\n")]      # one output line per input line
+        if lines and lines[-1] == "":
+            lines.pop()
+        for line in citations.tag_strings(lines, index, model):
             print(line)
         return
     if args.data is None:
@@ -127,7 +156,8 @@ def _citations(args: argparse.Namespace) -> None:
     from .data.citations import load_citations
 
     data = load_citations(args.data)
-    out.mkdir(parents=True, exist_ok=True)
+    _need_matplotlib()
+    out = _out_folder(args.out)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     config = citations.CitationConfig(seed=args.seed)
     results = citations.run(data, config, progress=not args.quiet, log=log, save=out / "model.pt")
@@ -156,10 +186,20 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "cgm":
             from .experiments import cgm
 
+            _need_matplotlib()
+            _out_folder(args.out)
             cgm.run(args.grid, args.steps, args.population, args.rate, args.seasons, args.noise, args.seed,
                     args.compare, args.learn, args.out, args.schedule, progress=not args.quiet)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
-        print(f"betheproj {args.command}: error: {err}", file=sys.stderr)
+    except BrokenPipeError:                      # e.g. `betheproj citations --predict F | head`
+        sys.stdout = open(os.devnull, "w")       # so the interpreter's final flush stays quiet
+        return 1
+    except KeyboardInterrupt:
+        print(f"betheproj {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, ImportError, OSError, EOFError) as err:
+        detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
+        message = " ".join(str(detail).split())             # one line, whatever the exception held
+        print(f"betheproj {args.command}: error: {message}", file=sys.stderr)
         return 2
     return 0
 

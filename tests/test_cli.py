@@ -76,6 +76,32 @@ def test_cgm_runs_compares_learns_and_writes(tmp_path, capsys):
 
 def test_cgm_bad_arguments_are_one_line():
     for args, word in ((["--rate", "-1"], "rate"), (["--grid", "0"], "grid"), (["--population", "0"], "population"),
-                       (["--steps", "1"], "steps")):
+                       (["--steps", "1"], "steps"), (["--grid", "-2"], "grid")):
         proc = _cli("cgm", *args, "--out", "/tmp/never-written")
         assert proc.returncode == 2 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, args
+
+
+def test_an_out_path_that_is_a_file_fails_before_the_work(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for args in (["cgm", "--grid", "2", "--steps", "2"], ["ocr", "--data", str(tmp_path)],
+                 ["citations", "--data", str(tmp_path)]):
+        proc = _cli(*args, "--out", str(afile))
+        if args[0] == "cgm":
+            assert "exists and is not a folder" in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_corrupt_ocr_files_are_one_line_errors_naming_the_file(tmp_path):
+    import numpy as np
+
+    empty, truncated, single = tmp_path / "empty.npz", tmp_path / "trunc.npz", tmp_path / "single.npz"
+    empty.write_bytes(b"")
+    np.savez(truncated, X=np.zeros(3))
+    truncated.write_bytes(truncated.read_bytes()[:40])
+    with open(single, "wb") as handle:
+        np.save(handle, np.zeros(3))
+    for path in (empty, truncated, single):
+        proc = _cli("ocr", "--data", str(path), "--out", str(tmp_path / "out"))
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert path.name in proc.stderr and "Traceback" not in proc.stderr

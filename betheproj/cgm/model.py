@@ -105,6 +105,8 @@ class MigrationInstance:
 
 def default_model(grid: int, steps: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> TransitionModel:
     """Short moves with a seasonal drift, random cell attractiveness, a population starting in the south."""
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+        raise ValueError(f"grid must be a positive int, got {grid!r}")
     gen = torch.Generator().manual_seed(seed)
     cells = grid * grid
     attraction = 0.5 * torch.randn(cells, generator=gen, dtype=dtype)

@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Citation", "parse_citation", "read_citations", "load_citations", "tokenize_citation", "SPLITS"]
+__all__ = ["Citation", "parse_citation", "read_citations", "load_citations", "tokenize_citation", "escape_tags",
+           "SPLITS"]
 
 SPLITS = {"train": "training.docs", "dev": "dev.docs", "test": "testing.docs"}
 _TAG = re.compile(r"(</?[A-Za-z][\w.-]*>)")
@@ -97,6 +98,12 @@ def parse_citation(line: str) -> Citation:
     return Citation(tokens, paths, labels, repairs)
 
 
+def escape_tags(token: str) -> str:
+    """``token`` as written in the nested-tag format: if it would read as a tag (``<title>``), with ``&lt;`` and
+    ``&gt;`` for its brackets (the data itself has no such tokens, so nothing is unescaped on reading)."""
+    return token.replace("<", "&lt;").replace(">", "&gt;") if _TAG.search(token) else token
+
+
 def tokenize_citation(line: str) -> list[str]:
     """Split a raw citation string the way the data's tokens are split: on spaces, with commas, semicolons,
     colons and quotes split off a word's end (quotes also off its start), and a final period split off
@@ -121,15 +128,26 @@ def tokenize_citation(line: str) -> list[str]:
 
 
 def read_citations(path: str | Path) -> list[Citation]:
-    """Every non-empty line of a ``.docs`` file (or its ``.docs.gz``)."""
+    """Every line of a ``.docs`` file (or its ``.docs.gz``) that holds a token; lines of tags alone are skipped.
+
+    ``ValueError`` (naming the file) if it cannot be read as UTF-8 (gzip) text or holds no tag at all, as
+    files in another format (e.g. one ``token label`` pair a line) would otherwise read as unlabelled."""
     path = Path(path)
     if not path.is_file() and Path(str(path) + ".gz").is_file():
         path = Path(str(path) + ".gz")
     if not path.is_file():
         raise FileNotFoundError(f"expected the citation file {path.name} (or {path.name}.gz) at {path}")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        return [parse_citation(line) for line in handle if line.strip()]
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            lines = [line for line in handle if line.strip()]
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        kind = "gzip-compressed UTF-8 text" if path.suffix == ".gz" else "UTF-8 text"
+        raise ValueError(f"cannot read {path} as {kind} ({err})") from None
+    if lines and not any(_TAG.search(line) for line in lines):
+        raise ValueError(f"{path} holds no tags: expected one citation a line in the nested-tag format "
+                         "(<authors> <person> ... </person> </authors> <title> ... </title> ...)")
+    return [c for c in (parse_citation(line) for line in lines) if c.tokens]
 
 
 def load_citations(folder: str | Path) -> dict[str, list[Citation]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,13 +43,23 @@ def load_ocr(path: str | Path, dtype: torch.dtype = torch.float32) -> OCRData:
     file = path / OCR_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"expected the OCR data file {OCR_FILE} at {file}")
-    with np.load(file) as data:
+    try:
+        data = np.load(file)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        raise ValueError(f"cannot read {file} as a NumPy .npz archive ({err}); is it {OCR_FILE}?") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ValueError(f"{file} is a single NumPy array, not the .npz archive {OCR_FILE}")
+    with data:
         for key in ("X", "y", "word_id", "position", "word", "word_fold", "word_len"):
             if key not in data.files:
                 raise ValueError(f"{file} lacks the array {key!r}; is it {OCR_FILE}?")
-        x, y = data["X"], data["y"].astype(np.int64)
-        word_id, position = data["word_id"].astype(np.int64), data["position"].astype(np.int64)
-        words, folds, lengths = data["word"], data["word_fold"].astype(np.int64), data["word_len"].astype(np.int64)
+        try:
+            x, y = data["X"], data["y"].astype(np.int64)
+            word_id, position = data["word_id"].astype(np.int64), data["position"].astype(np.int64)
+            words, folds = data["word"], data["word_fold"].astype(np.int64)
+            lengths = data["word_len"].astype(np.int64)
+        except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+            raise ValueError(f"cannot read the arrays of {file} ({err}); is it {OCR_FILE}?") from None
     n_words, n_max = len(words), int(lengths.max())
     pixels = torch.zeros(n_words, n_max, x.shape[1], dtype=dtype)
     labels = torch.full((n_words, n_max), -1, dtype=torch.long)

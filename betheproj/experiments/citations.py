@@ -18,6 +18,7 @@ Scores are segment-level F1 (exact spans, micro-averaged over the leaf fields).
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,7 +36,7 @@ from ..data.citation_constraints import (
     order_constraints,
 )
 from ..data.citation_features import FeatureIndex
-from ..data.citations import Citation, tokenize_citation
+from ..data.citations import Citation, escape_tags, tokenize_citation
 from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
 from ..inference import decode
@@ -290,7 +291,8 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
     groups back: a ``B-`` label at a group's own level after its members continues the group (``and``
     between two persons stays inside ``<authors>``), and a field that already occurred in the innermost open
     group starts a new instance of that group (a second first name, or a last name right after a last name,
-    begins a new ``<person>``); a repeated top-level field is a new instance of itself."""
+    begins a new ``<person>``); a repeated top-level field is a new instance of itself.  A token that would
+    read as a tag (``<title>`` in the raw text) is written with ``&lt;`` and ``&gt;`` for its brackets."""
     out: list[str] = []
     open_path: list[str] = []
     seen: list[set[str]] = []                         # the tags opened directly under each open tag
@@ -312,7 +314,7 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
             seen.append(set())
             out.append(f"<{t}>")
         open_path = path
-        out.append(tok)
+        out.append(escape_tags(tok))
     out += [f"</{t}>" for t in reversed(open_path)]
     return " ".join(out)
 
@@ -341,14 +343,20 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no trained citation model at {path}: run 'betheproj citations --data DIR' first")
-    state = torch.load(path, weights_only=True)
-    index = FeatureIndex.from_state(state["index"])
-    config = CitationConfig(**{**state["config"], "test_iters": tuple(state["config"]["test_iters"])})
-    base = SparseChainCRF(index.num_features, len(index.labels)).double()
-    order = OrderConstraints(**state["order"]) if "order" in state else None
-    formats = BigramExclusions(**state["formats"]) if "formats" in state else None
-    model = constraint_model(base, Constraints(state["a"], state["b"], state["names"]), config, order, formats)
-    model.load_state_dict(state["model"])
+    try:
+        state = torch.load(path, weights_only=True)
+        index = FeatureIndex.from_state(state["index"])
+        config = CitationConfig(**{**state["config"], "test_iters": tuple(state["config"]["test_iters"])})
+        base = SparseChainCRF(index.num_features, len(index.labels)).double()
+        order = OrderConstraints(**state["order"]) if "order" in state else None
+        formats = BigramExclusions(**state["formats"]) if "formats" in state else None
+        model = constraint_model(base, Constraints(state["a"], state["b"], state["names"]), config, order, formats)
+        model.load_state_dict(state["model"])
+    except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError, AttributeError,
+            pickle.UnpicklingError) as err:
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ValueError(f"{path} is not a citation model written by 'betheproj citations' "
+                         f"({type(err).__name__}: {first})") from None
     return index, model, config
 
 

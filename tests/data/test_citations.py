@@ -89,3 +89,20 @@ def test_tokenizer_recovers_the_dev_tokens():
     dev = read_citations(DATA / "dev.docs")
     same = sum(tokenize_citation(_detokenize(c.tokens)) == c.tokens for c in dev)
     assert same >= 0.9 * len(dev)             # measured: 622 of 660; the rest are the data's inconsistencies
+
+
+def test_unreadable_or_untagged_files_are_errors_naming_the_file(tmp_path):
+    (tmp_path / "bad.docs.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="bad.docs.gz as gzip"):
+        read_citations(tmp_path / "bad.docs")
+    (tmp_path / "latin.docs").write_bytes("<title> caf\xe9 </title>".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin.docs as UTF-8"):
+        read_citations(tmp_path / "latin.docs")
+    (tmp_path / "conll.docs").write_text("Smith B-author\nTitle B-title\n")
+    with pytest.raises(ValueError, match="conll.docs holds no tags"):
+        read_citations(tmp_path / "conll.docs")
+
+
+def test_lines_of_tags_alone_are_skipped(tmp_path):
+    (tmp_path / "t.docs").write_text("<title> A title . </title>\n<title> </title>\n\n<year> 2001 </year>\n")
+    assert [c.tokens for c in read_citations(tmp_path / "t.docs")] == [["A", "title", "."], ["2001"]]

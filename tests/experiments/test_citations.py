@@ -72,12 +72,19 @@ def test_small_run_and_cli(tmp_path, capsys):
     # the CLI tags raw strings with the saved model
     raw = tmp_path / "raw.txt"
     untokenised = "A. Smith and B. Jones, Learning things. In Proc. of ICML, pages 1-10, 2005."
-    raw.write_text(" ".join(data["test"][1].tokens) + "\n\n" + untokenised + "\n")
+    tagged = "<title> Tags </title> in text ."
+    raw.write_text(" ".join(data["test"][1].tokens) + "\n\n" + untokenised + "\u2028more .\n" + tagged + "\n")
     assert main(["citations", "--out", str(tmp_path), "--predict", str(raw)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3 and lines[1] == "" and "<" in lines[0]
+    lines = capsys.readouterr().out.split("\n")[:-1]
+    assert len(lines) == 4 and lines[1] == "" and "<" in lines[0]           # one line out per line in (U+2028 too)
     assert parse_citation(lines[0]).tokens == data["test"][1].tokens
-    assert parse_citation(lines[2]).tokens == tokenize_citation(untokenised)       # split as the data is
+    assert parse_citation(lines[2]).tokens == tokenize_citation(untokenised + " more .")   # split as the data is
+    assert parse_citation(lines[3]).tokens == ["&lt;title&gt;", "Tags", "&lt;/title&gt;", "in", "text", "."]
+    # a damaged model file is a one-line error naming it
+    (tmp_path / "model.pt").write_bytes(b"not a model")
+    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw)]) == 2
+    err = capsys.readouterr().err
+    assert "model.pt is not a citation model" in err and len(err.strip().splitlines()) == 1
 
 
 def test_cli_errors(tmp_path, capsys):
