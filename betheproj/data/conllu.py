@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import re
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,7 @@ import numpy as np
 __all__ = ["Sentence", "parse_conllu", "read_conllu", "load_conllu", "format_conllu", "write_conllu"]
 
 _COLUMNS = 10
+_HEAD = re.compile(r"[0-9]+")            # ASCII digits only: str.isdigit() also accepts '²' and '١'
 ID, FORM, LEMMA, UPOS, XPOS, FEATS, HEAD, DEPREL, DEPS, MISC = range(_COLUMNS)
 
 
@@ -33,6 +36,8 @@ class Sentence:
     comments: list[str] = field(default_factory=list)
     words: list[list[str]] = field(default_factory=list)
     extra: list[tuple[int, list[str]]] = field(default_factory=list)
+    line: int = field(default=0, compare=False)
+    """Line of the sentence's first line in the file it was read from (0: unknown)."""
 
     def __len__(self) -> int:
         return len(self.words)
@@ -83,22 +88,41 @@ class Sentence:
         words = [list(w) for w in self.words]
         for w, h in zip(words, heads.tolist(), strict=True):
             w[HEAD] = str(int(h))
-        return Sentence(list(self.comments), words, [(k, list(c)) for k, c in self.extra])
+        return Sentence(list(self.comments), words, [(k, list(c)) for k, c in self.extra], self.line)
 
 
 def _lines(source: str | Path | TextIO) -> Iterator[str]:
     if isinstance(source, str | Path):
         path = Path(source)
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            yield from f
+        try:
+            with opener(path, "rt", encoding="utf-8") as f:
+                yield from f
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+            raise ValueError(f"{path}: not a valid gzip file (expected gzip-compressed CoNLL-U for a .gz name): "
+                             f"{err}") from None
     else:
         yield from source
 
 
+def _utf8_error(path: Path) -> str:
+    """Where the first byte that is not UTF-8 lies in the file (re-read in binary; the error path only)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        hint = " (it looks gzip-compressed: name it .gz)" if raw[:2] == b"\x1f\x8b" else ""
+        line = raw.count(b"\n", 0, err.start) + 1
+        return (f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); expected a UTF-8 CoNLL-U "
+                f"file{hint}")
+    return f"{path}: not UTF-8 text; expected a UTF-8 CoNLL-U file"
+
+
 def _read(lines: Iterable[str], name: str) -> list[Sentence]:
     sentences: list[Sentence] = []
-    cur = Sentence()
+    cur = Sentence(line=1)
     start = 1
 
     def finish(lineno: int) -> None:
@@ -108,13 +132,13 @@ def _read(lines: Iterable[str], name: str) -> list[Sentence]:
             for i, w in enumerate(cur.words):
                 if w[ID] != str(i + 1):
                     raise ValueError(f"{name}:{start}: word IDs must be 1..{n} in order, got {w[ID]!r} at word {i + 1}")
-                if w[HEAD] != "_" and not (w[HEAD].isdigit() and int(w[HEAD]) <= n):
+                if w[HEAD] != "_" and not (_HEAD.fullmatch(w[HEAD]) and int(w[HEAD]) <= n):
                     raise ValueError(f"{name}:{start}: HEAD of word {i + 1} must be an integer in 0..{n} or '_', "
                                      f"got {w[HEAD]!r}")
             sentences.append(cur)
         elif cur.comments or cur.extra:
             raise ValueError(f"{name}:{start}: sentence without word lines (line {lineno})")
-        cur = Sentence()
+        cur = Sentence(line=lineno + 1)
 
     lineno = 0
     for lineno, raw in enumerate(lines, 1):
@@ -147,7 +171,12 @@ def parse_conllu(text: str, name: str = "<string>") -> list[Sentence]:
 def read_conllu(source: str | Path | TextIO) -> list[Sentence]:
     """Sentences of a ``.conllu`` / ``.conllu.gz`` file (path) or an open text stream."""
     name = str(source) if isinstance(source, str | Path) else getattr(source, "name", "<stream>")
-    return _read(_lines(source), name)
+    try:
+        return _read(_lines(source), name)
+    except UnicodeDecodeError as err:
+        if isinstance(source, str | Path):
+            raise ValueError(_utf8_error(Path(source))) from None
+        raise ValueError(f"{name}: not UTF-8 text ({err}); expected a UTF-8 CoNLL-U stream") from None
 
 
 def load_conllu(path: str | Path) -> list[Sentence]:

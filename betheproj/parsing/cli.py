@@ -78,6 +78,29 @@ def _positive(value: int, name: str) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
+def _output_path(value: str, option: str) -> Path:
+    """``value`` checked, before any work, to be a file ``option`` can write: its folder exists and is a folder,
+    and it is not itself a folder."""
+    out = Path(value)
+    if out.is_dir():
+        raise ValueError(f"{option} {out} is a directory; expected a file name")
+    folder = out.parent
+    if not folder.exists():
+        raise FileNotFoundError(f"the folder of {option} {out} does not exist")
+    if not folder.is_dir():
+        raise ValueError(f"the folder of {option} {out} ({folder}) is not a directory")
+    return out
+
+
+def _require_scorable(data: list, option: str, path: str, punct: bool = False) -> None:
+    """``ValueError`` when ``data`` (read from ``option`` ``path``) has no word with a gold HEAD to score."""
+    from .metrics import scorable_words
+
+    if not scorable_words(data, punct):
+        scope = "" if punct else " (punctuation excluded)"
+        raise ValueError(f"{option} {path} has no words with a gold HEAD{scope}")
+
+
 def _load(path: str):
     """An arc-factored or a second-order model, whichever ``path`` holds (the file is read once)."""
     from . import parser, second_order
@@ -103,7 +126,7 @@ def _heads(parser, data, args: argparse.Namespace) -> list:
 def run(args: argparse.Namespace) -> None:
     """Execute ``parse train|eval|predict`` for parsed ``args``."""
     from ..data.conllu import load_conllu, write_conllu
-    from .parser import DependencyParser
+    from .parser import DependencyParser, check_gold_trees
 
     if args.parse_command == "train":
         if args.epochs is not None:
@@ -112,19 +135,21 @@ def run(args: argparse.Namespace) -> None:
             raise ValueError(f"--bits must lie in 8..30, got {args.bits}")
         if not args.lam > 0:
             raise ValueError(f"--lam must be > 0, got {args.lam}")
-        out = Path(args.model)
-        if out.parent and not out.parent.exists():
-            raise FileNotFoundError(f"the folder of --model {out} does not exist")
+        out = _output_path(args.model, "--model")
+        first = DependencyParser.load(args.second_order) if args.second_order else None
         train = load_conllu(args.train)
         dev = load_conllu(args.dev) if args.dev else None
+        if dev is not None:
+            _require_scorable(dev, "--dev", args.dev)
+        single_root = first.single_root if first is not None else args.single_root
+        check_gold_trees(train, single_root, name=args.train)
         log = _log(args.quiet)
         start = time.perf_counter()
         if args.second_order:
             from .second_order import SecondOrderParser
 
             epochs = 3 if args.epochs is None else args.epochs
-            parser = SecondOrderParser(DependencyParser.load(args.second_order), bits=args.bits,
-                                       context=not args.no_context)
+            parser = SecondOrderParser(first, bits=args.bits, context=not args.no_context)
             parser.fit(train, epochs=epochs, seed=args.seed, dev=dev, progress=not args.quiet, log=log)
             kind = "second order"
         else:
@@ -145,6 +170,7 @@ def run(args: argparse.Namespace) -> None:
         _positive(args.batch_size, "--batch-size")
         parser = _load(args.model)
         data = load_conllu(args.data)
+        _require_scorable(data, "--data", args.data, args.punct)
         start = time.perf_counter()
         heads = _heads(parser, data, args)
         seconds = time.perf_counter() - start
@@ -153,16 +179,17 @@ def run(args: argparse.Namespace) -> None:
         correct, total = attachment_counts(data, heads, punct=args.punct)
         words = sum(len(s) for s in data)
         scope = "all words" if args.punct else "punctuation excluded"
-        print(f"UAS {100.0 * correct / max(total, 1):.2f} ({correct}/{total}, {scope}) on {len(data)} sentences; "
+        print(f"UAS {100.0 * correct / total:.2f} ({correct}/{total}, {scope}) on {len(data)} sentences; "
               f"parsed {words} words in {seconds:.2f}s ({words / max(seconds, 1e-9):.0f} words/s)")
     elif args.parse_command == "predict":
         _positive(args.batch_size, "--batch-size")
+        output = _output_path(args.output, "--output") if args.output else None
         parser = _load(args.model)
         data = load_conllu(args.input)
         heads = _heads(parser, data, args)
-        if args.output:
-            write_conllu(data, args.output, heads)
-            print(f"parsed {len(data)} sentences; wrote {args.output}", file=sys.stderr)
+        if output is not None:
+            write_conllu(data, output, heads)
+            print(f"parsed {len(data)} sentences; wrote {output}", file=sys.stderr)
         else:
             write_conllu(data, sys.stdout, heads)
     else:  # pragma: no cover - argparse enforces the choices

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..data.conllu import Sentence
 
-__all__ = ["PUNCT", "uas", "attachment_counts"]
+__all__ = ["PUNCT", "uas", "attachment_counts", "scorable_words"]
 
 PUNCT = "PUNCT"
 """Punctuation convention: a word is punctuation iff its *gold* UPOS is ``PUNCT`` (UD's universal tag; ``SYM`` and
@@ -18,6 +18,13 @@ everything else are scored).  This is the usual "UAS without punctuation" on UD 
 
 def _heads(x: Sentence | Sequence[int] | np.ndarray) -> np.ndarray:
     return x.heads if isinstance(x, Sentence) else np.asarray(x, dtype=np.int64)
+
+
+def scorable_words(gold: Sequence[Sentence], punct: bool = False) -> int:
+    """How many words :func:`attachment_counts` would score: those with a gold HEAD (not punctuation unless
+    ``punct``)."""
+    return sum(int(((s.heads >= 0) & (punct or np.array([u != PUNCT for u in s.upos], dtype=bool))).sum())
+               for s in gold)
 
 
 def attachment_counts(gold: Sequence[Sentence], predicted: Sequence[Sentence | Sequence[int] | np.ndarray],

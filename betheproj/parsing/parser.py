@@ -22,9 +22,9 @@ from ..learning.online import OnlineResult, SparseExample, fit_online
 from ..oracles.base import PairwisePotentials
 from ..progress import progress_bar
 from .features import ArcFeatures
-from .metrics import uas
+from .metrics import scorable_words, uas
 
-__all__ = ["DependencyParser", "GreedyFirst", "read_model"]
+__all__ = ["DependencyParser", "GreedyFirst", "read_model", "tree_error", "check_gold_trees"]
 
 FORMAT = "betheproj-dependency-parser"
 VERSION = 1
@@ -46,6 +46,53 @@ def read_model(path: str | Path, formats: dict[str, int], what: str) -> dict:
         raise ValueError(f"{p}: unsupported model version {state.get('version')!r} "
                          f"(expected {formats[state['format']]})")
     return state
+
+
+def tree_error(heads: np.ndarray, single_root: bool = False) -> str | None:
+    """Why ``heads`` (the HEAD of words ``1..n``, 0 = root) is not a dependency tree rooted at 0 (with
+    ``single_root``: with exactly one word attached to 0), or ``None`` if it is one."""
+    heads = np.asarray(heads, dtype=np.int64)
+    n = len(heads)
+    if n == 0:
+        return "no words"
+    if (heads < 0).any():
+        return f"a word without a gold HEAD (word {int(np.argmax(heads < 0)) + 1})"
+    if (heads > n).any():
+        k = int(np.argmax(heads > n))
+        return f"HEAD {int(heads[k])} of word {k + 1} is not in 0..{n}"
+    loops = np.nonzero(heads == np.arange(1, n + 1))[0]
+    if len(loops):
+        return f"gold heads are not a tree: word {loops[0] + 1} is its own HEAD"
+    roots = int((heads == 0).sum())
+    if roots == 0:
+        return "gold heads are not a tree: no word is attached to the root 0"
+    if single_root and roots > 1:
+        return f"gold heads are not a tree with a single root: {roots} words are attached to the root 0"
+    state = [0] * (n + 1)                   # 0: not seen, 1: on the current path, 2: reaches the root
+    state[0] = 2
+    for m in range(1, n + 1):
+        path, v = [], m
+        while state[v] == 0:
+            state[v] = 1
+            path.append(v)
+            v = int(heads[v - 1])
+        if state[v] == 1:
+            cycle = path[path.index(v):]
+            return f"gold heads are not a tree: words {', '.join(map(str, cycle))} form a cycle"
+        for u in path:
+            state[u] = 2
+    return None
+
+
+def check_gold_trees(sentences: Sequence[Sentence], single_root: bool = False, what: str = "training",
+                     name: str | None = None) -> None:
+    """Raise ``ValueError`` naming the first sentence whose gold heads are not a tree (:func:`tree_error`):
+    ``{what} sentence {i}``, prefixed with ``{name}:{line}`` when the file ``name`` is given."""
+    for i, s in enumerate(sentences):
+        problem = tree_error(s.heads, single_root)
+        if problem is not None:
+            where = f"{name}:{s.line}: " if name is not None and s.line else (f"{name}: " if name else "")
+            raise ValueError(f"{where}{what} sentence {i}: {problem}")
 
 
 class GreedyFirst:
@@ -147,9 +194,9 @@ class DependencyParser:
         sentences = list(sentences)
         if not sentences:
             raise ValueError("no training sentences")
-        for i, s in enumerate(sentences):
-            if len(s) == 0 or (s.heads < 0).any():
-                raise ValueError(f"training sentence {i} has no words or a word without a gold HEAD")
+        check_gold_trees(sentences, self.single_root)
+        if dev is not None and not scorable_words(dev):
+            raise ValueError("dev has no words with a gold HEAD to score (punctuation excluded)")
         start = time.perf_counter()
         ids: list = self.features.batch(sentences)
         examples = []

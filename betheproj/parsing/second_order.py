@@ -44,8 +44,8 @@ from ..oracles.dependency import _arc_mask
 from ..oracles.nonprojective import NonProjective, matrix_tree
 from ..progress import progress_bar
 from .features import _hash_string, _Hasher, _mix
-from .metrics import uas
-from .parser import DependencyParser, GreedyFirst, read_model
+from .metrics import scorable_words, uas
+from .parser import DependencyParser, GreedyFirst, check_gold_trees, read_model
 
 __all__ = ["SecondOrderFeatures", "Candidates", "prune", "BPResult", "loopy_bp", "loopy_bp_parse",
            "mean_field_parse", "SecondOrderParser"]
@@ -220,6 +220,10 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
         if gold and (s.heads < 0).any():
             raise ValueError(f"sentence {i} has a word without a gold HEAD")
     lengths = np.array([len(s) for s in sentences], dtype=np.int64)
+    if not sentences:                                   # nothing to prune (np.concatenate needs an array)
+        empty = np.zeros(0, dtype=np.int16)
+        return Candidates(np.zeros(1, dtype=np.int64), empty, empty.copy(),
+                          np.zeros((0, first.features.num_slots), dtype=np.int32), lengths, float("nan"))
     oracle = NonProjective(single_root=first.single_root)
     decoder = GreedyFirst(oracle)
     kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [None] * len(sentences)  # type: ignore[list-item]
@@ -525,6 +529,9 @@ class SecondOrderParser:
             raise ValueError("no training sentences")
         if epochs < 1 or train_iter < 1 or max_batch < 1:
             raise ValueError("epochs, train_iter and max_batch must be >= 1")
+        check_gold_trees(sentences, self.first.single_root)
+        if dev is not None and not scorable_words(dev):
+            raise ValueError("dev has no words with a gold HEAD to score (punctuation excluded)")
         start = time.perf_counter()
         cands = prune(self.first, self.pruner, sentences, self.top_k, self.min_prob, gold=True)
         prune_seconds = time.perf_counter() - start
@@ -572,7 +579,7 @@ class SecondOrderParser:
                         history.append((steps, score))
                         if log is not None:
                             log(f"step {steps}: loss {np.mean(losses[-eval_every:]):.4f}, dev UAS {score:.2f}")
-                        if best is None or score > best:
+                        if not math.isnan(score) and (best is None or score > best):   # NaN: nothing scored
                             best, best_state = score, (self.w1.detach().clone(), self.w2.detach().clone())
                     if timeout:
                         stopped = True

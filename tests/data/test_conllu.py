@@ -2,6 +2,7 @@
 
 import gzip
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -97,3 +98,42 @@ def test_real_ewt_counts_and_byte_identical_round_trip(split, sentences, words, 
     assert sum(len(s.extra) for s in data) == extra          # multiword tokens + empty nodes (SOURCE.md)
     with gzip.open(path, "rt", encoding="utf-8") as f:
         assert format_conllu(data) == f.read()
+
+
+@pytest.mark.parametrize("head", ["\u00b2", "\u0661", "+1", " 1", "1.0"])
+def test_head_must_be_ascii_digits(head):
+    with pytest.raises(ValueError, match=r"^<string>:3: HEAD of word 1 must be an integer in 0..1 or '_', got "):
+        parse_conllu(f"1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n\n1\ta\ta\tX\t_\t_\t{head}\t_\t_\t_\n")
+    assert parse_conllu("1\ta\ta\tX\t_\t_\t00\t_\t_\t_\n")[0].heads.tolist() == [0]
+
+
+def test_sentences_know_their_first_line(tmp_path):
+    path = tmp_path / "s.conllu"
+    path.write_text(SAMPLE)
+    assert [s.line for s in load_conllu(path)] == [1, 12]
+    s1 = load_conllu(path)[0]
+    assert s1.with_heads(s1.heads).line == 1 and s1 == parse_conllu(SAMPLE)[0]
+
+
+def _fails(path: Path, message: str) -> None:
+    """``load_conllu(path)`` raises a ValueError reading ``{path}{message}`` (``message`` a regex)."""
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}{message}"):
+        load_conllu(path)
+
+
+def test_corrupt_gzip_and_non_utf8_files_name_the_file(tmp_path):
+    text = "1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n\n"
+    packed = gzip.compress(text.encode())
+    cases = {"plain.conllu.gz": text.encode(), "truncated.conllu.gz": packed[:-6],
+             "crc.conllu.gz": packed[:-8] + bytes(4) + packed[-4:]}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        _fails(tmp_path / name, r": not a valid gzip file \(expected gzip-compressed CoNLL-U")
+    (tmp_path / "latin1.conllu").write_bytes(text.encode() + "1\tcaf\u00e9\tX\t_\t_\t0\t_\t_\t_\n".encode("latin-1"))
+    _fails(tmp_path / "latin1.conllu", r":3: not UTF-8 text \(byte 0xe9\); expected a UTF-8 CoNLL-U file$")
+    (tmp_path / "latin1.conllu.gz").write_bytes(gzip.compress(b"\xff" + text.encode()))
+    _fails(tmp_path / "latin1.conllu.gz", r":1: not UTF-8 text \(byte 0xff\)")
+    (tmp_path / "packed.conllu").write_bytes(packed)
+    _fails(tmp_path / "packed.conllu", r":1: not UTF-8 text .*it looks gzip-compressed: name it .gz")
+    with pytest.raises(ValueError, match=r"^<stream>: not UTF-8 text .*expected a UTF-8 CoNLL-U stream$"):
+        read_conllu(io.TextIOWrapper(io.BytesIO(b"\xff\n"), encoding="utf-8"))

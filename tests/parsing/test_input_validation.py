@@ -1,0 +1,223 @@
+"""Bad input to the parsers and the ``parse`` CLI: output paths checked before training or parsing, gold heads
+that are not trees, dev / eval data with nothing to score, empty input to second-order models."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from betheproj.data.conllu import parse_conllu
+from betheproj.parsing import DependencyParser
+from betheproj.parsing.cli import main
+from betheproj.parsing.metrics import scorable_words
+from betheproj.parsing.parser import tree_error
+from betheproj.parsing.second_order import SecondOrderParser, prune
+
+from .test_parser import _treebank
+
+
+def _conllu(*sentences: list[int | str], upos: str = "NOUN") -> str:
+    """CoNLL-U text of sentences given as their HEAD columns."""
+    return "".join("".join(f"{i}\tw{i}\tw{i}\t{upos}\t_\t_\t{h}\t_\t_\t_\n" for i, h in enumerate(heads, 1)) + "\n"
+                   for heads in sentences)
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict:
+    """A (barely) trained first-order model and a second-order model on top of it, with their data."""
+    d = tmp_path_factory.mktemp("models")
+    train = d / "train.conllu"
+    train.write_text(_treebank(6))
+    first, second = d / "first.pt", d / "second.pt"
+    parser = DependencyParser(bits=10)
+    parser.fit(parse_conllu(train.read_text()), epochs=1)
+    parser.save(first)
+    SecondOrderParser(parser, bits=10).save(second)
+    return {"dir": d, "train": train, "first": first, "second": second}
+
+
+def _no_training(*args, **kwargs):
+    raise AssertionError("training started although an argument was bad")
+
+
+# ------------------------------------------------------------------------------------------- output paths
+
+def test_train_checks_model_path_before_training(models, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(DependencyParser, "fit", _no_training)
+    monkeypatch.setattr(SecondOrderParser, "fit", _no_training)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    base = ["train", "--train", str(models["train"]), "--quiet", "--model"]
+    assert main([*base, str(afile / "x.pt")]) == 2
+    assert f"the folder of --model {afile / 'x.pt'} ({afile}) is not a directory" in _one_error_line(capsys)
+    assert main([*base, str(folder)]) == 2
+    assert f"--model {folder} is a directory; expected a file name" in _one_error_line(capsys)
+    assert main([*base, str(folder), "--second-order", str(models["first"])]) == 2
+    assert "is a directory" in _one_error_line(capsys)
+    assert main([*base, str(tmp_path / "missing" / "x.pt")]) == 2
+    assert "the folder of --model" in _one_error_line(capsys)
+    assert not any(folder.iterdir())
+
+
+def test_predict_checks_output_path_before_parsing(models, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(DependencyParser, "predict", _no_training)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    base = ["predict", "--model", str(models["first"]), "--input", str(models["train"]), "--quiet", "--output"]
+    assert main([*base, str(tmp_path)]) == 2
+    assert f"--output {tmp_path} is a directory; expected a file name" in _one_error_line(capsys)
+    assert main([*base, str(afile / "out.conllu")]) == 2
+    assert "is not a directory" in _one_error_line(capsys)
+    assert afile.read_text() == "x"
+
+
+# ------------------------------------------------------------------------------------------- gold trees
+
+def _reference_is_tree(heads: list[int], single_root: bool) -> bool:
+    """Every word reaches 0 within n steps and (single_root) one word hangs from 0."""
+    n = len(heads)
+    for m in range(1, n + 1):
+        v, steps = m, 0
+        while v != 0 and steps <= n:
+            v, steps = heads[v - 1], steps + 1
+        if v != 0:
+            return False
+    return not single_root or heads.count(0) == 1
+
+
+def test_tree_error_matches_a_reference_on_random_head_arrays():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        n = int(rng.integers(1, 7))
+        heads = rng.integers(0, n + 1, size=n)
+        for single_root in (False, True):
+            assert (tree_error(heads, single_root) is None) == _reference_is_tree(heads.tolist(), single_root)
+    assert tree_error(np.array([2, 1, 0])) == "gold heads are not a tree: words 1, 2 form a cycle"
+    assert tree_error(np.array([0, 2])) == "gold heads are not a tree: word 2 is its own HEAD"
+    assert tree_error(np.array([2, 3, 1])).endswith("no word is attached to the root 0")
+    assert tree_error(np.array([0, 0])) is None
+    assert "2 words are attached to the root 0" in tree_error(np.array([0, 0]), single_root=True)
+
+
+@pytest.mark.parametrize(("heads", "single_root", "reason"), [
+    ([2, 1, 0], False, "words 1, 2 form a cycle"),
+    ([1, 0], False, "word 1 is its own HEAD"),
+    ([2, 3, 1], False, "no word is attached to the root 0"),
+    ([0, 0, 2], True, "2 words are attached to the root 0"),
+])
+def test_train_rejects_gold_heads_that_are_not_trees(tmp_path, monkeypatch, capsys, heads, single_root, reason):
+    monkeypatch.setattr(DependencyParser, "fit", _no_training)
+    train = tmp_path / "bad.conllu"
+    train.write_text(_conllu([0, 1], heads))                      # the bad sentence (index 1) starts on line 4
+    args = ["train", "--train", str(train), "--model", str(tmp_path / "m.pt"), "--quiet", "--epochs", "1"]
+    assert main(args + (["--single-root"] if single_root else [])) == 2
+    err = _one_error_line(capsys)
+    assert f"{train}:4: training sentence 1: " in err and reason in err
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=f"^training sentence 1: .*{reason}"):
+        DependencyParser(bits=10, single_root=single_root).fit(parse_conllu(train.read_text()), epochs=1)
+
+
+def test_second_order_training_rejects_gold_heads_that_are_not_trees(models, tmp_path, capsys):
+    bad = parse_conllu(_conllu([0, 1], [2, 1, 0]))
+    parser = SecondOrderParser(DependencyParser.load(models["first"]), bits=10)
+    with pytest.raises(ValueError, match="training sentence 1: gold heads are not a tree: words 1, 2 form a cycle"):
+        parser.fit(bad, epochs=1)
+    train = tmp_path / "cyc.conllu"
+    train.write_text(_conllu([0, 1], [2, 1, 0]))
+    assert main(["train", "--train", str(train), "--model", str(tmp_path / "so.pt"), "--second-order",
+                 str(models["first"]), "--quiet"]) == 2
+    assert f"{train}:4: training sentence 1: gold heads are not a tree" in _one_error_line(capsys)
+
+
+def test_training_still_accepts_proper_trees_with_several_roots():
+    parser = DependencyParser(bits=10)
+    parser.fit(parse_conllu(_conllu([0, 0, 2], [0, 1])), epochs=1)
+    assert parser.weights is not None
+
+
+# ------------------------------------------------------------------------------------------- nothing to score
+
+@pytest.mark.parametrize("text", ["", _conllu(["_", "_"]), _conllu([0, 1], upos="PUNCT")])
+def test_dev_without_gold_heads_is_rejected(models, tmp_path, monkeypatch, capsys, text):
+    monkeypatch.setattr(DependencyParser, "fit", _no_training)
+    monkeypatch.setattr(SecondOrderParser, "fit", _no_training)
+    dev = tmp_path / "dev.conllu"
+    dev.write_text(text)
+    base = ["train", "--train", str(models["train"]), "--dev", str(dev), "--model", str(tmp_path / "m.pt"),
+            "--quiet"]
+    for extra in ([], ["--second-order", str(models["first"])]):
+        assert main(base + extra) == 2
+        assert f"--dev {dev} has no words with a gold HEAD (punctuation excluded)" in _one_error_line(capsys)
+    monkeypatch.undo()
+    train, dev_sents = parse_conllu(models["train"].read_text()), parse_conllu(text)
+    with pytest.raises(ValueError, match="dev has no words with a gold HEAD"):
+        DependencyParser(bits=10).fit(train, epochs=1, dev=dev_sents)
+    with pytest.raises(ValueError, match="dev has no words with a gold HEAD"):
+        SecondOrderParser(DependencyParser.load(models["first"]), bits=10).fit(train, dev=dev_sents)
+
+
+def test_second_order_best_dev_score_ignores_nan(models, monkeypatch):
+    train = parse_conllu(models["train"].read_text())
+    parser = SecondOrderParser(DependencyParser.load(models["first"]), bits=10)
+    scores = iter([math.nan, 50.0, 40.0])
+    weights = []
+
+    def evaluate(*args, **kwargs) -> float:
+        weights.append(parser.w2.detach().clone())
+        return next(scores)
+
+    monkeypatch.setattr(parser, "evaluate", evaluate)
+    parser.fit(train, epochs=3, max_batch=len(train), dev=train[:2], eval_every=1, lr_first=0.0)
+    assert parser.info["best_dev"] == 50.0
+    assert [s for _, s in parser.info["dev_history"]][1:] == [50.0, 40.0]
+    assert torch.equal(parser.w2, weights[1]) and not torch.equal(weights[1], weights[0])
+
+
+@pytest.mark.parametrize("text", ["", _conllu(["_", "_"]), _conllu([0, 1], upos="PUNCT")])
+def test_eval_without_gold_heads_is_an_error(models, tmp_path, capsys, text):
+    data = tmp_path / "data.conllu"
+    data.write_text(text)
+    for model in ("first", "second"):
+        assert main(["eval", "--model", str(models[model]), "--data", str(data), "--quiet"]) == 2
+        assert f"--data {data} has no words with a gold HEAD" in _one_error_line(capsys)
+
+
+def test_eval_scores_punctuation_only_data_with_punct(models, tmp_path, capsys):
+    data = tmp_path / "data.conllu"
+    data.write_text(_conllu([0, 1], upos="PUNCT"))
+    assert scorable_words(parse_conllu(data.read_text())) == 0
+    assert scorable_words(parse_conllu(data.read_text()), punct=True) == 2
+    assert main(["eval", "--model", str(models["first"]), "--data", str(data), "--punct", "--quiet"]) == 0
+    assert "/2, all words)" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------- empty input
+
+def test_second_order_model_on_empty_input(models, tmp_path, capsys):
+    empty = tmp_path / "empty.conllu"
+    empty.write_text("")
+    out = tmp_path / "out.conllu"
+    assert main(["predict", "--model", str(models["second"]), "--input", str(empty), "--output", str(out),
+                 "--quiet"]) == 0
+    assert out.read_text() == ""
+    capsys.readouterr()
+    assert main(["predict", "--model", str(models["second"]), "--input", str(empty), "--quiet"]) == 0
+    assert capsys.readouterr().out == ""
+    parser = SecondOrderParser.load(models["second"])
+    cands = prune(parser.first, parser.pruner, [])
+    assert cands.offsets.tolist() == [0] and len(cands.mod) == 0 and math.isnan(cands.recall)
+    assert cands.ids.shape == (0, parser.first.features.num_slots)
+    for method in ("mean_field", "loopy_bp", "first_order"):
+        assert parser.predict([], method=method) == []
