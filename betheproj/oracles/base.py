@@ -20,8 +20,8 @@ __all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "beth
 def _check_float(name: str, x: object, ndim: tuple[int, ...]) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor (float32 or float64), got {x.dtype}")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{name} must be a float32 or float64 tensor, got {x.dtype}")
     if x.dim() not in ndim:
         shapes = " or ".join(f"{d}-D" for d in ndim)
         raise ValueError(f"{name} must be {shapes}, got shape {tuple(x.shape)}")
@@ -36,7 +36,10 @@ def _check_lengths(lengths: object, batch: int, n: int, device: torch.device) ->
     if lengths is None:
         return torch.full((batch,), n, dtype=torch.long, device=device)
     if not isinstance(lengths, Tensor):
-        lengths = torch.as_tensor(lengths)
+        try:
+            lengths = torch.as_tensor(lengths)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"lengths must be an integer tensor or a sequence of ints, got {lengths!r}") from None
     if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
         raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
     if lengths.shape != (batch,):

@@ -75,6 +75,7 @@ class BruteForce:
         labels = torch.full((b, n), -1, dtype=torch.long, device=potentials.node.device)
         for i in range(b):
             ys, score = self._joint(potentials, i)
+            _raise_if_infeasible(score, i)
             labels[i, : ys.shape[1]] = ys[score.argmax()]
         return labels
 
@@ -83,6 +84,7 @@ class BruteForce:
         out = potentials.node.new_zeros(potentials.node.shape[0])
         for i in range(len(out)):
             _, score = self._joint(potentials, i)
+            _raise_if_infeasible(score, i)
             logp = score - torch.logsumexp(score, 0)
             p = torch.exp(logp)
             out[i] = -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum()
@@ -96,3 +98,8 @@ class BruteForce:
 
     def __repr__(self) -> str:
         return "BruteForce()" if self.parents is None else f"BruteForce(parents={self.parents.tolist()})"
+
+
+def _raise_if_infeasible(score: Tensor, example: int) -> None:
+    if not torch.isfinite(score.max()):
+        raise ValueError(f"potentials admit no labelling of finite score for example {example}")

@@ -28,7 +28,11 @@ def _ok(b=2, n=4, c=3):
     (lambda: bp.ChainPotentials(torch.randn(2, 4, 3, dtype=DT), torch.full((3, 3), float("inf"), dtype=DT)),
      ValueError, r"edge contains \+inf"),
     (lambda: bp.ChainPotentials(torch.zeros(2, 4, 3, dtype=torch.long), torch.zeros(3, 3)), TypeError,
-     "node must be a floating-point tensor"),
+     "node must be a float32 or float64 tensor"),
+    (lambda: bp.ChainPotentials(torch.zeros(2, 4, 3, dtype=torch.float16), torch.zeros(3, 3, dtype=torch.float16)),
+     TypeError, "node must be a float32 or float64 tensor"),
+    (lambda: bp.ChainPotentials(*_ok(), lengths=[None, 1]), TypeError, "lengths must be an integer tensor"),
+    (lambda: bp.ChainPotentials(*_ok(), lengths="ab"), TypeError, "lengths must be an integer tensor"),
     (lambda: bp.ChainPotentials(torch.randn(2, 4, 3), torch.randn(3, 3, dtype=DT)), TypeError, "dtype"),
     (lambda: bp.ChainPotentials(*_ok(), lengths=torch.tensor([5, 2])), ValueError, r"lengths must lie in \[1, N\]"),
     (lambda: bp.ChainPotentials(*_ok(), lengths=torch.tensor([0, 2])), ValueError, r"lengths must lie in \[1, N\]"),
@@ -73,3 +77,10 @@ def test_log_partition_gradient_with_forbidden_entries_is_finite():
     edge.requires_grad_(True)
     bp.LinearChain().log_partition(bp.ChainPotentials(node, edge)).sum().backward()
     assert torch.isfinite(edge.grad).all() and edge.grad[0, 1] == 0
+
+
+def test_brute_force_map_and_entropy_raise_when_no_labelling_is_finite():
+    pot = bp.ChainPotentials(torch.zeros(1, 2, 2, dtype=DT), torch.full((2, 2), -float("inf"), dtype=DT))
+    for call in (bp.BruteForce().map, bp.BruteForce().exact_entropy, bp.BruteForce().marginals):
+        with pytest.raises(ValueError, match="no labelling"):
+            call(pot)
