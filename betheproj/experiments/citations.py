@@ -99,14 +99,14 @@ def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citati
 
 
 def train_baseline(index: FeatureIndex, encoded: tuple[Tensor, Tensor, Tensor],
-                   config: CitationConfig) -> SparseChainCRF:
+                   config: CitationConfig, progress: bool = False) -> SparseChainCRF:
     """The base chain CRF trained on the (encoded) training split (softmax-margin or likelihood), float64."""
     torch.manual_seed(config.seed)
     model = SparseChainCRF(index.num_features, len(index.labels)).double()
     x, y, n = encoded
     gamma = config.crf_gamma if config.crf_loss == "softmax_margin" else None
     fit_crf(model, x, y, n, l2=config.crf_l2, max_iter=config.crf_iter, chunk_size=config.chunk_size,
-            loss=config.crf_loss, gamma=gamma)
+            loss=config.crf_loss, gamma=gamma, progress=progress)
     return model
 
 
@@ -199,7 +199,7 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     enc = {k: index.encode(v) for k, v in data.items()}
     _progress_log(log, f"{index.num_features - 1} features, {len(index.labels)} labels; training the base CRF")
     t = time.perf_counter()
-    base = train_baseline(index, enc["train"], config)
+    base = train_baseline(index, enc["train"], config, progress=progress)
     base_seconds = time.perf_counter() - t
 
     viterbi = viterbi_predictor(base)

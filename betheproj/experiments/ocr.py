@@ -227,7 +227,7 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
 
     start = time.perf_counter()
     base = LinearChainCRF(x.shape[-1], NUM_LABELS)
-    fit_crf(base, x, y, n, l2=config.crf_l2, max_iter=config.crf_iter)
+    fit_crf(base, x, y, n, l2=config.crf_l2, max_iter=config.crf_iter, progress=progress)
     base_seconds = time.perf_counter() - start
     if "2gram" in rows:
         start = time.perf_counter()

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from ..oracles import LinearChain
 from ..oracles.base import Oracle, PairwisePotentials
+from ..progress import progress_bar
 
 __all__ = ["LinearChainCRF", "SparseChainCRF", "sequence_score", "crf_nll", "fit_crf", "length_chunks"]
 
@@ -98,7 +99,7 @@ def length_chunks(lengths: Tensor, chunk_size: int | None) -> list[tuple[Tensor,
 
 def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor, oracle: Oracle | None = None,
             l2: float = 1e-3, max_iter: int = 100, tolerance: float = 1e-7, chunk_size: int | None = None,
-            loss: str = "crf", gamma: float | None = None) -> list[float]:
+            loss: str = "crf", gamma: float | None = None, progress: bool = False) -> list[float]:
     """Full-batch L-BFGS on ``mean NLL + l2/2 ||params||^2``; returns the objective after each evaluation.
 
     ``loss="softmax_margin"`` trains on the softmax-margin loss instead (Gimpel and Smith, 2010; ``beta = 1``
@@ -107,7 +108,8 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     distance.  The model is still a CRF (decode and take marginals in the plain potentials).
 
     ``chunk_size`` evaluates the (same) objective over length-sorted chunks of that many sequences, each
-    trimmed to its longest member, accumulating gradients: the memory of one chunk, little padding."""
+    trimmed to its longest member, accumulating gradients: the memory of one chunk, little padding.
+    ``progress`` shows a bar over the objective evaluations (at most ``1.25 max_iter``, L-BFGS's default)."""
     from .losses import resolve_loss, structured_loss  # losses builds on this module
 
     if l2 < 0:
@@ -130,6 +132,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     chunks = length_chunks(lengths, chunk_size)
     total = len(lengths)
     history: list[float] = []
+    bar = progress_bar(opt.defaults["max_eval"], progress, "L-BFGS evaluations")
 
     def closure() -> Tensor:
         opt.zero_grad()
@@ -141,7 +144,12 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
         penalty = 0.5 * l2 * sum((p * p).sum() for p in params)
         penalty.backward()
         history.append(value + penalty.item())
+        bar.update()
+        bar.set_postfix(objective=f"{history[-1]:.5g}")
         return torch.tensor(history[-1], dtype=torch.float64)
 
-    opt.step(closure)
+    try:
+        opt.step(closure)
+    finally:
+        bar.close()
     return history

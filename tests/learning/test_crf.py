@@ -114,3 +114,12 @@ def test_softmax_margin_keeps_a_margin_the_likelihood_need_not():
             node[torch.nn.functional.one_hot(labels, 3).bool()] = float("inf")
             margins[loss] = float(node.min())
     assert margins["softmax_margin"] > margins["crf"]
+
+
+def test_progress_bar_counts_the_evaluations_and_changes_nothing(capsys):
+    pytest.importorskip("tqdm")
+    x, lengths, labels = _random_batch(2, 20, 5, 3, 4)
+    runs = [fit_crf(LinearChainCRF(3, 4).double(), x, labels, lengths, max_iter=4, progress=p) for p in (False, True)]
+    assert runs[0] == runs[1]
+    err = capsys.readouterr().err
+    assert "L-BFGS evaluations" in err and f"{len(runs[1])}/5" in err
