@@ -185,9 +185,11 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             out of reach, since the objective cannot tell steps that small apart.
         beta: RDA's ``beta_t`` (constant; raised per example by step-size control).
         step: mirror descent's initial step ``eta`` (adapted per example: doubled after a successful step,
-            halved after a rejected one).
+            halved after a rejected one; with ``max_backtracks=0`` it never grows beyond ``step``, since no
+            rejected step can be taken back).
         lipschitz: the accelerated method's Lipschitz constant ``L`` of ``grad L`` (doubled when a step fails).
-        max_backtracks: retries per iteration before the best finite candidate is taken as it is.
+        max_backtracks: retries per iteration before the last finite candidate is taken as it is (and the
+            example counted as ``safeguarded``).
         trust_region: the most any node marginal may change in one step, in nats of ``log mu`` (``None``:
             no limit).  Steps beyond it are shrunk like steps that raise the objective: this is what keeps
             barrier-like energies (``-log mu``, Poisson with a small scale) from collapsing marginals to zero.
@@ -398,8 +400,11 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             change = _log_change(nu_node[rows] if method == "accelerated" else mu_node[rows], m.node)
             collapsed = ((m.node == 0) & support[rows]).flatten(1).any(-1)
             ok &= (change <= (trust_region if trust_region is not None else float("inf"))) & ~collapsed
-            if attempt == max_backtracks:
+            forced = None
+            if attempt == max_backtracks:      # out of backtracks: take any finite step, but as a failed one
+                passed = ok
                 ok = torch.isfinite(fc) & torch.isfinite(change) & ~collapsed
+                forced = pending[ok & ~passed]
             if ok.any():
                 r = rows[ok]
                 f[r], delta_node[r], mu_node[r] = fc[ok], dn[ok], cand_node[ok]
@@ -422,6 +427,11 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                     if need_edges:
                         nu_edge[r] = m.edge[ok]
                 iterations[r] += 1
+            if forced is not None and forced.numel():
+                clean[forced] = False              # so the step does not grow after it
+                safeguarded[a[forced]] = True
+                if method == "md":
+                    p_cur[forced] = torch.clamp(p_cur[forced] / 2, min=_MIN_STEP)
             failed = pending[~ok]
             if failed.numel() == 0:
                 break
@@ -466,7 +476,8 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             pending = failed
         # after a step that needed no shrinking, relax the control towards the user's setting
         if method == "md":
-            p_cur = torch.where(clean, torch.clamp(p_cur * 2, max=max(step, _MAX_STEP)), p_cur)
+            cap = max(step, _MAX_STEP) if max_backtracks else step
+            p_cur = torch.where(clean, torch.clamp(p_cur * 2, max=cap), p_cur)
         else:
             p_cur = torch.where(clean, p_cur / _RELAX[method], p_cur)
             p_cur = torch.where(p_cur < max(user_param, 1.0), torch.full_like(p_cur, user_param), p_cur)

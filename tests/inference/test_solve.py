@@ -290,3 +290,14 @@ def test_zero_iterations_returns_the_base_marginals():
         sol = bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=0)
         assert torch.equal(sol.iterations, torch.zeros(4, dtype=torch.long))
         assert torch.allclose(sol.marginals.node, bp.LinearChain().marginals(theta).node)
+
+
+def test_md_without_backtracking_keeps_its_step_and_reaches_the_optimum():
+    torch.manual_seed(5)
+    chain = bp.LinearChain()
+    theta = bp.ChainPotentials(torch.randn(1, 4, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
+    energy = LinearMeasurements(node=torch.randn(2, 3, dtype=DT), loss="squared", psi=3.0)
+    best = bp.solve(chain, theta, energy, method="md", max_iter=3000, tol=1e-10).objective
+    for step in (0.05, 0.2):       # the step used to double after every forced step, up to 1e6, and diverge
+        sol = bp.solve(chain, theta, energy, method="md", step=step, max_iter=300, max_backtracks=0)
+        assert torch.allclose(sol.objective, best, atol=1e-6)
