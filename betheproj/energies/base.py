@@ -122,7 +122,8 @@ class Energy:
 
 
 def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool | None = None) -> Gradient:
-    """Gradient of ``energy.value`` w.r.t. the node marginals and, if ``value`` reads them, the edge marginals.
+    """Gradient of ``energy.value`` w.r.t. the node marginals and, if ``value`` reads them, the edge marginals
+    (for marginals that carry only edge totals, the gradient in the totals, the same at every valid position).
 
     ``create_graph`` (default: whether autograd is recording at the call) keeps the gradient differentiable
     in the energy's parameters ``psi``, for the psi-gradient of learning (eqs. 14-15, by double backward).
@@ -138,7 +139,14 @@ def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool |
             leaves["edge"] = marginals.edge.detach().requires_grad_(True)
             return leaves["edge"]
 
-        probe = Marginals(node, edge_leaf, marginals.log_partition, marginals.lengths)
+        def total_leaf() -> Tensor:
+            leaves["edge"] = marginals.edge_total().detach().requires_grad_(True)
+            return leaves["edge"]
+
+        if marginals.totals_only:
+            probe = Marginals(node, None, marginals.log_partition, marginals.lengths, edge_total=total_leaf)
+        else:
+            probe = Marginals(node, edge_leaf, marginals.log_partition, marginals.lengths)
         value = energy.value(probe)
         if not isinstance(value, Tensor) or value.shape != (marginals.node.shape[0],):
             raise ValueError(f"{type(energy).__name__}.value must return a tensor of shape [B]="
@@ -150,6 +158,9 @@ def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool |
         grads = torch.autograd.grad(value.sum(), inputs, create_graph=create_graph, allow_unused=True)
     g_node = grads[0] if grads[0] is not None else torch.zeros_like(node)
     g_edge = grads[1] if len(grads) > 1 else None
+    if g_edge is not None and marginals.totals_only:      # d/d edge[b, t] = d/d total[b] at valid positions
+        mask = marginals.edge_mask()[..., None, None]
+        g_edge = torch.where(mask, g_edge[:, None], torch.zeros((), dtype=g_edge.dtype))
     if not create_graph:
         g_node = g_node.detach()
         g_edge = None if g_edge is None else g_edge.detach()

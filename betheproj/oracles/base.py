@@ -162,6 +162,12 @@ class Marginals:
         return isinstance(self._edge, Tensor)
 
     @property
+    def totals_only(self) -> bool:
+        """Whether these marginals carry edge totals but no per-position edges (the solvers' shared-transition
+        path hands such marginals to energies with ``edge_totals``)."""
+        return self._edge is None and self._edge_total is not None
+
+    @property
     def batch_size(self) -> int:
         return self.node.shape[0]
 

@@ -301,3 +301,24 @@ def test_md_without_backtracking_keeps_its_step_and_reaches_the_optimum():
     for step in (0.05, 0.2):       # the step used to double after every forced step, up to 1e6, and diverge
         sol = bp.solve(chain, theta, energy, method="md", step=step, max_iter=300, max_backtracks=0)
         assert torch.allclose(sol.objective, best, atol=1e-6)
+
+
+def test_an_autograd_energy_reading_edge_totals_on_the_shared_transition_path():
+    from betheproj.energies import Energy
+
+    table = torch.randn(3, 3, dtype=DT)
+
+    class EdgeCount(Energy):                      # no closed-form gradient: autograd on the totals
+        edge_totals = True
+
+        def value(self, mu):
+            return 0.5 * ((mu.edge_total() * table).sum((-1, -2)) - 1.0) ** 2
+
+    torch.manual_seed(1)
+    node, edge = torch.randn(2, 4, 3, dtype=DT), torch.randn(3, 3, dtype=DT)
+    lengths = torch.tensor([4, 2])
+    shared = bp.solve(bp.LinearChain(), bp.ChainPotentials(node, edge, lengths), EdgeCount(), method="md", tol=1e-9)
+    per_position = bp.ChainPotentials(node, edge.expand(2, 3, 3, 3).clone(), lengths)
+    general = bp.solve(bp.LinearChain(), per_position, EdgeCount(), method="md", tol=1e-9)
+    assert torch.allclose(shared.objective, general.objective, atol=1e-8)
+    assert torch.allclose(shared.marginals.node, general.marginals.node, atol=1e-6)
