@@ -176,7 +176,8 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         potentials: ``theta``.
         energy: the non-local energy ``L``; ``L(mu)[b]`` must depend on example ``b`` alone.
         method: ``"rda"`` (Algorithm 1), ``"md"`` (Algorithm 4) or ``"accelerated"`` (Algorithm 5).
-        max_iter: iterations per example.
+        max_iter: iterations per example (the accelerated method hands an example it cannot finish to
+            mirror descent, which gets ``max_iter`` more: up to twice as many in all).
         tol: an example has converged when its stationarity residual is at most ``tol``: the total-variation
             change of any node marginal if the dual iterate moved to ``theta - grad L(mu_t)`` at that node
             (Proposition 1's fixed point; see ``_residual``).  Default: 1e-6 in float64, 1e-4 in float32.
@@ -267,6 +268,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     if method == "accelerated":
         best_f, best_node, best_edge = f.clone(), mu_node.clone(), mu_edge.clone()
         best_dn, best_de, best_logz = torch.zeros_like(mu_node), torch.zeros_like(mu_edge), log_z.clone()
+        nu_f = f.clone()                                   # the objective at nu, the last oracle point
     stall = torch.zeros(b, dtype=torch.bool, device=device)
     at_floor = torch.zeros(b, dtype=torch.bool, device=device)
     user_param = {"rda": beta, "md": step, "accelerated": lipschitz}[method]
@@ -337,10 +339,12 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         if not torch.isfinite(g_n).all() or (g_e is not None and not torch.isfinite(g_e).all()):
             raise FloatingPointError("the energy gradient is not finite at an accepted iterate")
 
-        # converged: the current point is stationary (Proposition 1); no oracle call is needed
-        res = _residual(delta_node[a], g_n, point_node, 1)
-        if g_e is not None:
-            res = torch.maximum(res, edge_residual(delta_edge[a], g_e, point_edge))
+        # converged: the current point is stationary (Proposition 1); no oracle call is needed.  The accelerated
+        # method tests its oracle point nu with the gradient at nu (and returns nu if it passes)
+        r_n, r_e = (gradient_rows(a, point_node, point_edge) if method == "accelerated" else (g_n, g_e))
+        res = _residual(delta_node[a], r_n, point_node, 1)
+        if r_e is not None:
+            res = torch.maximum(res, edge_residual(delta_edge[a], r_e, point_edge))
         residual[a] = res
         keep = res > tol
         converged[a[~keep]] = True
@@ -417,6 +421,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                         gbar_edge[r] = ge[ok]
                 if method == "accelerated":
                     nu_node[r] = m.node[ok]
+                    nu_f[r] = f_nu[ok]
                     log_z[r] = m.log_partition[ok]
                     better = ok.clone()
                     better[ok] = f_nu[ok] < best_f[r]
@@ -458,7 +463,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                     s1[restart], cw[restart] = 1.0, 1.0
                     nu_node[rr], nu_edge[rr] = best_node[rr], best_edge[rr]
                     mu_node[rr], mu_edge[rr] = best_node[rr], best_edge[rr]
-                    f[rr] = best_f[rr]
+                    f[rr] = nu_f[rr] = best_f[rr]
                     g_n[restart], g_e[restart] = gradient_rows(rr, best_node[rr], best_edge[rr])
             else:
                 # RDA restarts from the current point, which becomes the prox-centre (so a large beta means
@@ -493,7 +498,10 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
 
     final = shift(theta, delta_node, delta_edge)
     if method == "accelerated":
-        # mu_t averages oracle outputs; the dual iterate is that of the last nu_t
+        # mu_t averages oracle outputs; the dual iterate is that of the last nu_t, which converged examples
+        # return (the point their stationarity was tested at)
+        done = converged.nonzero().flatten()
+        mu_node[done], mu_edge[done], f[done] = nu_node[done], nu_edge[done], nu_f[done]
         marg = Marginals(mu_node, mu_edge, log_z, lengths)
     else:
         marg = oracle.marginals(final)

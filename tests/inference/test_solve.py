@@ -322,3 +322,19 @@ def test_an_autograd_energy_reading_edge_totals_on_the_shared_transition_path():
     general = bp.solve(bp.LinearChain(), per_position, EdgeCount(), method="md", tol=1e-9)
     assert torch.allclose(shared.objective, general.objective, atol=1e-8)
     assert torch.allclose(shared.marginals.node, general.marginals.node, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["md", "accelerated"])          # RDA's O(1/t) needs far more than 3000 here
+def test_converged_examples_return_a_point_that_meets_the_tolerance(method):
+    torch.manual_seed(1)
+    chain = bp.LinearChain()
+    theta = bp.ChainPotentials(torch.randn(4, 5, 3, dtype=DT), torch.randn(4, 4, 3, 3, dtype=DT),
+                               torch.tensor([5, 4, 3, 2]))
+    energy = LinearMeasurements(node=torch.randn(2, 3, dtype=DT), loss="squared", psi=3.0)
+    sol = bp.solve(chain, theta, energy, method=method, max_iter=3000, tol=1e-6)
+    assert sol.converged.all()
+    mu = sol.marginals.node
+    fixed = chain.marginals(theta.shifted(-energy.grad(sol.marginals).node, None)).node    # Proposition 1
+    assert (fixed - mu).abs().sum(-1).amax() < 1e-5                 # accelerated returned its average: 7e-5
+    assert torch.allclose(chain.marginals(sol.potentials).node, mu, atol=1e-12)
+    assert torch.allclose(sol.objective, bp.objective(chain, theta, energy, sol.marginals), atol=1e-10)
