@@ -112,12 +112,15 @@ def label_vectors(name: str, v: Tensor, rows: str = "J") -> Tensor:
     return v
 
 
-def measurement_offset(offset: float | Tensor, j: int) -> float | Tensor:
-    """Check an offset ``b``: a finite float or a ``[J]`` tensor."""
+def measurement_offset(offset: float | Tensor, j: int, per_example: bool = False) -> float | Tensor:
+    """Check an offset ``b``: a finite float or a finite floating-point ``[J]`` tensor (or ``[B, J]`` when
+    ``per_example``; the batch size is checked against the marginals by :meth:`MeasurementLoss._minus_offset`)."""
+    offset = as_weight(offset, "offset")
     if not isinstance(offset, Tensor):
-        return float(as_weight(offset, "offset"))
-    if offset.dim() > 1 or (offset.dim() == 1 and offset.shape[0] != j):
-        raise ValueError(f"offset must be a float or [J] with J={j}, got shape {tuple(offset.shape)}")
+        return offset
+    shapes = "a float, [J] or [B, J]" if per_example else "a float or [J]"
+    if offset.dim() > (2 if per_example else 1) or (offset.dim() >= 1 and offset.shape[-1] != j):
+        raise ValueError(f"offset must be {shapes} with J={j}, got shape {tuple(offset.shape)}")
     return offset
 
 
@@ -134,8 +137,19 @@ class MeasurementLoss(Energy):
         raise NotImplementedError
 
     def _minus_offset(self, measured: Tensor) -> Tensor:
+        """``z = measured - b`` [B, J] (eq. 5's ``a^T mu - b``)."""
         offset = self.offset
-        return measured - (offset.to(measured) if isinstance(offset, Tensor) else offset)
+        if not isinstance(offset, Tensor):
+            return measured - offset
+        self._check_offset(measured.shape[0])
+        return measured - offset.to(measured)
+
+    def _check_offset(self, batch: int) -> None:
+        """A ``[B, J]`` offset must have the marginals' batch size."""
+        offset = self.offset
+        if isinstance(offset, Tensor) and offset.dim() == 2 and offset.shape[0] != batch:
+            raise ValueError(f"offset must be a float, [J] or [B, J]=({batch}, {self.num_measurements}), "
+                             f"got shape {tuple(offset.shape)}")
 
     def _weights(self, batch: int, like: Tensor) -> Tensor:
         """psi as [B, J]."""
@@ -186,7 +200,7 @@ class LinearMeasurements(MeasurementLoss):
         if jn is not None and je is not None and jn != je:
             raise ValueError(f"node has J={jn} measurements but edge has J={je}")
         self.num_measurements = jn if jn is not None else je
-        self.offset = offset if isinstance(offset, Tensor) else float(as_weight(offset, "offset"))
+        self.offset = measurement_offset(offset, self.num_measurements, per_example=True)
         self.loss = loss if isinstance(loss, Loss) else Loss(loss)
         self.psi = as_weight(psi)
 
@@ -284,15 +298,14 @@ class LinearMeasurements(MeasurementLoss):
         if self.edge is not None and self.edge.shape[-2:] != (c, c):
             raise ValueError(f"edge measurement vectors have label dims {tuple(self.edge.shape[-2:])}, "
                              f"expected ({c}, {c})")
-        for a in (self.node, self.edge):
-            if a is not None and a.dim() in (4, 5) and a.shape[0] != b:
-                raise ValueError(f"per-example measurement vectors have B={a.shape[0]}, marginals have B={b}")
+        # per-example vectors: node [B, J, N, C] (4-D), edge [B, J, N-1, C, C] (5-D); edge [J, N-1, C, C] is 4-D
+        for name, a, per_example in (("node", self.node, 4), ("edge", self.edge, 5)):
+            if a is not None and a.dim() == per_example and a.shape[0] != b:
+                raise ValueError(f"per-example {name} measurement vectors have B={a.shape[0]}, marginals have B={b}")
         self._node_vectors(marginals.node)
         self._edge_vectors(torch.Size((b, n - 1, c, c)), marginals.node)
         self._weights(b, marginals.node)
-        if isinstance(self.offset, Tensor) and self.offset.dim() and self.offset.shape[-1] != self.num_measurements:
-            raise ValueError(f"offset must be a float, [J] or [B, J] with J={self.num_measurements}, "
-                             f"got shape {tuple(self.offset.shape)}")
+        self._check_offset(b)
 
     def __repr__(self) -> str:
         return f"LinearMeasurements(J={self.num_measurements}, loss={self.loss.name})"

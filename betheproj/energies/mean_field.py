@@ -27,6 +27,8 @@ class MeanField(Energy):
         pairs = torch.as_tensor(pairs)
         if pairs.dim() != 2 or pairs.shape[1] != 2 or pairs.is_floating_point():
             raise ValueError(f"pairs must be an integer tensor [K, 2], got shape {tuple(pairs.shape)}")
+        if pairs.shape[0] == 0:
+            raise ValueError("pairs must hold at least one pair (K >= 1), got shape (0, 2)")
         if (pairs < 0).any():
             raise ValueError("pairs must hold non-negative node indices")
         if not isinstance(weights, Tensor) or not weights.is_floating_point():

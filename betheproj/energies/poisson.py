@@ -73,7 +73,10 @@ class Poisson(Energy):
     def grad(self, marginals: Marginals) -> Gradient:
         rate, scale, y = self._params(marginals)
         mu = marginals.node
-        g = rate - torch.where(y > 0, y / (scale * mu), torch.zeros((), dtype=mu.dtype))
+        # where y = 0 the unselected branch divides by 1, not by mu (0 at padding and forbidden labels): its 0/0
+        # would turn the derivative in scale (eq. 15) into NaN through torch.where's backward
+        g = rate - torch.where(y > 0, y / (scale * torch.where(y > 0, mu, torch.ones((), dtype=mu.dtype))),
+                               torch.zeros((), dtype=mu.dtype))
         return Gradient(g * marginals.node_mask()[..., None], None)
 
     def validate(self, marginals: Marginals) -> None:

@@ -11,6 +11,32 @@ from .base import Energy, Gradient, as_weight, weight_per_example
 __all__ = ["NearestPrototype", "PrototypeDistance"]
 
 
+def _integer_lengths(lengths: Tensor, p: int) -> Tensor:
+    """``prototype_lengths`` as a long tensor [P]: integers, or floats within rounding error of integers (such
+    as the row sums of count prototypes), never truncated."""
+    lengths = torch.as_tensor(lengths)
+    if lengths.dtype == torch.bool or lengths.is_complex():
+        raise TypeError(f"prototype_lengths must be an integer (or integral floating-point) tensor [P], "
+                        f"got {lengths.dtype}")
+    if lengths.shape != (p,):
+        raise ValueError(f"prototype_lengths must have shape [P]=({p},), got {tuple(lengths.shape)}")
+    if lengths.is_floating_point():
+        if not torch.isfinite(lengths).all():
+            raise ValueError("prototype_lengths must be finite")
+        rounded = lengths.round()
+        eps = torch.finfo(lengths.dtype).eps
+        tol = min(max(1e-6, 16 * eps), 1e-2) * rounded.abs().clamp_min(1.0)
+        off = (lengths - rounded).abs() > tol
+        if off.any():
+            raise ValueError(f"prototype_lengths must hold integers, got {lengths[off][0].item()!r} "
+                             f"(floating-point lengths are rounded only within rounding error)")
+        lengths = rounded
+    lengths = lengths.long()
+    if (lengths < 0).any():
+        raise ValueError("prototype_lengths must be non-negative")
+    return lengths
+
+
 class NearestPrototype(Energy):
     """``psi * min_i ||w_i - S(mu)||_1``: pull inferred statistics to the nearest prototype.
 
@@ -33,13 +59,12 @@ class NearestPrototype(Energy):
         if prototypes.dim() != want or prototypes.shape[0] == 0:
             raise ValueError(f"prototypes must be {'[P, C]' if want == 2 else '[P, M, C]'} with P >= 1 for "
                              f"statistic={statistic!r}, got shape {tuple(prototypes.shape)}")
+        if not torch.isfinite(prototypes).all():
+            raise ValueError("prototypes must be finite")
         if statistic == "word" and prototype_lengths is None:
             raise ValueError("prototype_lengths [P] is required with statistic='word'")
         if prototype_lengths is not None:
-            prototype_lengths = torch.as_tensor(prototype_lengths).long()
-            if prototype_lengths.shape != prototypes.shape[:1]:
-                raise ValueError(f"prototype_lengths must have shape [P]=({prototypes.shape[0]},), "
-                                 f"got {tuple(prototype_lengths.shape)}")
+            prototype_lengths = _integer_lengths(prototype_lengths, prototypes.shape[0])
         self.prototypes = prototypes
         self.prototype_lengths = prototype_lengths
         self.statistic = statistic
@@ -123,6 +148,8 @@ class PrototypeDistance(Energy):
             raise ValueError(f"statistic must be 'unigram' or 'word', got {statistic!r}")
         if not isinstance(targets, Tensor) or targets.dim() != (2 if statistic == "unigram" else 3):
             raise ValueError("targets must be a [B, C] (unigram) or [B, M, C] (word) tensor")
+        if not torch.isfinite(targets).all():
+            raise ValueError("targets must be finite")
         self.targets, self.statistic, self.psi = targets, statistic, as_weight(psi)
 
     def _diff(self, marginals: Marginals) -> Tensor:

@@ -47,6 +47,14 @@ def _head_major(node: Tensor) -> Tensor:
     return torch.cat([node.new_zeros(b, c, 1), node.transpose(1, 2)], 2)
 
 
+def _version(t: Tensor | None) -> int | object | None:
+    """``t``'s in-place version counter; inference tensors have none, so they get a fresh object that matches
+    nothing (never reused from the cache)."""
+    if t is None:
+        return None
+    return object() if t.is_inference() else t._version
+
+
 class SecondOrderArcs(Energy):
     """``L(mu) = -sum S[h,m,s] mu(h->m) mu(h->s) - sum G[g,h,m] mu(g->h) mu(h->m)`` (eq. 9 on second-order parts).
 
@@ -98,7 +106,15 @@ class SecondOrderArcs(Energy):
         self.grandparent = grandparent
         self.parts = parts
         self.shape = shape
-        self._cache: tuple | None = None      # (lengths, (grad mode, dtype, device), prepared terms)
+        self._cache: tuple | None = None      # (lengths, key, prepared terms, sources, lengths source)
+
+    def _sources(self) -> tuple:
+        """The tensors the prepared terms are built from, each with its in-place version counter."""
+        return tuple((t, _version(t)) for t in (self.sibling, self.grandparent, *(self.parts or ())))
+
+    @staticmethod
+    def _same_sources(a: tuple, b: tuple) -> bool:
+        return len(a) == len(b) and all(ta is tb and va == vb for (ta, va), (tb, vb) in zip(a, b, strict=True))
 
     def _terms(self, marginals: Marginals) -> tuple[Tensor, list]:
         """Head-major marginals and, per kind of part, its prepared scores: a masked dense tensor, or (with
@@ -106,10 +122,17 @@ class SecondOrderArcs(Energy):
         mu = marginals.node
         a = _head_major(mu)
         lengths = marginals.lengths.to(mu.device)
+        # the solvers call the energy many times (without autograd) with the same lengths: prepare the scores once.
+        # The key holds the score tensors themselves and their version counters, so in-place edits are seen.  While
+        # autograd records through scores that require grad, the terms are rebuilt at every call: cached terms
+        # would share one graph between backward passes.
+        recording = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (self.sibling, self.grandparent))
         key = (torch.is_grad_enabled(), mu.dtype, mu.device)
-        cached = self._cache
-        # the solvers call the energy many times with the same lengths: prepare the scores once
-        if cached is None or cached[1] != key or (cached[0] is not lengths and not torch.equal(cached[0], lengths)):
+        sources = self._sources()
+        cached = None if recording else self._cache
+        if cached is None or cached[1] != key or not self._same_sources(cached[3], sources) or not (
+                self._same_sources(cached[4], ((lengths, _version(lengths)),)) or torch.equal(cached[0], lengths)):
             valid, _ = second_order_masks(lengths, a.shape[1])
             zero = torch.zeros((), dtype=mu.dtype, device=mu.device)
             terms: list = []
@@ -126,7 +149,8 @@ class SecondOrderArcs(Energy):
                     # sibling (h, m, s): arcs (h, m) and (h, s); grandparent (g, h, m): arcs (g, h) and (h, m)
                     first, second = ((b, i, j), (b, i, l)) if k == 0 else ((b, i, j), (b, j, l))
                     terms.append((first, second, vals))
-            cached = self._cache = (lengths, key, terms)
+            cached = (lengths.clone(), key, terms, sources, ((lengths, _version(lengths)),))
+            self._cache = None if recording else cached
         return a, cached[2]
 
     def value(self, marginals: Marginals) -> Tensor:

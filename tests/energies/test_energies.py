@@ -14,6 +14,7 @@ from betheproj.energies import (
     NearestPrototype,
     Poisson,
     Precedence,
+    PrototypeDistance,
     autograd_gradient,
 )
 from betheproj.oracles.base import Marginals
@@ -241,3 +242,107 @@ def test_energy_structure_mismatch(energy, msg):
     pot = bp.ChainPotentials(torch.randn(3, 4, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
     with pytest.raises(ValueError, match=msg):
         bp.solve(bp.LinearChain(), pot, energy)
+
+
+def test_per_position_edge_vectors_with_j_not_b():
+    """``edge`` [J, N-1, C, C] (one vector per position) is 4-D like per-example node vectors but is not per-example:
+    it solves for any J != B; per-example [B, J, N-1, C, C] vectors with the wrong B are rejected."""
+    pot = bp.ChainPotentials(torch.randn(3, 4, 2, dtype=DT), torch.randn(2, 2, dtype=DT))
+    e = LinearMeasurements(edge=torch.randn(2, 3, 2, 2, dtype=DT), loss="squared")
+    mu = bp.LinearChain().marginals(pot)
+    e.validate(mu)
+    sol = bp.solve(bp.LinearChain(), pot, e, method="md", max_iter=20)
+    assert torch.isfinite(sol.objective).all()
+    with pytest.raises(ValueError, match="per-example edge measurement vectors have B=5"):
+        LinearMeasurements(edge=torch.randn(5, 2, 3, 2, 2, dtype=DT), loss="squared").validate(mu)
+    with pytest.raises(ValueError, match="per-example node measurement vectors have B=2"):
+        LinearMeasurements(node=torch.randn(2, 2, 4, 2, dtype=DT), loss="squared").validate(mu)
+
+
+def test_poisson_closed_form_gradient_differentiates_in_rate_and_scale_where_mu_is_0():
+    """The closed form's derivative in (rate, scale) (eq. 15) equals autograd's, also with mu = 0 entries (padding
+    and a forbidden label), where the unselected 0/0 branch used to give NaN."""
+    pot = bp.ChainPotentials(torch.randn(2, 3, 3, dtype=DT), torch.randn(3, 3, dtype=DT), torch.tensor([3, 2]))
+    mu = bp.LinearChain().marginals(pot)
+    node = mu.node.clone()
+    node[:, :, 2] = 0.0                                         # label 2 forbidden: mu = 0, its count 0
+    node = node / node.sum(-1, keepdim=True).clamp_min(1e-300) * mu.node_mask()[..., None]
+    mu = Marginals(node, None, None, mu.lengths)
+    counts = torch.ones(2, 3, 3, dtype=DT)
+    counts[:, :, 2] = 0.0
+    rate = torch.tensor([0.5, 0.7], dtype=DT, requires_grad=True)
+    scale = torch.tensor([2.0, 3.0], dtype=DT, requires_grad=True)
+    with torch.enable_grad():
+        mask = mu.node_mask()[..., None]
+        g = Poisson(counts, rate=rate, scale=scale).grad(mu).node * mask
+        ga = autograd_gradient(Poisson(counts, rate=rate, scale=scale), mu, create_graph=True).node * mask
+        probe = torch.randn_like(g)
+        closed = torch.autograd.grad((g * probe).sum(), (rate, scale))
+        auto = torch.autograd.grad((ga * probe).sum(), (rate, scale))
+    for c, a in zip(closed, auto, strict=True):
+        assert torch.isfinite(c).all()
+        torch.testing.assert_close(c, a, rtol=1e-10, atol=1e-12)
+
+
+def test_prototype_lengths_are_rounded_not_truncated():
+    protos = torch.tensor([[0.7, 0.1, 0.2]], dtype=DT) * 3
+    lengths = protos.sum(-1)                                   # 2.9999999999999996
+    assert lengths.item() != 3.0
+    e = NearestPrototype(protos, 1.0, "unigram", lengths)
+    assert e.prototype_lengths.dtype == torch.long and e.prototype_lengths.tolist() == [3]
+    mu = bp.LinearChain().marginals(bp.ChainPotentials(torch.randn(1, 3, 3, dtype=DT), torch.randn(3, 3, dtype=DT)))
+    ref = NearestPrototype(protos, 1.0, "unigram", torch.tensor([3]))
+    assert e.value(mu).item() > 0
+    torch.testing.assert_close(e.value(mu), ref.value(mu))
+    assert NearestPrototype(protos, 1.0, "unigram", torch.tensor([3.0], dtype=torch.float32)).prototype_lengths == 3
+    for bad in (torch.tensor([2.5]), torch.tensor([3.001], dtype=DT), torch.tensor([float("nan")])):
+        with pytest.raises(ValueError, match="prototype_lengths"):
+            NearestPrototype(protos, 1.0, "unigram", bad)
+    with pytest.raises(ValueError, match="prototype_lengths must be non-negative"):
+        NearestPrototype(protos, 1.0, "unigram", torch.tensor([-1]))
+    with pytest.raises(TypeError, match="prototype_lengths"):
+        NearestPrototype(protos, 1.0, "unigram", torch.tensor([True]))
+    with pytest.raises(ValueError, match=r"prototype_lengths must have shape \[P\]"):
+        NearestPrototype(protos, 1.0, "unigram", torch.tensor([3, 3]))
+
+
+@pytest.mark.parametrize("offset, msg", [
+    (torch.zeros(5, 2, dtype=DT), r"offset must be a float, \[J\] or \[B, J\]=\(3, 2\), got shape \(5, 2\)"),
+    (torch.zeros(1, 1, 2, dtype=DT), r"offset must be a float, \[J\] or \[B, J\] with J=2, got shape \(1, 1, 2\)"),
+    (torch.zeros(3, 1, dtype=DT), r"offset must be .* with J=2, got shape \(3, 1\)"),
+    (torch.tensor([0.0, float("nan")], dtype=DT), "offset must be finite"),
+    (torch.tensor([0, 1]), "offset must be a float or a floating-point tensor"),
+])
+def test_linear_offset_shape_checked(offset, msg):
+    pot = bp.ChainPotentials(torch.randn(3, 4, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
+    with pytest.raises((ValueError, TypeError), match=msg):
+        bp.solve(bp.LinearChain(), pot, LinearMeasurements(node=torch.randn(2, 3, dtype=DT), offset=offset,
+                                                           loss="squared"))
+
+
+def test_linear_offset_batch_checked_at_value_and_grad():
+    mu = _marginals()                                          # B = 3
+    e = LinearMeasurements(node=torch.randn(2, 3, dtype=DT), offset=torch.zeros(5, 2, dtype=DT), loss="squared")
+    for call in (e.value, e.grad, e.total_grad, e.validate):
+        with pytest.raises(ValueError, match=r"offset must be a float, \[J\] or \[B, J\]=\(3, 2\)"):
+            call(mu)
+    per_example = torch.randn(3, 2, dtype=DT)
+    e = LinearMeasurements(node=torch.randn(2, 3, dtype=DT), offset=per_example, loss="squared")
+    z = e.measurements(mu) - per_example
+    torch.testing.assert_close(e.value(mu), 0.5 * (z * z).sum(-1))
+
+
+@pytest.mark.parametrize("make, msg", [
+    (lambda: MeanField(torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 3, 3, dtype=DT)), r"K >= 1"),
+    (lambda: Precedence(torch.rand(1, 3, dtype=DT), torch.rand(1, 3, dtype=DT),
+                        offset=torch.tensor([float("nan")], dtype=DT)), "offset must be finite"),
+    (lambda: BigramExclusion(torch.rand(1, 3, dtype=DT), torch.rand(1, 3, dtype=DT), torch.tensor([[0, 0]]),
+                             offset=torch.tensor([float("inf")], dtype=DT)), "offset must be finite"),
+    (lambda: NearestPrototype(torch.tensor([[1.0, float("inf")]], dtype=DT)), "prototypes must be finite"),
+    (lambda: NearestPrototype(torch.full((1, 2, 2), float("nan"), dtype=DT), statistic="word",
+                              prototype_lengths=torch.tensor([2])), "prototypes must be finite"),
+    (lambda: PrototypeDistance(torch.tensor([[float("nan"), 0.0]], dtype=DT)), "targets must be finite"),
+])
+def test_non_finite_and_empty_arguments_rejected_at_construction(make, msg):
+    with pytest.raises(ValueError, match=msg):
+        make()

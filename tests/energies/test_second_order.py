@@ -136,3 +136,45 @@ def test_part_lists_equal_the_dense_form():
     assert (w.grad[~keep_s] == 0).all()
     with pytest.raises(ValueError, match="exactly when"):
         SecondOrderArcs(s, None, parts=(None, None))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_cache_sees_in_place_score_changes(sparse):
+    """Prepared scores are keyed on the score tensors and their versions: ``S.mul_(2)`` doubles the value."""
+    _, mu, s, g = _setup(6)
+    s, g = s.clone(), g.clone()
+    parts = (torch.ones_like(s, dtype=torch.bool).nonzero().T, torch.ones_like(g, dtype=torch.bool).nonzero().T)
+    e = SecondOrderArcs(s, g, parts=parts if sparse else None)
+    with torch.no_grad():
+        v1, g1 = e.value(mu), e.grad(mu).node
+        s.mul_(2.0)
+        g.mul_(2.0)
+        torch.testing.assert_close(e.value(mu), 2 * v1, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(e.grad(mu).node, 2 * g1, rtol=1e-12, atol=1e-12)
+        e.sibling = s / 2                                   # a new tensor object is seen as well
+        torch.testing.assert_close(e.value(mu), SecondOrderArcs(s / 2, g).value(mu), rtol=1e-12, atol=1e-12)
+
+
+def test_cache_reused_for_repeated_no_grad_calls():
+    """The solvers' repeated calls (no autograd, same lengths) reuse the prepared scores."""
+    _, mu, s, g = _setup(7)
+    e = SecondOrderArcs(s, g)
+    with torch.no_grad():
+        e.value(mu)
+        terms = e._cache[2]
+        e.grad(mu)
+        e.value(Marginals(mu.node.clone(), None, None, mu.lengths.clone()))    # equal lengths, another tensor
+    assert e._cache[2] is terms
+
+
+def test_repeated_backward_through_value_with_learnable_scores():
+    """With scores that require grad, each call builds its own graph: two backward passes work and accumulate."""
+    _, mu, s, _ = _setup(8)
+    w = s.clone().requires_grad_(True)
+    e = SecondOrderArcs(w, None)
+    e.value(mu).sum().backward()
+    first = w.grad.clone()
+    e.value(mu).sum().backward()
+    torch.testing.assert_close(w.grad, 2 * first)
+    e.grad(mu).node.sum().backward()                         # the closed form too
+    assert torch.isfinite(w.grad).all()
