@@ -43,7 +43,9 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     converged = torch.ones(b, dtype=torch.bool, device=device)
     safeguarded = torch.zeros(b, dtype=torch.bool, device=device)
     residual = torch.zeros(b, dtype=node.dtype, device=device)
-    calls = 2 * b
+    calls = b
+    mu_node, log_z = base.node.clone(), base.log_partition.clone()
+    edge_from: list = []                                 # (examples, their winning rows' edge marginals) if any
     if rows.numel():
         sol = solve(oracle, potentials.index(rows), piece, method=method, **options)
         calls += sol.oracle_calls
@@ -51,17 +53,31 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
         best = torch.where(has, torch.full_like(best, float("inf")), best)
         best = best.scatter_reduce(0, rows, sol.objective, reduce="amin")
         won = torch.nonzero(sol.objective == best[rows]).flatten()
-        node[rows[won]] = sol.potentials.node[won]
+        examples, first = torch.unique(rows[won], return_inverse=True)
+        pick = torch.full((len(examples),), len(won), device=device).scatter_reduce(
+            0, first, torch.arange(len(won), device=device), reduce="amin")
+        won = won[pick]                                  # one winning row per example (the first on a tie)
+        node[examples] = sol.potentials.node[won]
         if sol.potentials.edge.dim() == 4:
             edge = potentials.full_edge().clone()
-            edge[rows[won]] = sol.potentials.edge[won]
+            edge[examples] = sol.potentials.edge[won]
+        # the winners' own marginals: the point each objective was measured at (the accelerated method's is
+        # not oracle(potentials) unless it converged)
+        mu_node[examples], log_z[examples] = sol.marginals.node[won], sol.marginals.log_partition[won]
+        edge_from.append((examples, sol.marginals, won))
         iterations.scatter_reduce_(0, rows, sol.iterations, reduce="amax")
         converged = iterations.new_zeros(b).index_add_(0, rows, (~sol.converged).long()) == 0
         safeguarded = iterations.new_zeros(b).index_add_(0, rows, sol.safeguarded.long()) > 0
-        residual[rows[won]] = sol.residual[won]
+        residual[examples] = sol.residual[won]
     tilde = PairwisePotentials(node, edge, potentials.lengths)
-    mu = oracle.marginals(tilde)
-    marginals = Marginals(mu.node, lambda: mu.edge, base.log_partition, potentials.lengths)
+
+    def edges() -> torch.Tensor:
+        out = base.edge.clone()
+        for examples, marg, won in edge_from:
+            out[examples] = marg.edge[won]
+        return out
+
+    marginals = Marginals(mu_node, edges, log_z, potentials.lengths)
     return Solution(marginals=marginals, potentials=tilde, iterations=iterations, converged=converged,
                     objective=best, objectives=best[:, None], safeguarded=safeguarded, residual=residual,
                     oracle_calls=calls, method=f"global-{method}")

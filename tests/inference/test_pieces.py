@@ -117,3 +117,16 @@ def test_bad_arguments():
     protos, lengths = _words(WORDS)
     with pytest.raises(ValueError, match="psi"):
         NearestPrototype(protos, torch.ones(5, dtype=DT), "word", lengths).pieces(theta.lengths)
+
+
+@pytest.mark.parametrize("method", ["rda", "accelerated"])
+def test_solution_is_self_consistent(method):
+    """The marginals returned are those each objective was measured at, with log Z of the returned potentials."""
+    chain = bp.LinearChain()
+    torch.manual_seed(3)
+    theta = bp.ChainPotentials(torch.randn(3, 3, 3, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64))
+    energy = NearestPrototype(torch.tensor([[2.0, 1.0, 0.0], [0.0, 1.0, 2.0]], dtype=torch.float64), 1.5)
+    sol = solve_global(chain, theta, energy, method=method, max_iter=50)
+    assert torch.allclose(sol.objective, bp.objective(chain, theta, energy, sol.marginals), atol=1e-10)
+    if method == "rda":
+        assert torch.allclose(sol.marginals.log_partition, chain.marginals(sol.potentials).log_partition)
