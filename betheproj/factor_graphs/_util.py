@@ -89,6 +89,34 @@ def softplus(x: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, x)
 
 
+# Below exp(-30) the first-order expansions used here are exact to rounding: log(1 + t) = t (1 - t/2 + ...),
+# 1 - exp(-s) = s (1 - s/2 + ...), exp(t) - 1 = t (1 + t/2 + ...), with t, s < 1e-13.
+_TINY_LOG = -30.0
+
+
+def log_softplus(x: np.ndarray) -> np.ndarray:
+    """``log(log(1 + exp(x)))``, also where ``softplus(x)`` underflows (``x`` below about -745)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.where(x < _TINY_LOG, x, np.log(softplus(np.maximum(x, _TINY_LOG))))
+
+
+def log1mexp_of_log(log_s: np.ndarray | float) -> np.ndarray:
+    """``log(1 - exp(-s))`` given ``log s``, also where ``s`` itself underflows."""
+    log_s = np.asarray(log_s, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        s = np.exp(np.maximum(log_s, _TINY_LOG))
+    return np.where(log_s < _TINY_LOG, log_s, log1mexp(s))
+
+
+def log_expm1_of_log(log_t: np.ndarray | float) -> np.ndarray:
+    """``log(exp(t) - 1)`` given ``log t``, also where ``t`` itself underflows."""
+    log_t = np.asarray(log_t, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        t = np.exp(np.maximum(log_t, _TINY_LOG))
+    return np.where(log_t < _TINY_LOG, log_t, t + log1mexp(t))
+
+
 def log_sigmoid(x: np.ndarray) -> np.ndarray:
     """``log(1 / (1 + exp(-x)))``: ``-inf`` at ``-inf`` and ``0`` at ``+inf``."""
     return -np.logaddexp(0.0, -np.asarray(x, dtype=np.float64))

@@ -34,11 +34,12 @@ from ._util import (
     as_log_array,
     as_variables,
     exclusive,
-    log1mexp,
+    log1mexp_of_log,
+    log_expm1_of_log,
     log_ratio,
     log_sigmoid,
+    log_softplus,
     ratio_to_log_message,
-    softplus,
     xlogy,
 )
 
@@ -380,13 +381,14 @@ class OR(BinaryHardFactor):
 
     def _ratios(self, l: np.ndarray, mode: str) -> np.ndarray:
         if mode == "sum":
-            # log prod_{j != i} (1 + m_j) = s_i >= 0, message = -log(1 - exp(-s_i))
-            return -log1mexp(exclusive(softplus(l), np.add, 0.0))
+            # log prod_{j != i} (1 + m_j) = s_i >= 0, message = -log(1 - exp(-s_i)); s_i carried as log s_i,
+            # which stays exact where m_j underflows (log-ratios below about -745)
+            return -log1mexp_of_log(exclusive(log_softplus(l), np.logaddexp, -np.inf))
         return np.maximum(0.0, -exclusive(l, np.maximum, -np.inf))
 
     def _log_z(self, lp0: np.ndarray, lp1: np.ndarray) -> float:
-        # 1 - prod_i p_i(0)
-        return float(log1mexp(-np.sum(lp0)))
+        # 1 - prod_i p_i(0), with -log p_i(0) = softplus(log p_i(1) - log p_i(0)) carried in log space
+        return float(log1mexp_of_log(np.logaddexp.reduce(log_softplus(lp1 - lp0))))
 
     def _hull(self) -> list[tuple[np.ndarray, str, float]]:
         return [(-np.ones(self.arity), "le", -1.0)]
@@ -411,10 +413,10 @@ class OROut(BinaryHardFactor):
         x, ln = l[:-1], l[-1]
         out = np.empty_like(l)
         if mode == "sum":
-            s = exclusive(softplus(x), np.add, 0.0)                 # log prod_{j != i,n} (1 + m_j)
-            out[:-1] = -np.logaddexp(log1mexp(s), -ln - s)          # log(1 - P + P / m_n), P = exp(-s)
-            total = float(np.sum(softplus(x)))
-            out[-1] = total + float(log1mexp(total))               # log(exp(total) - 1)
+            log_s = exclusive(log_softplus(x), np.logaddexp, -np.inf)   # log log prod_{j != i,n} (1 + m_j)
+            s = np.exp(log_s)
+            out[:-1] = -np.logaddexp(log1mexp_of_log(log_s), -ln - s)  # log(1 - P + P / m_n), P = exp(-s)
+            out[-1] = float(log_expm1_of_log(np.logaddexp.reduce(log_softplus(x))))   # log(exp(total) - 1)
         else:
             first = ln + exclusive(np.maximum(0.0, x), np.add, 0.0)
             second = np.maximum(0.0, -exclusive(x, np.maximum, -np.inf))
@@ -425,7 +427,8 @@ class OROut(BinaryHardFactor):
     def _log_z(self, lp0: np.ndarray, lp1: np.ndarray) -> float:
         # p_n(0) prod_{i<n} p_i(0) + p_n(1) (1 - prod_{i<n} p_i(0))
         l0 = float(np.sum(lp0[:-1]))
-        return float(np.logaddexp(lp0[-1] + l0, lp1[-1] + log1mexp(-l0)))
+        rest = log1mexp_of_log(np.logaddexp.reduce(log_softplus(lp1[:-1] - lp0[:-1])))   # log(1 - prod p_i(0))
+        return float(np.logaddexp(lp0[-1] + l0, lp1[-1] + rest))
 
     def _hull(self) -> list[tuple[np.ndarray, str, float]]:
         n = self.arity

@@ -139,6 +139,8 @@ def lp_map(graph: FactorGraph, *, tol: float = 1e-6) -> LPResult:
         raise TypeError(f"graph must be a FactorGraph, got {type(graph).__name__}")
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 0.5:
         raise ValueError(f"tol must be a float in [0, 0.5), got {tol!r}")
+    if graph.num_variables == 0:
+        raise ValueError("graph has no variables: there is nothing to decode")
     lp = LPBuilder(graph)
     for f, factor in enumerate(graph.factors):
         lp._current = f

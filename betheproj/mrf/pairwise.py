@@ -566,6 +566,9 @@ def _lbp_numpy(mrf: PairwiseMRF, damping: float, tol: float, max_iter: int
     for i, u in enumerate(mrf._node):
         theta[i, : u.size] = u
     if m == 0:
+        dead = [i for i, t in enumerate(theta) if np.isneginf(t[: cards[i]]).all()]
+        if dead:
+            raise ValueError(f"node {dead[0]} has every label forbidden (-inf): there is no labelling")
         return [np.exp(t[: cards[i]] - t[: cards[i]].max()) for i, t in enumerate(theta)], True, 0, []
     table = np.full((2 * m, c, c), -np.inf)
     src = np.empty(2 * m, dtype=np.int64)
@@ -608,15 +611,15 @@ def _lbp_numpy(mrf: PairwiseMRF, damping: float, tol: float, max_iter: int
                 new = (b_fin[src] - msg[rev])[:, :, None] + table
                 new = new.max(axis=1)
                 new -= new.max(axis=1, keepdims=True)
-            if damping > 0.0:
-                new = _normalise_rows(np.logaddexp(log_keep + new, log_mix + msg))
+            if damping > 0.0:                              # exact zeros are kept (see factor_graphs.bp)
+                new = _normalise_rows(np.where(np.isneginf(new), -np.inf, np.logaddexp(log_keep + new, log_mix + msg)))
             d = np.abs(new - msg)
             change = float(np.nanmax(d)) if exact_inf else float(d.max())
             if np.isnan(change):
                 change = 0.0
             history.append(change)
             msg = new
-            if change < tol:
+            if change <= tol:
                 converged = True
                 break
         b_fin, b_inf, _, _ = totals(msg)
@@ -725,9 +728,14 @@ class LinearPairwiseMRF:
         """The MRF with ``theta_i = F_i w + o_i`` and ``theta_e = G_e w + o_e``."""
         w = self._check_w(w)
         s = self.structure
-        node = [o + (0.0 if f is None else f @ w) for o, f in zip(s._node, self._nf, strict=True)]
-        edge = [o + (0.0 if f is None else f @ w) for o, f in zip(s._edge, self._ef, strict=True)]
-        return PairwiseMRF._trusted(s, node, edge)        # finite w and features, offsets checked: no NaN/+inf
+        with np.errstate(over="ignore", invalid="ignore"):
+            node_fw = [0.0 if f is None else f @ w for f in self._nf]
+            edge_fw = [0.0 if f is None else f @ w for f in self._ef]
+        if not all(np.isfinite(t).all() for t in (*node_fw, *edge_fw)):
+            raise ValueError("w is too large: the feature scores F w overflow float64")
+        node = [o + t for o, t in zip(s._node, node_fw, strict=True)]
+        edge = [o + t for o, t in zip(s._edge, edge_fw, strict=True)]
+        return PairwiseMRF._trusted(s, node, edge)        # finite F w, offsets checked: no NaN/+inf
 
     def features(self, z: object) -> np.ndarray:
         """``Phi(x, z)`` for a labelling (label indices: array, list or tensor), a :class:`LocalMarginals` point or a

@@ -185,7 +185,10 @@ def random_grid_dataset(num_instances: int, rows: int = 3, cols: int = 3, *, nod
     w_true = _as_float_array("w_true", w_true, ndim=1, allow_neg_inf=False)
     if w_true.shape != (d,):
         raise ValueError(f"w_true must have shape ({d},), got {w_true.shape}")
-    w_true = w_true / np.linalg.norm(w_true)
+    norm = np.linalg.norm(w_true)
+    if not np.isfinite(norm) or norm == 0:
+        raise ValueError(f"w_true must be a non-zero finite vector, got norm {norm}")
+    w_true = w_true / norm
     labeller = labeller or lp_map
     edges = grid_edges(rows, cols)
     n = rows * cols

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from betheproj.factor_graphs import OR, XOR, FactorGraph, belief_propagation, decode_map
+from betheproj.factor_graphs import NAND, OR, XOR, FactorGraph, OROut, belief_propagation, decode_map
 
 from ._brute import graph_reference
 from ._graphs import mixed_graph, tree_factor_graph
@@ -213,3 +213,28 @@ def test_turbo_parser_graph():
     mp = belief_propagation(g, "max", tol=1e-10)
     assert mp.converged and np.isfinite(g.score(mp.decode()))
     assert lp_map(g).objective >= ref["map_score"] - 1e-8     # the relaxation bounds the MAP from above
+
+
+@pytest.mark.parametrize("factor, u0, u1, log_z", [
+    (OR([0, 1]), [0.0, -np.inf], [0.0, -800.0], -800.0),          # v0 off, so v1 on at a cost of 800
+    (NAND([0, 1]), [-np.inf, 0.0], [0.0, 800.0], 0.0),            # at most one on: v0 on, so v1 off
+    (OROut([0, 1]), [0.0, -800.0], [-np.inf, 0.0], -800.0),       # output on, so the input on at 800
+])
+def test_or_family_sum_product_beyond_exp_underflow(factor, u0, u1, log_z):
+    graph = FactorGraph([2, 2])
+    graph.set_unary(0, u0)
+    graph.set_unary(1, u1)
+    graph.add_factor(factor)
+    res = belief_propagation(graph, "sum")                 # raised "contradictory constraints" before
+    assert res.converged and res.log_partition == pytest.approx(log_z, abs=1e-9)
+    assert res.log_partition == pytest.approx(graph_reference(graph)["log_z"], abs=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["sum", "max"])
+def test_damping_keeps_hard_zeros_and_converges(mode):
+    graph = FactorGraph([2, 2])
+    graph.set_unary(0, [-np.inf, 0.0])                     # v0 clamped on, so XOR turns v1 off exactly
+    graph.add_factor(XOR([0, 1]))
+    res = belief_propagation(graph, mode, damping=0.5, max_iter=100)
+    assert res.converged                                   # the zero only halved each iteration before
+    assert np.allclose(res.variable_beliefs[1], [1.0, 0.0])

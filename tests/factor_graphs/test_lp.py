@@ -119,3 +119,8 @@ def test_lp_handles_forbidden_states_and_reports_infeasibility():
         lp_map(None)
     with pytest.raises(ValueError, match="tol"):
         lp_map(g, tol=0.7)
+
+
+def test_a_graph_without_variables_is_a_clear_error():
+    with pytest.raises(ValueError, match="no variables"):
+        lp_map(FactorGraph([]))

@@ -178,3 +178,8 @@ def test_example_script_smoke(tmp_path):
     assert not findings["section4"]["perceptron_lbp"].converged and findings["section4"]["perceptron_exact"].converged
     # measured labels follow the half-planes of section 4.3 (only cells on a boundary, e.g. w = 0, may differ)
     assert findings["figures"]["agree_exact"] > 0.95 and findings["figures"]["agree_lbp"] > 0.95
+
+
+def test_a_zero_true_weight_vector_is_named():
+    with pytest.raises(ValueError, match="w_true must be a non-zero"):
+        random_grid_dataset(1, rows=2, cols=2, w_true=np.zeros(5))
