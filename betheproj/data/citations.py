@@ -47,11 +47,16 @@ class Citation:
 
 
 def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
-    """Spans ``(type, start, end)`` of a BIO sequence; an ``I-`` that does not continue its type starts a span."""
+    """Spans ``(type, start, end)`` of a BIO sequence; an ``I-`` that does not continue its type starts a span.
+    Every label must be ``"O"`` or ``"B-type"`` / ``"I-type"`` (a non-empty type); anything else is a ValueError."""
     spans: list[tuple[str, int, int]] = []
     kind, start = None, 0
     for i, label in enumerate([*labels, "O"]):
+        if not isinstance(label, str):
+            raise TypeError(f"labels[{i}] must be a str, got {type(label).__name__} {label!r}")
         tag, _, name = label.partition("-")
+        if label != "O" and (tag not in ("B", "I") or not name):
+            raise ValueError(f"labels[{i}] = {label!r} is not a BIO label: expected 'O', 'B-<type>' or 'I-<type>'")
         if label == "O" or tag == "B" or name != kind:
             if kind is not None:
                 spans.append((kind, start, i))

@@ -8,13 +8,16 @@ from torch import Tensor, nn
 from ..oracles import LinearChain
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
+from ._checks import check_count, check_nonnegative
 
 __all__ = ["LinearChainCRF", "SparseChainCRF", "sequence_score", "crf_nll", "fit_crf", "length_chunks"]
 
 
 def _check_labels(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
-    if not isinstance(labels, Tensor) or labels.is_floating_point():
-        raise TypeError("labels must be an integer tensor [B, N]")
+    if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.is_complex() \
+            or labels.dtype == torch.bool:
+        raise TypeError(f"labels must be an integer tensor [B, N], got "
+                        f"{labels.dtype if isinstance(labels, Tensor) else type(labels).__name__}")
     b, n, c = potentials.node.shape
     if labels.shape != (b, n):
         raise ValueError(f"labels must have shape [B, N]=({b}, {n}), got {tuple(labels.shape)}")
@@ -73,6 +76,8 @@ class SparseChainCRF(nn.Module):
 
     def __init__(self, num_features: int, num_labels: int):
         super().__init__()
+        check_count("num_features", num_features)
+        check_count("num_labels", num_labels)
         self.weights = nn.EmbeddingBag(num_features, num_labels, mode="sum", padding_idx=0)
         nn.init.zeros_(self.weights.weight)
         self.bias = nn.Parameter(torch.zeros(num_labels))
@@ -112,8 +117,19 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     ``progress`` shows a bar over the objective evaluations (at most ``1.25 max_iter``, L-BFGS's default)."""
     from .losses import resolve_loss, structured_loss  # losses builds on this module
 
-    if l2 < 0:
-        raise ValueError(f"l2 must be >= 0, got {l2}")
+    l2 = check_nonnegative("l2", l2)
+    max_iter = check_count("max_iter", max_iter)
+    tolerance = check_nonnegative("tolerance", tolerance)
+    if not isinstance(features, Tensor) or features.dim() < 2:
+        raise ValueError("features must be a [B, N, ...] tensor")
+    if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
+        raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor like features, got "
+                         f"{tuple(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__}")
+    if not isinstance(labels, Tensor) or labels.shape != features.shape[:2]:
+        raise ValueError(f"labels must be a [B, N]={tuple(features.shape[:2])} tensor like features, got "
+                         f"{tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__}")
+    if features.shape[0] == 0:
+        raise ValueError("no training examples: features, labels and lengths hold B = 0 sequences")
     if loss not in ("crf", "softmax_margin"):
         raise ValueError(f"loss must be 'crf' or 'softmax_margin' (L-BFGS needs a smooth loss), got {loss!r}")
     if loss == "crf" and gamma not in (None, 0, 0.0):

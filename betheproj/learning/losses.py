@@ -67,6 +67,8 @@ def resolve_loss(loss: str | None = None, beta: float | None = None,
         gamma = g0 if gamma is None else gamma
     if beta is None or gamma is None:
         raise ValueError("give a loss name or both beta and gamma")
+    if isinstance(beta, (bool, str, bytes)) or isinstance(gamma, (bool, str, bytes)):
+        raise TypeError(f"beta and gamma must be numbers, got {beta!r} and {gamma!r}")
     try:
         beta, gamma = float(beta), float(gamma)
     except (TypeError, ValueError):
@@ -115,6 +117,14 @@ def cost_augmented(potentials: PairwisePotentials, gold: Tensor, gamma: float, b
     return pot, q
 
 
+def _check_gold_score(gold_score: Tensor) -> None:
+    """A gold labelling on a forbidden part (a ``-inf`` potential) has an infinite loss: refuse it."""
+    bad = torch.isneginf(gold_score).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"gold labels lie on forbidden parts (-inf potentials) for examples {bad[:10]}: "
+                         f"the loss would be infinite")
+
+
 def structured_loss(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor, beta: float | None = None,
                     gamma: float | None = None, cost: str | CostFn = "hamming", loss: str | None = None) -> Tensor:
     """``L_{beta,gamma}`` [B] of Figure 4 (eq. 22), differentiable in the potentials: autograd gives
@@ -122,18 +132,21 @@ def structured_loss(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor
     ``S(y_hat) - S(y)`` at the cost-augmented MAP ``y_hat``).
 
     ``loss`` names a preset (``crf``, ``svm``, ``softmax_margin``, ``perceptron``); explicit ``beta``/``gamma``
-    override it.  ``gold`` [B, N] holds labels (for dependency oracles: heads), ignored past ``lengths``.
+    override it.  ``gold`` [B, N] holds labels (for dependency oracles: heads), ignored past ``lengths``; a gold
+    labelling on a forbidden part (a ``-inf`` potential) is a ValueError, not an infinite loss.
     """
     if loss is None and beta is None and gamma is None:
         raise ValueError("give a loss name (crf, svm, softmax_margin, perceptron) or beta and gamma")
     beta, gamma = resolve_loss(loss, beta, gamma)
+    gold_score = sequence_score(potentials, gold)
+    _check_gold_score(gold_score.detach())
     aug, q = cost_augmented(potentials, gold, gamma, beta, cost)
     if math.isinf(beta):
         y_hat = oracle.map(aug)
         value = sequence_score(aug, y_hat)
     else:
         value = log_partition(oracle, aug) / beta
-    value = value - sequence_score(potentials, gold)
+    value = value - gold_score
     return value if q is None else value + q
 
 
@@ -188,6 +201,7 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
     with torch.no_grad():
         aug, q = cost_augmented(potentials, gold, gamma, beta, cost)
         gold_score = sequence_score(potentials, y)
+        _check_gold_score(gold_score)
         prediction = None
         if math.isinf(beta):
             prediction = oracle.map(aug)

@@ -29,7 +29,12 @@ class SegmentScores:
 
 def segment_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> SegmentScores:
     """Score predicted BIO label sequences against gold ones: a segment counts only when its type, start and
-    end all match; an ``I-`` that does not continue its type starts a new segment (the conlleval reading)."""
+    end all match; an ``I-`` that does not continue its type starts a new segment (the conlleval reading).
+    ``gold`` and ``predicted`` hold one sequence of labels per example (not one flat sequence of strings)."""
+    for name, seqs in (("gold", gold), ("predicted", predicted)):
+        if not isinstance(seqs, Sequence) or isinstance(seqs, str) or any(isinstance(s, str) for s in seqs):
+            raise TypeError(f"{name} must be a sequence of label sequences (e.g. [['B-a', 'O']]), "
+                            f"not a string, a sequence of strings or an iterator")
     if len(gold) != len(predicted):
         raise ValueError(f"gold and predicted must hold as many sequences, got {len(gold)} and {len(predicted)}")
     tp, n_gold, n_pred = Counter(), Counter(), Counter()

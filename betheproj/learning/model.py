@@ -14,6 +14,7 @@ from ..inference.pieces import solve_global
 from ..inference.solve import METHODS, Solution, solve
 from ..oracles import LinearChain
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
+from ._checks import check_count
 from .crf import crf_nll
 
 __all__ = ["NonLocalCRF", "surrogate_nll"]
@@ -33,6 +34,12 @@ def surrogate_nll(oracle: Oracle, potentials: PairwisePotentials, energy: Energy
         return crf_nll(oracle, potentials, labels)
     if marginals is None:
         raise ValueError("marginals (the solution mu of (2)) are required with an energy")
+    if marginals.node.shape != potentials.node.shape:
+        raise ValueError(f"marginals must have the potentials' node shape [B, N, C]={tuple(potentials.node.shape)}, "
+                         f"got {tuple(marginals.node.shape)}")
+    if marginals.lengths is not None and not torch.equal(marginals.lengths.to(potentials.lengths.device),
+                                                         potentials.lengths):
+        raise ValueError("marginals must have the potentials' lengths (solve (2) for the same batch)")
     fixed = Marginals(marginals.node.detach(), lambda: marginals.edge.detach(), None, marginals.lengths)
     with torch.enable_grad():
         g = energy.grad(fixed)
@@ -108,7 +115,13 @@ class NonLocalCRF(nn.Module):
     @torch.no_grad()
     def predict(self, features: Tensor, lengths: Tensor, batch_size: int = 2048, max_iter: int | None = None
                 ) -> Tensor:
-        """Labels [B, N] (``-1`` past each length): Proposition 1's MAP at the solution of (2), in batches."""
+        """Labels [B, N] (``-1`` past each length): Proposition 1's MAP at the solution of (2), in batches.
+        An empty batch (``B = 0``) gives an empty [0, N] tensor, as the oracles' ``map`` does."""
+        check_count("batch_size", batch_size)
+        if not isinstance(features, Tensor) or features.dim() < 2:
+            raise ValueError("features must be a [B, N, ...] tensor")
+        if features.shape[0] == 0:
+            return torch.empty(0, features.shape[1], dtype=torch.long, device=features.device)
         out = []
         for start in range(0, features.shape[0], batch_size):
             x, n = features[start:start + batch_size], lengths[start:start + batch_size]

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
+from ._checks import check_positive
 from .losses import CostFn, loss_and_gradient, resolve_loss
 
 __all__ = ["SparseExample", "OnlineResult", "sparse_potentials", "fit_online"]
@@ -43,9 +44,9 @@ class SparseExample:
     ``False`` parts get a ``-inf`` potential (e.g. a word heading itself).
 
     Compact form (``table`` given, see :meth:`compact`): ``table`` [U] holds the distinct feature ids of the
-    example (sorted) and ``ids`` indexes into it.  A step then touches the big weight vector only at those
-    ``U`` entries (the other passes run over a small local array), which matters when the weight vector is
-    much larger than the caches."""
+    example, strictly increasing (so the unused slot, if present, is last), and ``ids`` indexes into it.  A step
+    then touches the big weight vector only at those ``U`` entries (the other passes run over a small local
+    array), which matters when the weight vector is much larger than the caches."""
 
     ids: Tensor
     gold: Tensor
@@ -67,12 +68,17 @@ class SparseExample:
         if not isinstance(self.ids, Tensor) or self.ids.dim() != 3 or self.ids.is_floating_point():
             raise TypeError("ids must be an integer tensor [N, C, K]")
         n, c, _ = self.ids.shape
-        if not isinstance(self.gold, Tensor) or self.gold.shape != (n,) or self.gold.is_floating_point():
+        if not isinstance(self.gold, Tensor) or self.gold.shape != (n,) or self.gold.is_floating_point() \
+                or self.gold.dtype == torch.bool:
             raise ValueError(f"gold must be an integer tensor [N]=({n},)")
         if self.allowed is not None and (self.allowed.shape != (n, c) or self.allowed.dtype != torch.bool):
             raise ValueError(f"allowed must be a bool tensor [N, C]=({n}, {c})")
-        if self.table is not None and (self.table.dim() != 1 or self.table.is_floating_point()):
+        if self.table is not None and (self.table.dim() != 1 or self.table.is_floating_point()
+                                       or self.table.dtype == torch.bool):
             raise TypeError("table must be an integer tensor [U]")
+        if self.table is not None and not bool((self.table[1:] > self.table[:-1]).all()):
+            raise ValueError("table must be strictly increasing (distinct ids, sorted; the unused slot last), "
+                             "e.g. from torch.unique")
 
 
 @dataclass
@@ -96,6 +102,18 @@ def _check_ids(ex: SparseExample, num_features: int) -> None:
                          f"(num_features marks an unused slot)")
     if ex.table is not None and ex.ids.numel() and (int(ex.ids.min()) < 0 or int(ex.ids.max()) >= len(ex.table)):
         raise ValueError(f"compact ids must index the table (0..{len(ex.table) - 1})")
+
+
+def _check_gold(ex: SparseExample, i: int) -> None:
+    """Gold labels in ``[0, C)`` and on allowed parts (a forbidden gold part scores ``-inf``: an infinite loss)."""
+    n, c, _ = ex.ids.shape
+    if n and (int(ex.gold.min()) < 0 or int(ex.gold.max()) >= c):
+        raise ValueError(f"examples[{i}]: gold labels must lie in [0, {c})")
+    if ex.allowed is not None:
+        bad = (~ex.allowed[torch.arange(n), ex.gold.long()]).nonzero().flatten().tolist()
+        if bad:
+            raise ValueError(f"examples[{i}]: gold labels lie on forbidden parts (allowed is False) at positions "
+                             f"{bad[:10]}: the loss would be infinite")
 
 
 def sparse_potentials(weights: Tensor, examples: Sequence[SparseExample], num_features: int,
@@ -140,19 +158,19 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     plus ``transitions^2`` for a shared transition block.  ``callback(epoch, averaged_weights, mean_loss)`` runs after
     every epoch (e.g. to evaluate on held-out data).  Returns the averaged weights (line 10)."""
     beta, gamma = resolve_loss(loss, beta, gamma)
-    if not isinstance(num_features, int) or num_features < 1:
+    if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
         raise ValueError(f"num_features must be a positive int, got {num_features!r}")
-    if not isinstance(epochs, int) or epochs < 1:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
-    if not math.isfinite(lam) or lam <= 0:
-        raise ValueError(f"lam (lambda) must be a finite number > 0, got {lam}")
+    lam = check_positive("lam (lambda)", lam)
     m = len(examples)
     if m == 0:
         raise ValueError("no training examples")
-    for ex in examples:
+    for i, ex in enumerate(examples):
         if not isinstance(ex, SparseExample):
             raise TypeError(f"examples must be SparseExample, got {type(ex).__name__}")
         _check_ids(ex, num_features)
+        _check_gold(ex, i)
         if transitions is not None and ex.ids.shape[1] != transitions:
             raise ValueError(f"an example has C={ex.ids.shape[1]} labels but transitions={transitions}")
     size = num_features + 1 + (transitions or 0) ** 2

@@ -73,7 +73,9 @@ class PerceptronResult:
 @dataclass
 class MistakeBound:
     """Theorem 1's quantities, bracketed: ``gamma_lower <= gamma <= gamma_upper`` and ``R_lower <= R <= R_upper``,
-    so ``R^2 / gamma^2`` lies in ``[bound_lower, bound_upper]`` (see :func:`lp_mistake_bound`)."""
+    so ``R^2 / gamma^2`` lies in ``[bound_lower, bound_upper]`` (see :func:`lp_mistake_bound`).  Without a positive
+    margin there is no bound: ``bound_upper`` is ``inf`` when ``gamma_lower <= 0`` and ``bound_lower`` is ``inf`` when
+    ``gamma_upper <= 0`` (then ``gamma <= 0``: the data are not separable with a margin by ``w_star``)."""
 
     gamma_lower: float
     gamma_upper: float
@@ -82,7 +84,7 @@ class MistakeBound:
 
     @property
     def bound_lower(self) -> float:
-        return self.radius_lower ** 2 / self.gamma_upper ** 2
+        return self.radius_lower ** 2 / self.gamma_upper ** 2 if self.gamma_upper > 0 else float("inf")
 
     @property
     def bound_upper(self) -> float:

@@ -11,6 +11,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ._checks import check_count
+
 __all__ = ["ConstantPsi", "RandomFourierFeatures", "MeanMapPsi"]
 
 
@@ -60,6 +62,8 @@ class MeanMapPsi(nn.Module):
     def __init__(self, in_features: int, num_features: int = 1000, bandwidth: float = 1.0, init: float = 1.0,
                  outputs: int | None = None, seed: int = 0):
         super().__init__()
+        if outputs is not None:
+            check_count("outputs", outputs)
         self.features = RandomFourierFeatures(in_features, num_features, bandwidth, seed)
         self.linear = nn.Linear(num_features, 1 if outputs is None else outputs)
         self.squeeze = outputs is None

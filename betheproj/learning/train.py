@@ -14,16 +14,22 @@ from torch import Tensor, nn
 
 from ..oracles.base import Marginals
 from ..progress import progress_bar
+from ._checks import check_count, check_nonnegative, check_positive
 from .model import NonLocalCRF
 
 __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]
 
 
 def character_accuracy(predicted: Tensor, labels: Tensor, lengths: Tensor) -> float:
-    """Fraction of valid positions (``< lengths``) where ``predicted`` equals ``labels``."""
-    n = min(predicted.shape[1], labels.shape[1])
+    """Fraction of valid positions (``< lengths``) where ``predicted`` equals ``labels`` (both [B, N])."""
+    if not isinstance(predicted, Tensor) or not isinstance(labels, Tensor) or predicted.shape != labels.shape:
+        raise ValueError(f"predicted and labels must be tensors of the same shape [B, N], got "
+                         f"{tuple(getattr(predicted, 'shape', ()))} and {tuple(getattr(labels, 'shape', ()))}")
+    if predicted.dim() != 2 or not isinstance(lengths, Tensor) or lengths.shape != labels.shape[:1]:
+        raise ValueError(f"predicted and labels must be [B, N] and lengths [B]=({labels.shape[0]},)")
+    n = labels.shape[1]
     valid = torch.arange(n, device=labels.device) < lengths[:, None]
-    return float(((predicted[:, :n] == labels[:, :n]) & valid).sum() / valid.sum().clamp(min=1))
+    return float(((predicted == labels) & valid).sum() / valid.sum().clamp(min=1))
 
 
 @dataclass
@@ -48,8 +54,17 @@ def _check_data(features: Tensor, labels: Tensor, lengths: Tensor) -> None:
         raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor")
 
 
+def _check_training(features: Tensor, labels: Tensor, lengths: Tensor) -> None:
+    """:func:`_check_data`, and at least one example."""
+    _check_data(features, labels, lengths)
+    if features.shape[0] == 0:
+        raise ValueError("no training examples: features, labels and lengths hold B = 0 sequences")
+
+
 def _optimizer(model: NonLocalCRF, name: str, lr: float, psi_lr: float | None, learn_theta: bool,
                learn_psi: bool) -> torch.optim.Optimizer:
+    lr = check_positive("lr", lr)
+    psi_lr = None if psi_lr is None else check_positive("psi_lr", psi_lr)
     groups = []
     if learn_theta:
         groups.append({"params": list(model.theta.parameters()), "lr": lr})
@@ -76,10 +91,14 @@ class _Validator:
 
     def __init__(self, model: NonLocalCRF, valid: tuple[Tensor, Tensor, Tensor] | None, metric: Callable,
                  patience: int | None, history: History):
+        if patience is not None:
+            check_count("patience", patience)
         if valid is not None:
             if not isinstance(valid, tuple) or len(valid) != 3:
                 raise TypeError("valid must be a tuple (features, labels, lengths)")
             _check_data(*valid)
+            if valid[0].shape[0] == 0:
+                raise ValueError("valid holds no examples (B = 0)")
         self.model, self.valid, self.metric, self.patience, self.history = model, valid, metric, patience, history
         self.best_state: dict | None = None
         self.bad = 0
@@ -165,11 +184,12 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     last one, and validation evaluates that mean: with a few noisy steps, e.g. on a psi linear in many random
     features, the last iterate depends on the last minibatches, the mean much less.
     """
-    _check_data(features, labels, lengths)
-    if epochs < 1 or batch_size < 1:
-        raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
-    if l2 < 0 or psi_l2 < 0:
-        raise ValueError("l2 and psi_l2 must be >= 0")
+    _check_training(features, labels, lengths)
+    check_count("epochs", epochs)
+    check_count("batch_size", batch_size)
+    l2, psi_l2 = check_nonnegative("l2", l2), check_nonnegative("psi_l2", psi_l2)
+    if eval_every is not None:
+        check_count("eval_every", eval_every)
     opt = _optimizer(model, optimizer, lr, psi_lr, learn_theta, learn_psi)
     averager = _Average([p for g in opt.param_groups for p in g["params"]]) if average else None
     history = History()
@@ -221,9 +241,11 @@ def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, len
     takes ``m_steps`` passes of optimiser steps (one per ``batch_size`` chunk) on theta and psi for the
     surrogate likelihood (12) at the fixed ``M``.  Validation and early stopping as in
     :func:`fit_doubly_stochastic`, evaluated after each round."""
-    _check_data(features, labels, lengths)
-    if rounds < 1 or m_steps < 1 or batch_size < 1:
-        raise ValueError("rounds, m_steps and batch_size must be >= 1")
+    _check_training(features, labels, lengths)
+    check_count("rounds", rounds)
+    check_count("m_steps", m_steps)
+    check_count("batch_size", batch_size)
+    l2, psi_l2 = check_nonnegative("l2", l2), check_nonnegative("psi_l2", psi_l2)
     opt = _optimizer(model, optimizer, lr, psi_lr, learn_theta, learn_psi)
     history = History()
     validator = _Validator(model, valid, metric, patience, history)

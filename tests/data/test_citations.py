@@ -52,6 +52,25 @@ def test_bio_segments():
     assert bio_segments([]) == [] and bio_segments(["O", "O"]) == []
 
 
+@pytest.mark.parametrize("label", ["author", "B", "B-", "I-", "X-a", "o", "b-a", ""])
+def test_bio_segments_refuses_labels_that_are_not_bio(label):
+    # a bare tag used to become a span of type ''
+    with pytest.raises(ValueError, match=r"labels\[1\] = .* is not a BIO label"):
+        bio_segments(["O", label, "O"])
+
+
+def test_bio_segments_refuses_labels_that_are_not_strings():
+    with pytest.raises(TypeError, match=r"labels\[0\] must be a str"):
+        bio_segments([1, "O"])
+
+
+def test_parsed_labels_are_bio():
+    line = "<author> <person> A. B </person> </author> , <title> T </title> x <venue> <pages> 1 </pages> </venue>"
+    labels = parse_citation(line).labels
+    assert all(y == "O" or y[:2] in ("B-", "I-") for y in labels)
+    assert bio_segments(labels) == [("author/person", 0, 2), ("title", 3, 4), ("venue/pages", 5, 6)]
+
+
 def test_missing_files_name_what_is_expected(tmp_path):
     with pytest.raises(FileNotFoundError, match="training.docs"):
         load_citations(tmp_path)

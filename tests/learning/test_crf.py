@@ -123,3 +123,35 @@ def test_progress_bar_counts_the_evaluations_and_changes_nothing(capsys):
     assert runs[0] == runs[1]
     err = capsys.readouterr().err
     assert "L-BFGS evaluations" in err and f"{len(runs[1])}/5" in err
+
+
+def test_fit_crf_checks_its_arguments_against_each_other():
+    from betheproj.learning import SparseChainCRF
+
+    x, lengths, labels = _random_batch(3, 8, 5, 3, 2)
+    fit = lambda **kw: fit_crf(LinearChainCRF(3, 2).double(), **{"features": x, "labels": labels,  # noqa: E731
+                                                                  "lengths": lengths, **kw})
+    with pytest.raises(ValueError, match=r"lengths must be a \[B\]=\(8,\)"):
+        fit(lengths=lengths[:7])                      # used to train on the first 7 sequences silently
+    with pytest.raises(ValueError, match=r"labels must be a \[B, N\]=\(8, 5\)"):
+        fit(labels=labels[:, :4])
+    with pytest.raises(ValueError, match="no training examples"):
+        fit(features=x[:0], labels=labels[:0], lengths=lengths[:0])
+    for max_iter in (0, -5):                          # used to evaluate once and return untrained
+        with pytest.raises(ValueError, match="max_iter must be an int >= 1"):
+            fit(max_iter=max_iter)
+    with pytest.raises(TypeError, match="max_iter"):
+        fit(max_iter=2.5)
+    for tolerance in (-1.0, float("nan"), float("inf")):   # -1 used to become tolerance_change = 1
+        with pytest.raises(ValueError, match="tolerance must be a finite number >= 0"):
+            fit(tolerance=tolerance)
+    for l2 in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="l2 must be a finite number >= 0"):
+            fit(l2=l2)
+    with pytest.raises(TypeError, match="labels must be an integer tensor"):
+        fit(labels=labels > 0)                        # bool labels used to pass as 0/1
+    assert len(fit(max_iter=1, tolerance=0.0)) >= 1
+    with pytest.raises(ValueError, match="num_features must be an int >= 1"):
+        SparseChainCRF(0, 2)
+    with pytest.raises(ValueError, match="num_labels must be an int >= 1"):
+        SparseChainCRF(5, 0)

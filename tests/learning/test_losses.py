@@ -196,3 +196,27 @@ def test_loss_over_dependency_trees_matches_enumeration(projective, beta, gamma)
     lg = loss_and_gradient(oracle, pot, gold, beta, gamma, edge=False)
     assert torch.allclose(lg.loss, got, atol=1e-9)
     assert torch.allclose(lg.node.sum(-1), torch.zeros(2, n, dtype=DT), atol=1e-9)   # mu - onehot rows sum to 0
+
+
+def test_flags_and_strings_are_not_beta_or_gamma():
+    for kw in ({"beta": True, "gamma": 0.0}, {"beta": "2", "gamma": 0.0}, {"beta": 1.0, "gamma": False},
+               {"loss": "crf", "gamma": "1"}):
+        with pytest.raises(TypeError, match="beta and gamma must be numbers"):
+            resolve_loss(**kw)
+    assert resolve_loss(beta=2, gamma=0) == (2.0, 0.0)
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_gold_on_a_forbidden_part_is_refused(loss):
+    pot, gold = _problem(shared=True)
+    node = pot.node.clone()
+    node[0, 1, gold[0, 1]] = -INF                      # example 0's gold label is forbidden at position 1
+    forbidden = bp.ChainPotentials(node, pot.edge, pot.lengths)
+    for fn in (structured_loss, loss_and_gradient):    # used to return an infinite loss
+        with pytest.raises(ValueError, match=r"gold labels lie on forbidden parts .* examples \[0\]"):
+            fn(bp.LinearChain(), forbidden, gold, loss=loss)
+    node[0, 1, (gold[0, 1] + 1) % 3] = -INF            # a forbidden non-gold part is fine
+    node[0, 1, gold[0, 1]] = 0.0
+    ok = bp.ChainPotentials(node, pot.edge, pot.lengths)
+    assert torch.isfinite(structured_loss(bp.LinearChain(), ok, gold, loss=loss)).all()
+    assert torch.isfinite(loss_and_gradient(bp.LinearChain(), ok, gold, loss=loss).loss).all()

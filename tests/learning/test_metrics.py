@@ -34,3 +34,24 @@ def test_bad_arguments():
         segment_f1([["O"]], [])
     with pytest.raises(ValueError, match="sequence 0"):
         segment_f1([["O", "O"]], [["O"]])
+
+
+def test_a_flat_sequence_of_strings_is_refused():
+    # one flat sequence used to be read as sequences of characters: F1 = 1.0 for different types
+    with pytest.raises(TypeError, match="gold must be a sequence of label sequences"):
+        segment_f1(["B-a", "O"], ["B-b", "O"])
+    with pytest.raises(TypeError, match="predicted must be a sequence of label sequences"):
+        segment_f1([["B-a", "O"]], ["BO"])
+    with pytest.raises(TypeError, match="gold"):
+        segment_f1("B-a", "B-a")
+    with pytest.raises(TypeError, match="gold"):
+        segment_f1((s for s in [["B-a"]]), [["B-a"]])
+    assert segment_f1((("B-a",),), (("B-a",),)).f1 == 1.0          # tuples are fine
+
+
+def test_labels_that_are_not_bio_are_refused():
+    # a bare tag used to become a segment of type ''
+    with pytest.raises(ValueError, match="'author' is not a BIO label"):
+        segment_f1([["author", "author"]], [["author", "O"]])
+    s = segment_f1([["B-book-title", "I-book-title"]], [["B-book-title", "I-book-title"]])
+    assert s.per_field == {"book-title": (1.0, 1.0, 1.0, 1)}

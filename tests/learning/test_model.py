@@ -244,3 +244,92 @@ def test_marginals_are_detached_in_the_surrogate():
     fixed = Marginals(leaf, lambda: mu.edge, None, lengths)
     loss = surrogate_nll(bp.LinearChain(), bp.ChainPotentials(node, edge, lengths), _quadratic(1.0), fixed, labels)
     assert not loss.requires_grad or torch.autograd.grad(loss.sum(), leaf, allow_unused=True)[0] is None
+
+
+@pytest.mark.parametrize("algorithm", ["doubly_stochastic", "em"])
+@pytest.mark.parametrize("name", ["l2", "psi_l2"])
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_regularisers_must_be_finite_and_nonnegative(algorithm, name, value):
+    x, labels, lengths = _ocr_like(b=8)
+    with pytest.raises(ValueError, match=f"{name} must be a finite number >= 0"):
+        NonLocalCRF(LinearChainCRF(6, 4)).fit(x, labels, lengths, algorithm=algorithm, **{name: value})
+
+
+@pytest.mark.parametrize("algorithm", ["doubly_stochastic", "em"])
+@pytest.mark.parametrize("name,value", [("lr", -1.0), ("lr", 0.0), ("lr", float("nan")), ("lr", float("inf")),
+                                        ("psi_lr", -0.1), ("psi_lr", float("nan"))])
+def test_learning_rates_must_be_finite_and_positive(algorithm, name, value):
+    x, labels, lengths = _ocr_like(b=8)
+    model = NonLocalCRF(LinearChainCRF(6, 4), _quadratic, ConstantPsi(0.5))
+    with pytest.raises(ValueError, match=f"{name} must be a finite number > 0"):
+        model.fit(x, labels, lengths, algorithm=algorithm, **{name: value})
+    assert all(torch.isfinite(p).all() and not p.any() for p in model.theta.parameters())   # untouched
+
+
+@pytest.mark.parametrize("algorithm", ["doubly_stochastic", "em"])
+def test_empty_training_data_is_refused(algorithm):
+    x, labels, lengths = _ocr_like(b=8)
+    with pytest.raises(ValueError, match="no training examples"):
+        NonLocalCRF(LinearChainCRF(6, 4)).fit(x[:0], labels[:0], lengths[:0], algorithm=algorithm)
+    with pytest.raises(ValueError, match="valid holds no examples"):
+        NonLocalCRF(LinearChainCRF(6, 4)).fit(x, labels, lengths, algorithm=algorithm,
+                                              valid=(x[:0], labels[:0], lengths[:0]))
+
+
+def test_counts_are_checked_and_named():
+    x, labels, lengths = _ocr_like(b=8)
+    model = NonLocalCRF(LinearChainCRF(6, 4))
+    valid = (x, labels, lengths)
+    for options, error, name in [({"patience": 0, "valid": valid}, ValueError, "patience"),
+                                 ({"eval_every": -1, "valid": valid}, ValueError, "eval_every"),
+                                 ({"eval_every": 0, "valid": valid}, ValueError, "eval_every"),
+                                 ({"epochs": True}, TypeError, "epochs"),
+                                 ({"epochs": 1.5}, TypeError, "epochs"),
+                                 ({"batch_size": 2.5}, TypeError, "batch_size")]:
+        with pytest.raises(error, match=name):
+            model.fit(x, labels, lengths, **options)
+    for options, name in [({"m_steps": 0}, "m_steps"), ({"rounds": -1}, "rounds"), ({"patience": -2}, "patience")]:
+        with pytest.raises(ValueError, match=name):
+            model.fit(x, labels, lengths, algorithm="em", **options)
+    with pytest.raises(ValueError, match="outputs must be an int >= 1"):
+        MeanMapPsi(3, 10, outputs=0)
+
+
+def test_surrogate_requires_marginals_of_the_same_batch():
+    node, edge, lengths, labels, mu = _problem(b=2)
+    pot = bp.ChainPotentials(node, edge, lengths)
+    one = bp.LinearChain().marginals(bp.ChainPotentials(node[:1], edge, lengths[:1]))
+    with pytest.raises(ValueError, match="node shape"):
+        surrogate_nll(bp.LinearChain(), pot, _quadratic(1.0), one, labels)
+    shorter = bp.LinearChain().marginals(bp.ChainPotentials(node[:, :3], edge, torch.tensor([3, 3])))
+    with pytest.raises(ValueError, match="node shape"):
+        surrogate_nll(bp.LinearChain(), pot, _quadratic(1.0), shorter, labels)
+    other = bp.LinearChain().marginals(bp.ChainPotentials(node, edge, torch.tensor([4, 2])))
+    with pytest.raises(ValueError, match="lengths"):
+        surrogate_nll(bp.LinearChain(), pot, _quadratic(1.0), other, labels)
+    x, y, n = _ocr_like(b=3)
+    model = NonLocalCRF(LinearChainCRF(6, 4), _quadratic, ConstantPsi(0.5), max_iter=5)
+    with pytest.raises(ValueError, match="node shape"):
+        model.loss(x, y, n, model.infer(x[:1], n[:1]).marginals)
+    assert torch.isfinite(model.loss(x, y, n, model.infer(x, n).marginals))
+
+
+def test_character_accuracy_requires_equal_shapes():
+    labels = torch.tensor([[0, 1, 2, 3], [1, 1, -1, -1]])
+    lengths = torch.tensor([4, 2])
+    assert character_accuracy(labels, labels, lengths) == 1.0
+    with pytest.raises(ValueError, match="same shape"):
+        character_accuracy(labels[:, :2], labels, lengths)      # used to score the first two positions only
+    with pytest.raises(ValueError, match="same shape"):
+        character_accuracy(labels, labels[:, :3], lengths)
+    with pytest.raises(ValueError, match="lengths"):
+        character_accuracy(labels, labels, lengths[:1])
+
+
+def test_predict_on_an_empty_batch_is_empty():
+    x, _, lengths = _ocr_like(b=4)
+    for model in (NonLocalCRF(LinearChainCRF(6, 4)), NonLocalCRF(LinearChainCRF(6, 4), _quadratic, max_iter=3)):
+        out = model.predict(x[:0], lengths[:0])
+        assert out.shape == (0, 5) and out.dtype == model.predict(x, lengths).dtype
+    with pytest.raises(ValueError, match="batch_size"):
+        NonLocalCRF(LinearChainCRF(6, 4)).predict(x, lengths, batch_size=0)

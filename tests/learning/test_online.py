@@ -139,3 +139,37 @@ def test_validation():
         fit_online(bp.LinearChain(), examples, D, loss=None, beta=-1.0, gamma=0.0, transitions=C)
     with pytest.raises(ValueError, match="gold must be"):
         SparseExample(torch.zeros(2, 3, 1, dtype=torch.long), torch.zeros(3, dtype=torch.long))
+
+
+def test_compact_tables_must_be_strictly_increasing():
+    ids = torch.tensor([[[0], [1]], [[2], [0]]], dtype=torch.int32)
+    for table in ([5, 1, 2], [1, 1, 2]):                # pad not last: a wrong step; duplicates: split gradients
+        with pytest.raises(ValueError, match="table must be strictly increasing"):
+            SparseExample(ids, torch.tensor([0, 1]), None, torch.tensor(table))
+    compact = SparseExample(torch.tensor([[[5], [1]], [[2], [5]]]), torch.tensor([0, 1])).compact()
+    assert compact.table.tolist() == [1, 2, 5]
+
+
+def test_gold_on_a_forbidden_part_is_refused():
+    ids = torch.randint(0, 5, (3, 2, 2), generator=torch.Generator().manual_seed(0))
+    allowed = torch.ones(3, 2, dtype=torch.bool)
+    allowed[1, 0] = False
+    bad = SparseExample(ids, torch.tensor([0, 0, 1]), allowed)
+    ok = SparseExample(ids, torch.tensor([0, 1, 1]), allowed)
+    for loss in ("crf", "svm"):                        # used to run with losses [inf, inf] and steps at the cap
+        with pytest.raises(ValueError, match=r"examples\[1\]: gold labels lie on forbidden parts .* \[1\]"):
+            fit_online(bp.LinearChain(), [ok, bad], 5, loss=loss, epochs=2)
+        result = fit_online(bp.LinearChain(), [ok, ok.compact()], 5, loss=loss, epochs=2)
+        assert all(math.isfinite(v) for v in result.losses)
+
+
+def test_flags_are_not_counts_or_labels():
+    examples = _data(2)
+    with pytest.raises(ValueError, match="epochs must be an int"):
+        fit_online(bp.LinearChain(), examples, D, epochs=True, transitions=C)
+    with pytest.raises(ValueError, match="num_features must be a positive int"):
+        fit_online(bp.LinearChain(), examples, True)
+    with pytest.raises(TypeError, match="lam"):
+        fit_online(bp.LinearChain(), examples, D, lam="1", transitions=C)
+    with pytest.raises(ValueError, match="gold must be"):
+        SparseExample(torch.zeros(2, 3, 1, dtype=torch.long), torch.zeros(2, dtype=torch.bool))

@@ -135,3 +135,13 @@ def test_bad_inputs():
         oracle_map(bp.LinearChain())(model, np.ones(3))
     with pytest.raises(ValueError, match=r"z must hold 3 integer label indices"):
         structured_perceptron(ok, lambda x, w: np.array([0, 0]), num_features=3)
+
+
+def test_mistake_bound_without_a_positive_margin_is_infinite():
+    from betheproj.learning.perceptron import MistakeBound
+
+    assert MistakeBound(0.5, 1.0, 2.0, 3.0).bound_lower == pytest.approx(4.0)
+    assert MistakeBound(0.5, 1.0, 2.0, 3.0).bound_upper == pytest.approx(36.0)
+    for g_lo, g_hi in [(-1.0, 0.0), (-2.3, -2.3)]:     # used to divide by zero / give a finite 4.69
+        bound = MistakeBound(g_lo, g_hi, 5.0, 5.8)
+        assert bound.bound_lower == float("inf") and bound.bound_upper == float("inf")
