@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..energies import Poisson
 from ..inference import Solution, solve
-from ..oracles import ChainPotentials, LinearChain
+from ..oracles import ChainPotentials, LinearChain, PairwisePotentials
 from .fast import mirror_descent
 
 __all__ = ["CGMResult", "check_observations", "map_counts"]
@@ -19,10 +21,20 @@ __all__ = ["CGMResult", "check_observations", "map_counts"]
 _FAST_CELLS = 400     # the NumPy path up to this many cells; beyond, the batched PyTorch solver is faster
 
 
-def check_observations(observed: Tensor, rate: float, population: float, potentials: ChainPotentials) -> Tensor:
-    """Validate the inputs of (23) and return ``observed`` as a [B, T, L] tensor of the potentials' dtype."""
-    if not isinstance(potentials, ChainPotentials):
-        raise TypeError(f"potentials must be ChainPotentials, got {type(potentials).__name__}")
+def _real(value) -> float | None:
+    """``value`` as a float if it is a real number (Python, NumPy or a one-element real tensor, not a bool),
+    else ``None``."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1 or value.dim() > 0 or value.dtype == torch.bool or value.is_complex():
+            return None
+        return float(value)
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def _as_observations(observed) -> Tensor:
+    """``observed`` as a real tensor ([T, L] promoted to [1, T, L]); shapes and values are checked later."""
     if not isinstance(observed, Tensor):
         try:
             observed = torch.as_tensor(observed)
@@ -30,8 +42,14 @@ def check_observations(observed: Tensor, rate: float, population: float, potenti
             raise TypeError("observed must be a tensor or array of counts [B, T, L]") from None
     if observed.dtype == torch.bool or observed.is_complex():
         raise TypeError(f"observed must hold real counts, got dtype {observed.dtype}")
-    if observed.dim() == 2:
-        observed = observed[None]
+    return observed[None] if observed.dim() == 2 else observed
+
+
+def check_observations(observed: Tensor, rate: float, population: float, potentials: ChainPotentials) -> Tensor:
+    """Validate the inputs of (23) and return ``observed`` as a [B, T, L] tensor of the potentials' dtype."""
+    if not isinstance(potentials, ChainPotentials):
+        raise TypeError(f"potentials must be ChainPotentials, got {type(potentials).__name__}")
+    observed = _as_observations(observed)
     shape = tuple(potentials.node.shape)
     if tuple(observed.shape) != shape:
         raise ValueError(f"observed must have the potentials' shape [B, T, L]={shape} (T steps, L = grid^2 cells), "
@@ -44,8 +62,9 @@ def check_observations(observed: Tensor, rate: float, population: float, potenti
     if not bool((observed == observed.round()).all()):
         raise ValueError("observed counts must be whole numbers")
     for name, value in (("rate", rate), ("population", population)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be a positive number, got {value!r}")
+        number = _real(value)
+        if number is None or not math.isfinite(number) or number <= 0:
+            raise ValueError(f"{name} must be a positive finite real number, got {value!r}")
     return observed
 
 
@@ -121,7 +140,16 @@ def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, popul
     them and ``converged`` says which.  ``warm_start``: potentials whose marginals are a good guess (e.g. these
     potentials plus the node offset of a previous solution, ``result.potentials.node - potentials.node``)."""
     observed = check_observations(observed, rate, population, potentials)
-    tol = 1e-6 if tol is None else tol
+    # checked here as well as in solve(): the NumPy fast path below runs first
+    number = 1e-6 if tol is None else _real(tol)
+    if number is None or not 0 <= number < math.inf:
+        raise ValueError(f"tol must be a finite non-negative number or None, got {tol!r}")
+    tol = number
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 0:
+        raise ValueError(f"max_iter must be a non-negative int, got {max_iter!r}")
+    if warm_start is not None and not isinstance(warm_start, PairwisePotentials):
+        raise TypeError(f"warm_start must be ChainPotentials/PairwisePotentials or None, "
+                        f"got {type(warm_start).__name__}")
     start = time.perf_counter()
     if method == "md" and potentials.node.device.type == "cpu" and potentials.node.shape[2] <= _FAST_CELLS:
         if warm_start is not None and warm_start.node.shape != potentials.node.shape:

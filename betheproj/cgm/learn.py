@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..oracles import ChainPotentials
 from ..progress import progress_bar
-from .inference import check_observations, map_counts
+from .inference import _as_observations, check_observations, map_counts
 from .model import TransitionModel
 
 __all__ = ["HardEMHistory", "fit_hard_em"]
@@ -70,7 +70,8 @@ def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, populatio
     ``tol`` relative.  Like every EM it can crawl when the counts say little about the flows.
     ``schedule="quasi_newton"``: the same fixed points, reached by L-BFGS on ``Phi(w) = min_mu F(w, mu)``,
     whose gradient is the M-step's gradient at the MAP counts (the envelope theorem): each evaluation is one
-    E-step (warm-started), ``rounds`` evaluations at most.
+    E-step (warm-started), with a budget of ``rounds`` evaluations; torch's strong-Wolfe line search may take
+    one evaluation past it, so up to ``rounds + 1`` E-steps are run (``history.rounds`` counts them).
     """
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive int, got {rounds!r}")
@@ -78,11 +79,10 @@ def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, populatio
         raise TypeError(f"model must be a TransitionModel, got {type(model).__name__}")
     if schedule not in ("alternate", "quasi_newton"):
         raise ValueError(f"schedule must be 'alternate' or 'quasi_newton', got {schedule!r}")
-    if observed.dim() == 2:
-        observed = observed[None]
-    batch = observed.shape[0]
+    observed = _as_observations(observed)
+    batch = max(observed.shape[0], 1) if observed.dim() == 3 else 1   # other shapes: check_observations says why
     with torch.no_grad():
-        check_observations(observed, rate, population, model.potentials(batch))
+        observed = check_observations(observed, rate, population, model.potentials(batch))
     history = HardEMHistory()
     bar = progress_bar(rounds, progress, "hard EM", leave=True)
     start = time.perf_counter()

@@ -10,8 +10,11 @@ import torch
 from torch import Tensor, nn
 
 from ..oracles import ChainPotentials
+from .inference import _real
 
 __all__ = ["TransitionModel", "MigrationInstance", "default_model", "simulate"]
+
+_POISSON_LAM_MAX = np.iinfo(np.int64).max - 10 * np.sqrt(np.iinfo(np.int64).max)   # numpy's Poisson sampler's limit
 
 
 class TransitionModel(nn.Module):
@@ -35,6 +38,9 @@ class TransitionModel(nn.Module):
             raise ValueError(f"steps must be an int >= 2, got {steps!r}")
         cells = grid * grid
         self.grid, self.steps = grid, steps
+        for name, value in (("distance", distance), ("drift", drift)):
+            if not math.isfinite(float(value)):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         self.distance = nn.Parameter(torch.tensor(float(distance), dtype=dtype))
         self.drift = nn.Parameter(torch.tensor(float(drift), dtype=dtype))
         self.attraction = nn.Parameter(self._cells("attraction", attraction, cells, dtype))
@@ -55,6 +61,8 @@ class TransitionModel(nn.Module):
         value = torch.as_tensor(value, dtype=dtype)
         if value.shape != (cells,):
             raise ValueError(f"{name} must have one value per cell, shape ({cells},), got {tuple(value.shape)}")
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} must be finite")
         return value.clone()
 
     @property
@@ -121,14 +129,23 @@ def simulate(model: TransitionModel, population: int = 10_000, rate: float = 0.5
     """Draw ``seasons`` independent seasons of ``population`` paths from ``model`` (its transition
     log-potentials perturbed once by Gaussian ``noise``, the part no model of the family explains) and
     observe each cell's count with ``Poisson(rate * count)``."""
+    if not isinstance(model, TransitionModel):
+        raise TypeError(f"model must be a TransitionModel, got {type(model).__name__}")
     if isinstance(population, bool) or not isinstance(population, int) or population < 1:
         raise ValueError(f"population must be a positive int, got {population!r}")
-    if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
-        raise ValueError(f"rate must be a positive number, got {rate!r}")
+    number = _real(rate)
+    if number is None or not math.isfinite(number) or number <= 0:
+        raise ValueError(f"rate must be a positive finite real number, got {rate!r}")
+    if number * population > _POISSON_LAM_MAX:
+        raise ValueError(f"rate * population must be at most {_POISSON_LAM_MAX:.3g} (numpy's Poisson sampler), "
+                         f"got {rate!r} * {population!r}")
+    rate = number
     if isinstance(seasons, bool) or not isinstance(seasons, int) or seasons < 1:
         raise ValueError(f"seasons must be a positive int, got {seasons!r}")
-    if not (isinstance(noise, int | float) and noise >= 0):
-        raise ValueError(f"noise must be a non-negative number, got {noise!r}")
+    number = _real(noise)
+    if number is None or not math.isfinite(number) or number < 0:
+        raise ValueError(f"noise must be a finite non-negative real number, got {noise!r}")
+    noise = number
     rng = np.random.default_rng(seed)
     log_p = model.log_transitions()
     if noise > 0:

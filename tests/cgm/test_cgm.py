@@ -150,3 +150,97 @@ def test_hard_em_bad_arguments():
         fit_hard_em(model, inst.observed, 0.5, 200_000, rounds=0)
     with pytest.raises(ValueError, match="rate"):
         fit_hard_em(model, inst.observed, -0.5, 200_000)
+
+
+def _small_instance():
+    return simulate(default_model(2, 3), population=100, rate=0.5, seed=0)
+
+
+@pytest.mark.parametrize("method", ["md", "rda"])
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"tol": float("nan")}, ValueError, "tol"),
+    ({"tol": -1.0}, ValueError, "tol"),
+    ({"tol": "small"}, ValueError, "tol"),
+    ({"max_iter": -1}, ValueError, "max_iter"),
+    ({"max_iter": True}, ValueError, "max_iter"),
+    ({"warm_start": torch.zeros(1)}, TypeError, "warm_start"),
+])
+def test_bad_solver_arguments_on_the_fast_path_too(method, kwargs, error, message):
+    """The NumPy fast path (CPU, <= 400 cells, md) runs before solve(): map_counts checks them itself."""
+    inst = _small_instance()
+    with pytest.raises(error, match=message):
+        map_counts(inst.potentials, inst.observed, 0.5, 100, method=method, **kwargs)
+
+
+def test_rate_and_population_of_numpy_and_tensor_types():
+    import numpy as np
+
+    inst = _small_instance()
+    expected = map_counts(inst.potentials, inst.observed, 0.5, 100).counts
+    got = map_counts(inst.potentials, inst.observed, np.float32(0.5), torch.tensor(100)).counts
+    assert torch.equal(got, expected)
+    for rate in (np.bool_(True), torch.tensor([0.5]), "0.5"):
+        with pytest.raises(ValueError, match="rate must be a positive finite real number"):
+            map_counts(inst.potentials, inst.observed, rate, 100)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"distance": float("nan")}, "distance"),
+    ({"drift": float("inf")}, "drift"),
+    ({"attraction": torch.tensor([float("nan"), 0.0, 0.0, 0.0])}, "attraction"),
+    ({"initial": torch.tensor([float("inf"), 0.0, 0.0, 0.0])}, "initial"),
+    ({"initial": torch.tensor([float("-inf"), 0.0, 0.0, 0.0])}, "initial"),
+])
+def test_non_finite_model_parameters(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        TransitionModel(2, 3, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"rate": True}, ValueError, "rate"),
+    ({"noise": True}, ValueError, "noise"),
+    ({"noise": float("inf")}, ValueError, "noise"),
+    ({"noise": float("nan")}, ValueError, "noise"),
+    ({"rate": 1e300}, ValueError, "rate \\* population"),
+    ({"model": None}, TypeError, "model"),
+])
+def test_bad_simulation_arguments(kwargs, error, message):
+    kwargs = {"model": default_model(2, 3), "population": 10, **kwargs}
+    with pytest.raises(error, match=message):
+        simulate(**kwargs)
+
+
+def test_hard_em_takes_observations_as_arrays_and_lists():
+    from betheproj.cgm import fit_hard_em
+    from betheproj.experiments.cgm import _initial_model
+
+    inst = _small_instance()
+    reference = _initial_model(2, 3)
+    expected = fit_hard_em(reference, inst.observed, 0.5, 100, rounds=2, m_iter=5).objective
+    for observed in (inst.observed.numpy(), inst.observed.tolist()):
+        learner = _initial_model(2, 3)
+        assert fit_hard_em(learner, observed, 0.5, 100, rounds=2, m_iter=5).objective == expected
+    with pytest.raises(TypeError, match="observed"):
+        fit_hard_em(_initial_model(2, 3), "counts", 0.5, 100)
+    with pytest.raises(ValueError, match="observed must have"):
+        fit_hard_em(_initial_model(2, 3), inst.observed[0, 0], 0.5, 100)
+
+
+def test_hard_em_quasi_newton_runs_at_most_one_e_step_past_rounds():
+    from betheproj.cgm import fit_hard_em
+    from betheproj.experiments.cgm import _initial_model
+
+    observed = simulate(default_model(2, 3, seed=2), population=500, rate=0.5, seed=2).observed
+    for rounds in (1, 3):
+        history = fit_hard_em(_initial_model(2, 3), observed, 0.5, 500, rounds=rounds, schedule="quasi_newton")
+        assert 1 <= history.rounds <= rounds + 1 and len(history.objective) == history.rounds
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"scale": 0.0}, "scale"), ({"scale": -1.0}, "scale"), ({"scale": float("inf")}, "scale"),
+    ({"tol": -1.0}, "tol"), ({"tol": float("nan")}, "tol"),
+])
+def test_interior_point_bad_scale_and_tol(kwargs, name):
+    inst = _small_instance()    # checked before cvxpy is imported: no need to skip without it
+    with pytest.raises(ValueError, match=name):
+        interior_point(inst.potentials, inst.observed, 0.5, 100, **kwargs)
