@@ -119,8 +119,8 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
                 ok = _residual(cand, rate - weight / np.maximum(m, _TINY), m, log_m) < residual
             change = float(np.abs(log_m - log_mu).max())
             ok = ok and change <= trust_region and not collapsed
-            if attempt == max_backtracks:
-                ok = bool(np.isfinite(fc)) and np.isfinite(change) and not collapsed
+            if attempt == max_backtracks:                  # any finite step that does not raise the objective
+                ok = bool(np.isfinite(fc)) and np.isfinite(change) and not collapsed and fc <= f + floor
             if ok:
                 delta, mu, log_mu, f, accepted = cand, m, log_m, fc, True
                 iterations += 1

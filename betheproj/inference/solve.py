@@ -408,6 +408,8 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             if attempt == max_backtracks:      # out of backtracks: take any finite step, but as a failed one
                 passed = ok
                 ok = torch.isfinite(fc) & torch.isfinite(change) & ~collapsed
+                if method == "md":             # except, for a descent method, one that raises the objective
+                    ok &= fc <= f_prev + floor
                 forced = pending[ok & ~passed]
             if ok.any():
                 r = rows[ok]

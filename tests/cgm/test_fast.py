@@ -1,5 +1,6 @@
 """The NumPy small-problem path of map_counts against the generic batched solver."""
 
+import numpy as np
 import torch
 
 from betheproj.cgm import default_model, map_counts, simulate
@@ -39,3 +40,15 @@ def test_forbidden_moves_fall_back_to_the_generic_solver():
     res = map_counts(potentials, inst.observed, 0.5, 5_000)
     ref = _generic(potentials, inst.observed, 0.5, 5_000)
     assert torch.allclose(res.objective, ref.objective, rtol=1e-12, atol=0)
+
+
+def test_mirror_descent_never_ends_above_its_start():
+    """Observations a million times rate x population: the backtracks run out, and the last, still rising step
+    used to be taken (51,630 -> 56,487); the iterate now stays (the optimum, 25,192, is the accelerated method's)."""
+    node = np.array([[-13.68376, -0.000195, -8.54774, -25.75749], [0.0, 0.0, 0.0, 0.0]])
+    edge = np.array([[[-5.3e-07, -14.47773, -17.97901, -32.39646], [-0.011295, -4.48902, -17.99030, -22.40776],
+                      [-0.000343, -14.47807, -7.97935, -22.39680], [-0.011638, -4.48937, -7.99065, -12.40810]]])
+    y = np.array([[1008.0, 976.0, 954.0, 990.0], [1024.0, 1021.0, 986.0, 993.0]])
+    start = mirror_descent(node, edge, y, 1e-4, 3.0, 1e-6, 0)[2]
+    for iters in (1, 50):
+        assert mirror_descent(node, edge, y, 1e-4, 3.0, 1e-6, iters)[2] <= start

@@ -338,3 +338,17 @@ def test_converged_examples_return_a_point_that_meets_the_tolerance(method):
     assert (fixed - mu).abs().sum(-1).amax() < 1e-5                 # accelerated returned its average: 7e-5
     assert torch.allclose(chain.marginals(sol.potentials).node, mu, atol=1e-12)
     assert torch.allclose(sol.objective, bp.objective(chain, theta, energy, sol.marginals), atol=1e-10)
+
+
+def test_md_out_of_backtracks_does_not_take_a_rising_step():
+    """Poisson counts a million times rate x population (a CGM instance): 40 halvings do not reach a descent
+    step, and the last, rising one used to be taken (51,630 -> 56,487); the iterate now stays."""
+    node = torch.tensor([[[-13.68376, -0.000195, -8.54774, -25.75749], [0.0, 0.0, 0.0, 0.0]]], dtype=DT)
+    edge = torch.tensor([[[[-5.3e-07, -14.47773, -17.97901, -32.39646], [-0.011295, -4.48902, -17.99030, -22.40776],
+                           [-0.000343, -14.47807, -7.97935, -22.39680], [-0.011638, -4.48937, -7.99065, -12.40810]]]],
+                        dtype=DT)
+    counts = torch.tensor([[[1008.0, 976.0, 954.0, 990.0], [1024.0, 1021.0, 986.0, 993.0]]], dtype=DT)
+    theta, energy = bp.ChainPotentials(node, edge), Poisson(counts, rate=1e-4, scale=3.0)
+    start = bp.objective(bp.LinearChain(), theta, energy, bp.LinearChain().marginals(theta))
+    sol = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=5)
+    assert (sol.objective <= start).all()
