@@ -123,6 +123,30 @@ def _unchecked(cls, node: Tensor, edge: Tensor, lengths: Tensor):
     return obj
 
 
+def _valid_node(pot: PairwisePotentials) -> tuple[Tensor, Tensor]:
+    """Node scores zeroed past each length [B, N, C], and the mask of valid positions [B, N]."""
+    b, n, _ = pot.node.shape
+    valid = torch.arange(n, device=pot.node.device) < pot.lengths[:, None]
+    return torch.where(valid[..., None], pot.node, torch.zeros((), dtype=pot.node.dtype)), valid
+
+
+def _max_shifted(pot: PairwisePotentials) -> tuple[PairwisePotentials, Tensor]:
+    """New potentials (no tensor shared with ``pot``): node scores zeroed past each length, each position's node
+    scores and each edge table shifted by their (finite) maximum, and the total shift [B] per example, which
+    only rescales Z.  Exact recursions run on them so that a huge constant cannot absorb the O(1) scores beside
+    it."""
+    node, _ = _valid_node(pot)
+    edge = pot.full_edge()
+    zero = torch.zeros((), dtype=node.dtype, device=node.device)
+    node_max = node.amax(-1, keepdim=True)
+    node_max = torch.where(torch.isfinite(node_max), node_max, zero)
+    edge_max = edge.amax((-1, -2), keepdim=True)
+    edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
+    edge_valid = torch.arange(edge.shape[1], device=node.device) < (pot.lengths[:, None] - 1)
+    shift = node_max[..., 0].sum(-1) + torch.where(edge_valid, edge_max[..., 0, 0], zero).sum(-1)
+    return _unchecked(PairwisePotentials, node - node_max, edge - edge_max, pot.lengths.clone()), shift
+
+
 class Marginals:
     """Node marginals [B, N, C], edge marginals [B, N-1, C, C] and ``log_partition`` [B].
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Marginals, PairwisePotentials, _unchecked, bethe_entropy, log_partition
+from .base import Marginals, PairwisePotentials, _max_shifted, _valid_node, bethe_entropy, log_partition
 
 __all__ = ["LinearChain"]
 
@@ -101,12 +101,6 @@ class LinearChain:
 
     def __repr__(self) -> str:
         return "LinearChain()"
-
-
-def _valid_node(pot: PairwisePotentials) -> tuple[Tensor, Tensor]:
-    b, n, _ = pot.node.shape
-    valid = torch.arange(n, device=pot.node.device) < pot.lengths[:, None]
-    return torch.where(valid[..., None], pot.node, torch.zeros((), dtype=pot.node.dtype)), valid
 
 
 def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None) -> Marginals:
@@ -192,10 +186,10 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     slow_state = None
     if slow.numel():
         node_marg = node_marg.contiguous()
-        sub = pot.index(slow)
-        if sub.node is pot.node or sub.edge is pot.edge:   # the lazy edge marginals must not see later writes
-            sub = _unchecked(PairwisePotentials, sub.node.clone(), sub.edge.clone(), sub.lengths.clone())
+        # shifted once, for both recursions; new tensors, so the lazy edge marginals see no later writes
+        sub, shift = _max_shifted(pot.index(slow))
         la, lb, lz = _log_forward_backward(sub)
+        lz = lz + shift
         _raise_infeasible_at(lz, slow)
         # normalised per position, so rounding of large scores cannot unbalance the sums
         marg = torch.softmax(la + lb, dim=-1)
@@ -282,25 +276,9 @@ def _raise_infeasible_at(log_z: Tensor, index: Tensor) -> None:
                          f"potential) for examples {index[bad][:10].tolist()}")
 
 
-def _max_shifted(pot: PairwisePotentials) -> tuple[PairwisePotentials, Tensor]:
-    """The potentials with each position's node scores and each edge table shifted by their (finite) maximum,
-    and the total shift [B] per example: huge constants then cannot absorb the O(1) scores beside them."""
-    node, valid = _valid_node(pot)
-    edge = pot.full_edge()
-    zero = torch.zeros((), dtype=node.dtype, device=node.device)
-    node_max = node.amax(-1, keepdim=True)
-    node_max = torch.where(torch.isfinite(node_max), node_max, zero)
-    edge_max = edge.amax((-1, -2), keepdim=True)
-    edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
-    edge_valid = torch.arange(edge.shape[1], device=node.device) < (pot.lengths[:, None] - 1)
-    shift = node_max[..., 0].sum(-1) + torch.where(edge_valid, edge_max[..., 0, 0], zero).sum(-1)
-    return _unchecked(PairwisePotentials, node - node_max, edge - edge_max, pot.lengths), shift
-
-
 def _log_forward_backward(pot: PairwisePotentials) -> tuple[Tensor, Tensor, Tensor]:
-    """Exact log-space forward-backward of the max-shifted potentials (:func:`_max_shifted`, which the edge
-    marginals must then use too): log alpha, log beta [B, N, C] and the log Z [B] of ``pot`` itself."""
-    pot, shift = _max_shifted(pot)
+    """Exact log-space forward-backward: log alpha, log beta [B, N, C] and log Z [B] (the slow path runs it on
+    :func:`~betheproj.oracles.base._max_shifted` potentials)."""
     node, valid = _valid_node(pot)
     b, n, c = node.shape
     edge = pot.full_edge()
@@ -315,11 +293,10 @@ def _log_forward_backward(pot: PairwisePotentials) -> tuple[Tensor, Tensor, Tens
         lb[:, t] = torch.where((t >= lengths - 1)[:, None], torch.zeros((), dtype=node.dtype), nxt)
     last = la.gather(1, (lengths - 1)[:, None, None].expand(b, 1, c)).squeeze(1)
     log_z = torch.logsumexp(last, dim=-1)
-    return la, lb, log_z + shift
+    return la, lb, log_z
 
 
 def _log_edge_marginals(pot: PairwisePotentials, la: Tensor, lb: Tensor, log_z: Tensor) -> Tensor:
-    pot, _ = _max_shifted(pot)
     node, _ = _valid_node(pot)
     edge = pot.full_edge()
     score = la[:, :-1, :, None] + edge + (node[:, 1:] + lb[:, 1:])[:, :, None, :]

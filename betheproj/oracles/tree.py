@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .base import Marginals, PairwisePotentials, bethe_entropy, log_partition
+from .base import Marginals, PairwisePotentials, _max_shifted, bethe_entropy, log_partition
 
 __all__ = ["Tree", "check_parents"]
 
@@ -66,22 +66,14 @@ class Tree:
         return potentials
 
     def _setup(self, pot: PairwisePotentials):
-        """Node scores zeroed past each length, and node scores and edge tables each shifted by their (finite)
-        maximum, so a huge constant cannot absorb the O(1) scores beside it; ``shift`` [B] is their sum."""
-        node = pot.node
-        b, n, c = node.shape
-        zero = torch.zeros((), dtype=node.dtype, device=node.device)
-        valid = torch.arange(n, device=node.device) < pot.lengths[:, None]
-        node = torch.where(valid[..., None], node, zero)
-        edge = pot.full_edge()
-        node_max = node.amax(-1, keepdim=True)
-        node_max = torch.where(torch.isfinite(node_max), node_max, zero)
-        edge_max = edge.amax((-1, -2), keepdim=True)
-        edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
-        shift = node_max[..., 0].sum(-1) + torch.where(valid[:, 1:], edge_max[..., 0, 0], zero).sum(-1)
+        """The max-shifted node scores and edge tables (:func:`~betheproj.oracles.base._max_shifted`), the valid
+        positions, parents, levels and the shift [B] to add back to ``log Z``."""
+        shifted, shift = _max_shifted(pot)
+        node = shifted.node
+        valid = torch.arange(node.shape[1], device=node.device) < pot.lengths[:, None]
         parents = self.parents.to(node.device)
         levels = [lv.to(node.device) for lv in self.levels]
-        return node - node_max, edge - edge_max, valid, parents, levels, shift
+        return node, shifted.full_edge(), valid, parents, levels, shift
 
     def _upward(self, pot: PairwisePotentials):
         """Inside scores, upward messages split into finite part and -inf count (to exclude one exactly)."""
