@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from ..oracles import LinearChain
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
-from ._checks import check_count, check_nonnegative
+from ._checks import check_count, check_nonnegative, check_sequences
 
 __all__ = ["LinearChainCRF", "SparseChainCRF", "sequence_score", "crf_nll", "fit_crf", "length_chunks"]
 
@@ -120,16 +120,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     l2 = check_nonnegative("l2", l2)
     max_iter = check_count("max_iter", max_iter)
     tolerance = check_nonnegative("tolerance", tolerance)
-    if not isinstance(features, Tensor) or features.dim() < 2:
-        raise ValueError("features must be a [B, N, ...] tensor")
-    if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
-        raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor like features, got "
-                         f"{tuple(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__}")
-    if not isinstance(labels, Tensor) or labels.shape != features.shape[:2]:
-        raise ValueError(f"labels must be a [B, N]={tuple(features.shape[:2])} tensor like features, got "
-                         f"{tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__}")
-    if features.shape[0] == 0:
-        raise ValueError("no training examples: features, labels and lengths hold B = 0 sequences")
+    check_sequences(features, labels, lengths, features_dim=None, training=True)
     if loss not in ("crf", "softmax_margin"):
         raise ValueError(f"loss must be 'crf' or 'softmax_margin' (L-BFGS needs a smooth loss), got {loss!r}")
     if loss == "crf" and gamma not in (None, 0, 0.0):

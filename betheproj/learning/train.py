@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from ..oracles.base import Marginals
 from ..progress import progress_bar
-from ._checks import check_count, check_nonnegative, check_positive
+from ._checks import check_count, check_nonnegative, check_positive, check_sequences
 from .model import NonLocalCRF
 
 __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]
@@ -43,22 +43,6 @@ class History:
     steps: int = 0
     seconds: float = 0.0
     stopped_early: bool = False
-
-
-def _check_data(features: Tensor, labels: Tensor, lengths: Tensor) -> None:
-    if not isinstance(features, Tensor) or features.dim() != 3:
-        raise ValueError("features must be a [B, N, F] tensor")
-    if not isinstance(labels, Tensor) or labels.shape != features.shape[:2]:
-        raise ValueError(f"labels must be a [B, N]={tuple(features.shape[:2])} tensor")
-    if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
-        raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor")
-
-
-def _check_training(features: Tensor, labels: Tensor, lengths: Tensor) -> None:
-    """:func:`_check_data`, and at least one example."""
-    _check_data(features, labels, lengths)
-    if features.shape[0] == 0:
-        raise ValueError("no training examples: features, labels and lengths hold B = 0 sequences")
 
 
 def _optimizer(model: NonLocalCRF, name: str, lr: float, psi_lr: float | None, learn_theta: bool,
@@ -96,7 +80,7 @@ class _Validator:
         if valid is not None:
             if not isinstance(valid, tuple) or len(valid) != 3:
                 raise TypeError("valid must be a tuple (features, labels, lengths)")
-            _check_data(*valid)
+            check_sequences(*valid)
             if valid[0].shape[0] == 0:
                 raise ValueError("valid holds no examples (B = 0)")
         self.model, self.valid, self.metric, self.patience, self.history = model, valid, metric, patience, history
@@ -184,7 +168,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     last one, and validation evaluates that mean: with a few noisy steps, e.g. on a psi linear in many random
     features, the last iterate depends on the last minibatches, the mean much less.
     """
-    _check_training(features, labels, lengths)
+    check_sequences(features, labels, lengths, training=True)
     check_count("epochs", epochs)
     check_count("batch_size", batch_size)
     l2, psi_l2 = check_nonnegative("l2", l2), check_nonnegative("psi_l2", psi_l2)
@@ -241,7 +225,7 @@ def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, len
     takes ``m_steps`` passes of optimiser steps (one per ``batch_size`` chunk) on theta and psi for the
     surrogate likelihood (12) at the fixed ``M``.  Validation and early stopping as in
     :func:`fit_doubly_stochastic`, evaluated after each round."""
-    _check_training(features, labels, lengths)
+    check_sequences(features, labels, lengths, training=True)
     check_count("rounds", rounds)
     check_count("m_steps", m_steps)
     check_count("batch_size", batch_size)
