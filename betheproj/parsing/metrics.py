@@ -20,11 +20,15 @@ def _heads(x: Sentence | Sequence[int] | np.ndarray) -> np.ndarray:
     return x.heads if isinstance(x, Sentence) else np.asarray(x, dtype=np.int64)
 
 
+def _scored(s: Sentence, punct: bool) -> np.ndarray:
+    """The words of ``s`` that are scored: those with a gold HEAD (not punctuation unless ``punct``)."""
+    keep = np.ones(len(s.heads), dtype=bool) if punct else np.array([u != PUNCT for u in s.upos], dtype=bool)
+    return keep & (s.heads >= 0)
+
+
 def scorable_words(gold: Sequence[Sentence], punct: bool = False) -> int:
-    """How many words :func:`attachment_counts` would score: those with a gold HEAD (not punctuation unless
-    ``punct``)."""
-    return sum(int(((s.heads >= 0) & (punct or np.array([u != PUNCT for u in s.upos], dtype=bool))).sum())
-               for s in gold)
+    """How many words :func:`attachment_counts` would score."""
+    return sum(int(_scored(s, punct).sum()) for s in gold)
 
 
 def attachment_counts(gold: Sequence[Sentence], predicted: Sequence[Sentence | Sequence[int] | np.ndarray],
@@ -37,8 +41,7 @@ def attachment_counts(gold: Sequence[Sentence], predicted: Sequence[Sentence | S
         gh, ph = g.heads, _heads(p)
         if gh.shape != ph.shape:
             raise ValueError(f"sentence {i}: {len(ph)} predicted heads for {len(gh)} words")
-        keep = np.ones(len(gh), dtype=bool) if punct else np.array([u != PUNCT for u in g.upos], dtype=bool)
-        keep &= gh >= 0
+        keep = _scored(g, punct)
         correct += int((gh[keep] == ph[keep]).sum())
         total += int(keep.sum())
     return correct, total
