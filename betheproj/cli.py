@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 __all__ = ["main"]
 
@@ -171,6 +172,18 @@ def _citations(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        return _run(args)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """Library warnings on the command line: one line on stderr, without the source line."""
+    text = " ".join(str(message).split())
+    print(f"betheproj: warning: {text}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "demo":
             from .demo import run_demo

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from ..progress import progress_bar
 from .features import ArcFeatures
 from .metrics import scorable_words, uas
 
-__all__ = ["DependencyParser", "GreedyFirst", "read_model", "tree_error", "check_gold_trees"]
+__all__ = ["DependencyParser", "GreedyFirst", "read_model", "tree_error", "check_gold_trees", "is_projective"]
 
 FORMAT = "betheproj-dependency-parser"
 VERSION = 1
@@ -82,6 +83,18 @@ def tree_error(heads: np.ndarray, single_root: bool = False) -> str | None:
         for u in path:
             state[u] = 2
     return None
+
+
+def is_projective(heads: np.ndarray) -> bool:
+    """Whether the tree ``heads`` (the HEAD of words ``1..n``, 0 = root) has no crossing arcs: no two arcs
+    ``h -> m`` whose spans ``[min(h, m), max(h, m)]`` overlap without one containing the other (the root arcs
+    included, so every word lies under its root arc's span or outside it)."""
+    heads = np.asarray(heads, dtype=np.int64)
+    words = np.arange(1, len(heads) + 1)
+    lo, hi = np.minimum(heads, words), np.maximum(heads, words)
+    # arcs a, b cross iff lo_a < lo_b < hi_a < hi_b
+    cross = (lo[:, None] < lo[None, :]) & (lo[None, :] < hi[:, None]) & (hi[:, None] < hi[None, :])
+    return not bool(cross.any())
 
 
 def check_gold_trees(sentences: Sequence[Sentence], single_root: bool = False, what: str = "training",
@@ -195,6 +208,13 @@ class DependencyParser:
         if not sentences:
             raise ValueError("no training sentences")
         check_gold_trees(sentences, self.single_root)
+        if self.projective:
+            crossing = sum(not is_projective(s.heads) for s in sentences)
+            if crossing:
+                warnings.warn(f"{crossing} of {len(sentences)} training sentences have a non-projective gold tree, "
+                              "which a projective parser cannot produce: they are trained on as given (their arcs "
+                              "still inform the weights; their loss can fall below 0 and then makes no step)",
+                              UserWarning, stacklevel=2)
         if dev is not None and not scorable_words(dev):
             raise ValueError("dev has no words with a gold HEAD to score (punctuation excluded)")
         start = time.perf_counter()

@@ -4,6 +4,7 @@ that are not trees, dev / eval data with nothing to score, empty input to second
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from betheproj.data.conllu import parse_conllu
 from betheproj.parsing import DependencyParser
 from betheproj.parsing.cli import main
 from betheproj.parsing.metrics import scorable_words
-from betheproj.parsing.parser import tree_error
+from betheproj.parsing.parser import is_projective, tree_error
 from betheproj.parsing.second_order import SecondOrderParser, prune
 
 from .test_parser import _treebank
@@ -145,6 +146,49 @@ def test_training_still_accepts_proper_trees_with_several_roots():
     parser = DependencyParser(bits=10)
     parser.fit(parse_conllu(_conllu([0, 0, 2], [0, 1])), epochs=1)
     assert parser.weights is not None
+
+
+def _reference_is_projective(heads: list[int]) -> bool:
+    """Projective iff every word strictly between the ends of an arc ``h -> m`` descends from ``h``."""
+    def descends(v: int, h: int) -> bool:
+        while v != 0 and v != h:
+            v = heads[v - 1]
+        return v == h
+
+    return all(descends(v, h) for m, h in enumerate(heads, 1) for v in range(min(h, m) + 1, max(h, m)))
+
+
+def test_is_projective_matches_a_reference_on_random_trees():
+    rng = np.random.default_rng(1)
+    seen = {True: 0, False: 0}
+    for _ in range(3000):
+        n = int(rng.integers(1, 8))
+        heads = rng.integers(0, n + 1, size=n)
+        if tree_error(heads) is not None:
+            continue
+        expected = _reference_is_projective(heads.tolist())
+        assert is_projective(heads) == expected, heads
+        seen[expected] += 1
+    assert min(seen.values()) > 50
+    assert not is_projective(np.array([3, 4, 0, 3]))           # 1 <- 3 and 2 <- 4 cross
+    assert not is_projective(np.array([0, 4, 1, 1]))           # 3's span [1,3] holds word 2, a child of 4
+    assert is_projective(np.array([2, 0, 2]))
+
+
+def test_projective_training_on_non_projective_gold_warns(tmp_path, capsys):
+    text = _conllu([3, 4, 0, 3], [2, 0, 2])                   # the first tree has crossing arcs
+    with pytest.warns(UserWarning, match="^1 of 2 training sentences have a non-projective gold tree"):
+        DependencyParser(bits=10, projective=True).fit(parse_conllu(text), epochs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                          # non-projective parsers and projective gold: silent
+        DependencyParser(bits=10).fit(parse_conllu(text), epochs=1)
+        DependencyParser(bits=10, projective=True).fit(parse_conllu(_conllu([2, 0, 2])), epochs=1)
+    train = tmp_path / "crossing.conllu"
+    train.write_text(text)
+    assert main(["train", "--train", str(train), "--model", str(tmp_path / "p.pt"), "--projective", "--quiet",
+                 "--epochs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("betheproj: warning: 1 of 2 training sentences"), err
 
 
 # ------------------------------------------------------------------------------------------- nothing to score
