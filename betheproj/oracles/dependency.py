@@ -253,9 +253,10 @@ class _DependencyOracle:
         if isinstance(marginals, DependencyMarginals) and marginals.structure == self._structure():
             mu, theta = marginals.node, marginals.theta
             lin = torch.where(mu > 0, theta * mu, torch.zeros((), dtype=mu.dtype, device=mu.device))
-            return marginals.log_partition - lin.flatten(1).sum(-1)
+            # rounding of log Z - <theta, mu> with |theta| large leaves ~eps |theta| below 0 for one-tree inputs
+            return (marginals.log_partition - lin.flatten(1).sum(-1)).clamp_min(0.0)
         with torch.no_grad():
-            return self._conjugate_entropy(marginals.node, marginals.lengths)
+            return self._conjugate_entropy(marginals.node, marginals.lengths).clamp_min(0.0)
 
     def _structure(self) -> tuple:
         return (type(self).__name__, self.single_root)

@@ -252,6 +252,19 @@ def test_conjugate_entropy_of_near_deterministic_marginals():
     assert torch.allclose(conj, oracle.entropy(mu), rtol=1e-6, atol=1e-15)
 
 
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_entropy_is_never_below_zero(cls, single_root):
+    oracle = cls(single_root=single_root)
+    gen = torch.Generator().manual_seed(0)
+    for n in range(1, 7):
+        scores = torch.randn(8, n + 1, n + 1, generator=gen, dtype=DT) * 3e4     # near-deterministic
+        chain = torch.full((n + 1, n + 1), -INF, dtype=DT)
+        chain[torch.arange(n), torch.arange(1, n + 1)] = 0.0                   # one tree: h = m - 1
+        for s in (scores, scores + chain):
+            h = oracle.entropy(oracle.marginals(arc_potentials(s)))
+            assert (h >= 0).all() and (h < 1e-6).all()
+
+
 @pytest.mark.parametrize("cls", [NonProjective, Projective])
 def test_padding_is_ignored(cls):
     scores = _scores(2, 5)
