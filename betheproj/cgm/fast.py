@@ -105,7 +105,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
         if residual <= tol:
             converged = True
             break
-        clean, accepted = True, False
+        clean = True
         for attempt in range(max_backtracks + 1):
             w = eta / (1.0 + eta)
             cand = delta + w * (-g - delta)
@@ -122,13 +122,13 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             if attempt == max_backtracks:                  # any finite step that does not raise the objective
                 ok = bool(np.isfinite(fc)) and np.isfinite(change) and not collapsed and fc <= f + floor
             if ok:
-                delta, mu, log_mu, f, accepted = cand, m, log_m, fc, True
+                delta, mu, log_mu, f = cand, m, log_m, fc
                 iterations += 1
                 break
             clean = False
             eta = max(eta / 2, 1e-20)
         if clean:
             eta = min(eta * 2, 1e6)
-        if not accepted or eta <= 1e4 * 1e-20:
+        if eta <= 1e4 * 1e-20:       # steps shrunk to nothing (a failed iteration goes on from the halved step)
             break
     return mu, delta, f, iterations, converged, residual

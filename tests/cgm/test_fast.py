@@ -43,8 +43,9 @@ def test_forbidden_moves_fall_back_to_the_generic_solver():
 
 
 def test_mirror_descent_never_ends_above_its_start():
-    """Observations a million times rate x population: the backtracks run out, and the last, still rising step
-    used to be taken (51,630 -> 56,487); the iterate now stays (the optimum, 25,192, is the accelerated method's)."""
+    """Observations a million times rate x population: the first iteration runs out of backtracks (a step
+    2^-44 is needed), and the last, still rising step used to be taken (51,630 -> 56,487); then it stopped at
+    its start.  It now goes on from the halved step, as the generic solver does, to the optimum (25,192)."""
     node = np.array([[-13.68376, -0.000195, -8.54774, -25.75749], [0.0, 0.0, 0.0, 0.0]])
     edge = np.array([[[-5.3e-07, -14.47773, -17.97901, -32.39646], [-0.011295, -4.48902, -17.99030, -22.40776],
                       [-0.000343, -14.47807, -7.97935, -22.39680], [-0.011638, -4.48937, -7.99065, -12.40810]]])
@@ -52,3 +53,10 @@ def test_mirror_descent_never_ends_above_its_start():
     start = mirror_descent(node, edge, y, 1e-4, 3.0, 1e-6, 0)[2]
     for iters in (1, 50):
         assert mirror_descent(node, edge, y, 1e-4, 3.0, 1e-6, iters)[2] <= start
+    potentials = ChainPotentials(torch.tensor(node)[None], torch.tensor(edge)[None])
+    observed = torch.tensor(y)[None]
+    fast = map_counts(potentials, observed, 1e-4, 3.0, max_iter=3000)
+    ref = solve(LinearChain(), potentials, Poisson(observed, 1e-4, 3.0), method="md", tol=1e-6, max_iter=3000)
+    assert bool(fast.converged) and bool(ref.converged) and int(fast.iterations) == int(ref.iterations)
+    assert torch.allclose(fast.objective, ref.objective, rtol=1e-12, atol=0)
+    assert float(fast.objective) < 25_192.42
