@@ -157,9 +157,11 @@ def belief_propagation(graph: FactorGraph, mode: str = "sum", *, schedule: str =
                 raise _Contradiction(f"factor {f} ({factor!r}) sends an all-zero message to variable "
                                      f"{factor.variables[k]} (contradictory constraints)")
             if damping > 0.0:
+                # an exact zero (a hard constraint's verdict) is kept: mixed in, it would only shrink by a
+                # constant factor per iteration and the messages would never converge
                 with np.errstate(divide="ignore"):
-                    m = np.logaddexp(np.log1p(-damping) + m, np.log(damping) + mu[f][k])
-                m, _ = normalise_log(m, normalize)
+                    damped = np.logaddexp(np.log1p(-damping) + m, np.log(damping) + mu[f][k])
+                m, _ = normalise_log(np.where(np.isneginf(m), -np.inf, damped), normalize)
             new.append(m)
         return new
 

@@ -611,8 +611,8 @@ def _lbp_numpy(mrf: PairwiseMRF, damping: float, tol: float, max_iter: int
                 new = (b_fin[src] - msg[rev])[:, :, None] + table
                 new = new.max(axis=1)
                 new -= new.max(axis=1, keepdims=True)
-            if damping > 0.0:
-                new = _normalise_rows(np.logaddexp(log_keep + new, log_mix + msg))
+            if damping > 0.0:                              # exact zeros are kept (see factor_graphs.bp)
+                new = _normalise_rows(np.where(np.isneginf(new), -np.inf, np.logaddexp(log_keep + new, log_mix + msg)))
             d = np.abs(new - msg)
             change = float(np.nanmax(d)) if exact_inf else float(d.max())
             if np.isnan(change):

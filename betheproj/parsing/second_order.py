@@ -41,7 +41,7 @@ from ..inference.solve import Solution, solve
 from ..learning.model import surrogate_nll
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
-from ..oracles.nonprojective import NonProjective, matrix_tree
+from ..oracles.nonprojective import NonProjective, _matrix_tree, matrix_tree
 from ..progress import progress_bar
 from .features import _hash_string, _Hasher, _mix
 from .metrics import scorable_words, uas
@@ -284,21 +284,50 @@ class BPResult:
 
 def _pair_message(a: Tensor, w: Tensor) -> Tensor:
     """Log-odds message of a binary pairwise factor ``exp(w x y)`` to ``y`` given ``x``'s cavity log-odds ``a``:
-    ``log (1 + e^{a + w}) - log (1 + e^a)`` (exact; ``0`` when ``a = -inf``)."""
+    ``log (1 + e^{a + w}) - log (1 + e^a)`` (exact; ``0`` when ``a = -inf``, ``w`` when ``a = inf``)."""
     zero = torch.zeros((), dtype=a.dtype)
-    return torch.logaddexp(zero, a + w) - torch.logaddexp(zero, a)
+    return torch.where(a == math.inf, w, torch.logaddexp(zero, a + w) - torch.logaddexp(zero, a))
 
 
 def _damp(new: Tensor, old: Tensor, d: float) -> Tensor:
     """Damping in probability space on normalised binary messages, ``M <- (1 - d) M_new + d M_old`` (as
-    :func:`betheproj.factor_graphs.belief_propagation`), in log-odds."""
+    :func:`betheproj.factor_graphs.belief_propagation`), in log-odds.  An infinite message (an exact zero, a
+    hard constraint's verdict) is kept: mixed in, it would only shrink by ``d`` per iteration, never converge."""
     if d == 0.0:
         return new
     ld, lk = math.log(d), math.log1p(-d)
     ls = torch.nn.functional.logsigmoid
     on = torch.logaddexp(lk + ls(new), ld + ls(old))
     off = torch.logaddexp(lk + ls(-new), ld + ls(-old))
-    return on - off
+    return torch.where(torch.isinf(new), new, on - off)
+
+
+def _change(new: Tensor, old: Tensor) -> float:
+    """Largest log-odds change, ``0`` where both are the same infinity."""
+    if not new.numel():
+        return 0.0
+    return float(torch.where(new == old, torch.zeros((), dtype=new.dtype), (new - old).abs()).max())
+
+
+def _structural(arcs: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    """The arcs (head-major [B, C, C] mask) in no tree and in every tree made of the arcs in ``arcs``, exactly.
+    Candidates are the arcs whose marginal under equal scores lies within 1e-6 of 0 or 1 (rounding leaves such
+    marginals near, not at, 0 or 1); each is decided by ``log Z`` with the arc forced (its modifier's other
+    heads removed) and with it removed, ``-inf`` when no tree is left."""
+    ninf = torch.full((), -math.inf, dtype=torch.float64)
+    s = torch.where(arcs, torch.zeros((), dtype=torch.float64), ninf)
+    _, marg = _matrix_tree(s, lengths, single_root, strict=False)
+    bi, h, m = torch.nonzero(arcs & ((marg < 1e-6) | (marg > 1.0 - 1e-6))).T
+    k = torch.arange(bi.numel())
+    forced, removed = s[bi], s[bi].clone()
+    forced[k, :, m] = ninf
+    forced[k, h, m] = 0.0
+    removed[k, h, m] = ninf
+    log_z, _ = _matrix_tree(torch.cat([forced, removed]), lengths[bi].repeat(2), single_root, strict=False)
+    in_none, in_all = torch.zeros_like(arcs), torch.zeros_like(arcs)
+    in_none[bi, h, m] = log_z[:k.numel()] == -math.inf
+    in_all[bi, h, m] = log_z[k.numel():] == -math.inf
+    return in_none, in_all
 
 
 def _tree_logit(marg: Tensor) -> Tensor:
@@ -325,8 +354,10 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     present, non-zero log-potential) are gathered once into flat index vectors, and every iteration updates all
     messages of the batch at once: a few gathers / ``index_add`` over the factors (``O(#parts)``, not
     ``O(B C^3)``: pruning leaves few parts) and one batched matrix-tree call, no Python loop over parts.
-    ``damping`` mixes old and new messages in probability space; BP stops
-    when the largest log-odds change is below ``tol`` or after ``max_iter`` iterations.
+    ``damping`` mixes old and new messages in probability space, and then the TREE factor's messages to arcs
+    in no tree (every tree) are sent as exact ``-inf`` (``inf``), which damping keeps (:func:`_structural`);
+    without damping they are the matrix-tree's rounding-level logits.  BP stops when the largest log-odds change
+    is below ``tol`` or after ``max_iter`` iterations.
     """
     if not isinstance(theta, Tensor) or theta.dim() != 3 or theta.shape[1] != theta.shape[2]:
         raise ValueError("theta must be head-major arc scores [B, C, C]")
@@ -367,6 +398,11 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     to_x = torch.zeros_like(w)                    # message of each factor to its arc x (log-odds)
     to_y = torch.zeros_like(w)
 
+    if damping > 0.0:
+        in_none, in_all = _structural(arcs, lengths, single_root)
+        exact = torch.where(in_none, ninf, torch.where(in_all, -ninf, zero))
+        structural = in_none | in_all
+
     def pairwise_in() -> Tensor:
         out = th.new_zeros(b * c * c).index_add_(0, x, to_x).index_add_(0, y, to_y)
         return out.reshape(b, c, c)
@@ -376,12 +412,13 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
         cavity = th + pairwise_in()                                           # messages into TREE
         total = (cavity + tree).flatten()
         _, marg = matrix_tree(cavity, lengths, single_root)
-        new_tree = _damp(torch.where(arcs, _tree_logit(marg) - cavity, zero), tree, damping)
+        new_tree = torch.where(arcs, _tree_logit(marg) - cavity, zero)
+        if damping > 0.0:
+            new_tree = _damp(torch.where(structural, exact, new_tree), tree, damping)
         # factor -> x from the cavity of y (its total without this factor's message to y), and vice versa
         new_x = _damp(_pair_message(total[y] - to_y, w), to_x, damping)
         new_y = _damp(_pair_message(total[x] - to_x, w), to_y, damping)
-        change = max(float((new - old).abs().max()) if old.numel() else 0.0
-                     for old, new in ((tree, new_tree), (to_x, new_x), (to_y, new_y)))
+        change = max(_change(new, old) for old, new in ((tree, new_tree), (to_x, new_x), (to_y, new_y)))
         tree, to_x, to_y = new_tree, new_x, new_y
         if change < tol:
             break

@@ -229,3 +229,12 @@ def test_or_family_sum_product_beyond_exp_underflow(factor, u0, u1, log_z):
     assert res.converged and res.log_partition == pytest.approx(log_z, abs=1e-9)
     assert res.log_partition == pytest.approx(graph_reference(graph)["log_z"], abs=1e-9)
 
+
+@pytest.mark.parametrize("mode", ["sum", "max"])
+def test_damping_keeps_hard_zeros_and_converges(mode):
+    graph = FactorGraph([2, 2])
+    graph.set_unary(0, [-np.inf, 0.0])                     # v0 clamped on, so XOR turns v1 off exactly
+    graph.add_factor(XOR([0, 1]))
+    res = belief_propagation(graph, mode, damping=0.5, max_iter=100)
+    assert res.converged                                   # the zero only halved each iteration before
+    assert np.allclose(res.variable_beliefs[1], [1.0, 0.0])

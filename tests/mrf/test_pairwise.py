@@ -182,6 +182,18 @@ def test_lbp_is_exact_on_trees_and_matches_the_factor_graph_backend():
         assert np.array_equal(fg.labels, npy.labels) and fg.converged == npy.converged
 
 
+@pytest.mark.parametrize("backend", ["numpy", "factor_graphs"])
+def test_damped_lbp_keeps_hard_zeros_and_converges(backend):
+    """A forbidden label pair on a triangle: the exact zeros it sends used to be mixed with the old messages,
+    shrinking by the damping factor per iteration, so a tight tolerance was never met."""
+    mrf = PairwiseMRF([2, 2, 2], [(0, 1), (1, 2), (2, 0)], [[-np.inf, 1.0], [0.5, 0.0], [0.0, 0.2]],
+                      [np.array([[0.0, 0.3], [0.0, -np.inf]]), np.zeros((2, 2)), np.array([[0.4, 0.0], [0.0, 0.1]])])
+    res = lbp_map(mrf, damping=0.5, tol=1e-12, max_iter=500, backend=backend)   # node 0 = 1 forbids node 1 = 1
+    assert res.converged and res.iterations < 200
+    assert res.beliefs[1][1] == 0.0
+    assert np.array_equal(res.labels, exact_map(mrf).labels)
+
+
 def test_lbp_handles_forbidden_labels_and_unequal_label_sets():
     rng = np.random.default_rng(3)
     mrf = _random_mrf(rng, (2, 3, 4), [(0, 1), (1, 2), (2, 0)])

@@ -129,6 +129,24 @@ def test_vectorised_bp_equals_factor_graph_bp(damping):
     assert res.beliefs[1, 4:].abs().max() == 0 and res.beliefs[2, :, 3:].abs().max() == 0     # padding
 
 
+@pytest.mark.parametrize("single_root", [False, True])
+def test_damped_bp_keeps_arcs_in_no_tree_and_every_tree_exact(single_root):
+    """Word 2's only head is 3 and word 3's heads are 0 and 2: the arc 2 -> 3 is in no tree, 3 -> 2 and 0 -> 3
+    in every tree.  Damping mixed those exact verdicts with old messages, so they only shrank by the damping
+    factor per iteration and BP never met a tight tolerance."""
+    theta, s, g, lengths = _random_problem([4], seed=3)
+    theta[0, :, 2] = -torch.inf
+    theta[0, 3, 2] = 0.3
+    theta[0, :, 3] = -torch.inf
+    theta[0, 0, 3], theta[0, 2, 3] = 0.2, 1.5
+    theta[0, 0, 1] = theta[0, 0, 4] = -torch.inf                 # (and so 0 -> 3 is the only root arc)
+    res = loopy_bp(theta, s, g, lengths, max_iter=300, damping=0.5, tol=1e-10, single_root=single_root)
+    assert res.converged and res.iterations < 200
+    assert res.beliefs[0, 2, 3] == 0.0 and res.beliefs[0, 3, 2] == 1.0 and res.beliefs[0, 0, 3] == 1.0
+    ref = _reference_bp(theta[0], s[0], g[0], 4, 0.5, res.iterations)
+    torch.testing.assert_close(res.beliefs[0], ref, atol=1e-9, rtol=0)
+
+
 def test_bp_exact_without_second_order_factors():
     """Only the TREE factor: a tree-shaped factor graph, BP = the exact (enumerated) tree marginals."""
     theta, s, g, lengths = _random_problem([4], seed=2, prune_p=0.2)
