@@ -262,9 +262,11 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         f = f + _inner(delta_edge, mu_edge)
     if not torch.isfinite(f).all():
         bad = torch.nonzero(~torch.isfinite(f)).flatten()[:10].tolist()
-        raise ValueError(f"the objective is not finite at the base marginals oracle(theta) for examples {bad}: "
-                         "the energy is infinite where theta allows no mass (e.g. positive counts on a label "
-                         "whose potentials are all -inf)")
+        where = "the base marginals oracle(theta)" if start_node is None else "the warm start"
+        raise ValueError(f"the objective is not finite at {where} for examples {bad}: the energy is infinite "
+                         "where the marginals are 0, because theta allows no mass there (e.g. positive counts on "
+                         "a label whose potentials are all -inf) or because that mass underflows to 0 (log-"
+                         f"potential gaps beyond what exp can represent in {dtype}, ~745 in float64)")
     if method == "accelerated":
         best_f, best_node, best_edge = f.clone(), mu_node.clone(), mu_edge.clone()
         best_dn, best_de, best_logz = torch.zeros_like(mu_node), torch.zeros_like(mu_edge), log_z.clone()

@@ -271,6 +271,9 @@ def test_bad_solver_inputs():
     counts[0, 0, 0] = 3.0                                        # counts on a label theta forbids
     with pytest.raises(ValueError, match="objective is not finite at the base marginals"):
         bp.solve(bp.LinearChain(), theta, Poisson(counts))
+    theta.node[0, 0] = torch.tensor([-800.0, 0.0, 0.0, 0.0])      # allowed, but exp(-800) underflows
+    with pytest.raises(ValueError, match="or because that mass underflows to 0"):
+        bp.solve(bp.LinearChain(), theta, Poisson(counts))
 
 
 @pytest.mark.parametrize("method", METHODS)
