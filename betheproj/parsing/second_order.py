@@ -314,15 +314,14 @@ def _structural(arcs: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tenso
     Candidates are the arcs whose marginal under equal scores lies within 1e-6 of 0 or 1 (rounding leaves such
     marginals near, not at, 0 or 1); each is decided by ``log Z`` with the arc forced (its modifier's other
     heads removed) and with it removed, ``-inf`` when no tree is left."""
-    ninf = torch.full((), -math.inf, dtype=torch.float64)
-    s = torch.where(arcs, torch.zeros((), dtype=torch.float64), ninf)
+    s = torch.zeros(arcs.shape, dtype=torch.float64, device=arcs.device).masked_fill(~arcs, -math.inf)
     _, marg = _matrix_tree(s, lengths, single_root, strict=False)
     bi, h, m = torch.nonzero(arcs & ((marg < 1e-6) | (marg > 1.0 - 1e-6))).T
-    k = torch.arange(bi.numel())
+    k = torch.arange(bi.numel(), device=arcs.device)
     forced, removed = s[bi], s[bi].clone()
-    forced[k, :, m] = ninf
+    forced[k, :, m] = -math.inf
     forced[k, h, m] = 0.0
-    removed[k, h, m] = ninf
+    removed[k, h, m] = -math.inf
     log_z, _ = _matrix_tree(torch.cat([forced, removed]), lengths[bi].repeat(2), single_root, strict=False)
     in_none, in_all = torch.zeros_like(arcs), torch.zeros_like(arcs)
     in_none[bi, h, m] = log_z[:k.numel()] == -math.inf
