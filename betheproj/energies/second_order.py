@@ -71,6 +71,10 @@ class SecondOrderArcs(Energy):
 
     Both must be finite floating-point tensors; they may require grad (learning through
     :func:`betheproj.learning.model.surrogate_nll`).  The energy is non-convex in general (eq. 9).
+
+    The masked (or gathered) scores are prepared once and reused while the score tensors, their in-place
+    version counters and the lengths stay the same, so in-place edits (``S.add_(...)``, ``S[...] = v``) are
+    seen; a write through ``S.data`` bypasses the counter and is not: make a new energy after one.
     """
 
     edge_totals = True          # node marginals only
