@@ -118,9 +118,9 @@ def _sentence(forms: list[str], tags: list[str], heads: list[int]) -> Sentence:
 
 # ----------------------------------------------------------------------------------------------- loopy BP
 
-@pytest.mark.parametrize("damping", [0.0, 0.4])
-def test_vectorised_bp_equals_factor_graph_bp(damping):
-    theta, s, g, lengths = _random_problem([4, 3, 2], seed=1, prune_p=0.3)
+@pytest.mark.parametrize(("damping", "prune_p", "seed"), [(0.0, 0.3, 1), (0.4, 0.3, 1), (0.4, 0.6, 4)])
+def test_vectorised_bp_equals_factor_graph_bp(damping, prune_p, seed):
+    theta, s, g, lengths = _random_problem([4, 3, 2], seed=seed, prune_p=prune_p)   # 0.6: arcs in no / every tree
     res = loopy_bp(theta, s, g, lengths, max_iter=12, damping=damping, tol=0.0)
     assert res.iterations == 12
     for b, n in enumerate(lengths.tolist()):
