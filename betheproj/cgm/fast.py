@@ -106,6 +106,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             converged = True
             break
         clean = True
+        min_step = 1e-20 / max(1.0, float(np.abs(g + delta).max()))    # relative floor, as in solve()
         for attempt in range(max_backtracks + 1):
             w = eta / (1.0 + eta)
             cand = delta + w * (-g - delta)
@@ -126,9 +127,9 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
                 iterations += 1
                 break
             clean = False
-            eta = max(eta / 2, 1e-20)
+            eta = max(eta / 2, min_step)
         if clean:
             eta = min(eta * 2, 1e6)
-        if eta <= 1e4 * 1e-20:       # steps shrunk to nothing (a failed iteration goes on from the halved step)
+        if eta <= 1e4 * min_step:    # steps shrunk to nothing (a failed iteration goes on from the halved step)
             break
     return mu, delta, f, iterations, converged, residual

@@ -186,8 +186,10 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             out of reach, since the objective cannot tell steps that small apart.
         beta: RDA's ``beta_t`` (constant; raised per example by step-size control).
         step: mirror descent's initial step ``eta`` (adapted per example: doubled after a successful step,
-            halved after a rejected one; with ``max_backtracks=0`` it never grows beyond ``step``, since no
-            rejected step can be taken back).
+            halved after a rejected one, down to ``1e-20 / max(1, max |g + delta|)``, a floor relative to the
+            largest dual move the step direction asks for, so that gradients as large as ``1e300`` (counts where
+            the base marginal is ``e^-700``) still get steps; an example whose step reaches the floor stops;
+            with ``max_backtracks=0`` it never grows beyond ``step``, since no rejected step can be taken back).
         lipschitz: the accelerated method's Lipschitz constant ``L`` of ``grad L`` (doubled when a step fails).
         max_backtracks: retries per iteration before the last finite candidate is taken as it is (and the
             example counted as ``safeguarded``).
@@ -357,6 +359,13 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                 break
 
         p_cur = param[a].clone()
+        if method == "md":
+            # the step floor is relative to the largest dual move the direction asks for, max |g + delta|:
+            # a gradient of 1e21 (counts where the base marginal is 1e-22) needs steps far below 1e-20
+            reach = (g_n + delta_node[a]).abs().flatten(1).amax(-1)
+            if g_e is not None:
+                reach = torch.maximum(reach, (g_e + delta_edge[a]).abs().flatten(1).amax(-1))
+            min_step = _MIN_STEP / reach.clamp_min(1.0)
         clean = torch.ones(a.numel(), dtype=torch.bool, device=device)
         pending = torch.arange(a.numel(), device=device)
         for attempt in range(max_backtracks + 1):
@@ -440,7 +449,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                 clean[forced] = False              # so the step does not grow after it
                 safeguarded[a[forced]] = True
                 if method == "md":
-                    p_cur[forced] = torch.clamp(p_cur[forced] / 2, min=_MIN_STEP)
+                    p_cur[forced] = torch.maximum(p_cur[forced] / 2, min_step[forced])
             failed = pending[~ok]
             if failed.numel() == 0:
                 break
@@ -450,7 +459,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             rows = a[failed]
             safeguarded[rows] = True
             if method == "md":
-                p_cur[failed] = torch.clamp(p_cur[failed] / 2, min=_MIN_STEP)
+                p_cur[failed] = torch.maximum(p_cur[failed] / 2, min_step[failed])
             elif method == "accelerated":
                 # backtracking on L (a larger L keeps nu closer to the prox-centre); a step that leaves the
                 # trust region or loses support instead restarts the method at nu, the last oracle point
@@ -494,7 +503,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         if method == "md":
             # steps shrunk to nothing: the example sits at the floor that rounding allows and stops
             # (``converged`` stays False unless tol was met)
-            at_floor[a] |= p_cur <= 1e4 * _MIN_STEP
+            at_floor[a] |= p_cur <= 1e4 * min_step
         if method == "accelerated":
             stall[a] |= p_cur > _STALL_L * max(user_param, 1.0)
         history.append(f.clone())

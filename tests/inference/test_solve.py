@@ -355,3 +355,27 @@ def test_md_out_of_backtracks_does_not_take_a_rising_step():
     start = bp.objective(bp.LinearChain(), theta, energy, bp.LinearChain().marginals(theta))
     sol = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=5)
     assert (sol.objective <= start).all()
+
+
+@pytest.mark.parametrize("gap", [50.0, 300.0])
+def test_md_reaches_counts_the_base_model_finds_astronomically_unlikely(gap):
+    """Counts on a label with base marginal e^-gap: the gradient -y / (M mu) there is ~e^gap, so mirror descent
+    needs steps far below the absolute floor of the step-size control (1e-20) it once had, where it stopped
+    without a step.  Edges of 0 make the two positions independent: a one-dimensional problem per position."""
+    import math
+
+    from scipy.optimize import minimize_scalar
+
+    node = torch.tensor([[[0.0, -gap], [0.0, 0.0]]], dtype=DT)
+    counts = torch.full((1, 2, 2), 5.0, dtype=DT)
+    sol = bp.solve(bp.LinearChain(), bp.ChainPotentials(node, torch.zeros(1, 1, 2, 2, dtype=DT)),
+                   Poisson(counts, 0.5, 20.0), method="md", max_iter=2000, tol=1e-9)
+    assert bool(sol.converged)
+
+    def f(t: float) -> float:                     # position 0 as a function of the logit t of label 1
+        log_p, log_q = -math.log1p(math.exp(-t)), -math.log1p(math.exp(t))
+        p, q = math.exp(log_p), math.exp(log_q)
+        return p * log_p + q * log_q + gap * p - 0.25 * (log_p + log_q)
+
+    best = minimize_scalar(f, bracket=(-10.0, -5.0), tol=1e-12).x
+    assert float(sol.marginals.node[0, 0, 1]) == pytest.approx(1 / (1 + math.exp(-best)), rel=1e-6)
