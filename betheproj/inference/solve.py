@@ -8,6 +8,9 @@ marginal polytope, so the solvers are anytime.  Because ``-H_B(mu) - <theta_t, m
 
 * ``"rda"``: Bethe-RDA, Algorithm 1: ``delta_t = -t/(t+beta_t) * mean(grad L(mu_0..mu_{t-1}))``.
 * ``"md"``: Bethe mirror descent (COMID), Algorithm 4: ``delta_t = (delta_{t-1} - eta_t grad L(mu_{t-1}))/(1+eta_t)``.
+  The method for barrier-like energies (Poisson counts) where the base marginals are tiny (``e^-50`` and
+  below under observed counts): its step floor is relative to the gradient, so it climbs out, where Bethe-RDA's
+  dual average of such gradients makes no progress.
 * ``"accelerated"``: accelerated Bethe-RDA, Algorithm 5, with the prox-function the Bregman divergence of
   ``-H_B`` centred at ``mu_0 = oracle(theta)`` (the prox-centre the algorithm starts from):
   ``nu_t = oracle(theta - g_t / (1 + 4L/(t(t+1))))``, ``mu_t = (1 - c_t) mu_{t-1} + c_t nu_t``.
