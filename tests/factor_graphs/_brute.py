@@ -7,6 +7,8 @@ import itertools
 import numpy as np
 from scipy.special import logsumexp
 
+from tests.trees import reaches_root
+
 # the constraints, written independently of the package (v: a 0/1 tuple in the factor's variable order)
 PREDICATES = {
     "XOR": lambda v: sum(v) == 1,
@@ -118,15 +120,6 @@ def all_trees(n, single_root=False):
             continue
         if single_root and sum(h == 0 for h in heads) != 1:
             continue
-        ok = True
-        for m in range(1, n + 1):
-            x, steps = m, 0
-            while x != 0 and steps <= n:
-                x = heads[x - 1]
-                steps += 1
-            if x != 0:
-                ok = False
-                break
-        if ok:
+        if reaches_root(heads):
             out.append(heads)
     return out

@@ -8,6 +8,7 @@ import torch
 import betheproj as bp
 from betheproj.learning import crf_nll, sequence_score
 from betheproj.learning.losses import LOSSES, loss_and_gradient, resolve_loss, structured_loss
+from tests.trees import reaches_root
 
 DT = torch.float64
 INF = math.inf
@@ -158,12 +159,7 @@ def _trees(n, projective):
     for heads in itertools.product(range(n + 1), repeat=n):
         if any(h == m for m, h in enumerate(heads, 1)):
             continue
-        ok = True
-        for m in range(1, n + 1):                       # every word reaches the root
-            v, steps = m, 0
-            while v != 0 and steps <= n:
-                v, steps = heads[v - 1], steps + 1
-            ok &= v == 0
+        ok = reaches_root(heads)
         arcs = [(min(h, m), max(h, m)) for m, h in enumerate(heads, 1)]
         if ok and projective:
             ok = not any(a < c < b < d for a, b in arcs for c, d in arcs)

@@ -23,6 +23,7 @@ from betheproj.oracles import (
 )
 from betheproj.oracles.dependency import _mask_head_major
 from betheproj.oracles.nonprojective import _exact_matrix_tree, _fast_matrix_tree
+from tests.trees import reaches_root
 
 DT = torch.float64
 INF = float("inf")
@@ -38,13 +39,7 @@ def _trees(n: int, projective: bool, single_root: bool) -> torch.Tensor:
             continue
         if single_root and heads.count(0) != 1:
             continue
-        acyclic = True
-        for m in range(1, n + 1):
-            v, steps = m, 0
-            while v != 0 and steps <= n:
-                v, steps = heads[v - 1], steps + 1
-            acyclic &= v == 0
-        if not acyclic:
+        if not reaches_root(heads):
             continue
         if projective:
             spans = [(min(h, m + 1), max(h, m + 1)) for m, h in enumerate(heads)]
@@ -78,13 +73,7 @@ def _is_tree(heads: torch.Tensor, n: int) -> bool:
     h = heads[:n].tolist()
     if any(x < 0 or x > n or x == m + 1 for m, x in enumerate(h)):
         return False
-    for m in range(1, n + 1):
-        v, steps = m, 0
-        while v != 0 and steps <= n:
-            v, steps = h[v - 1], steps + 1
-        if v != 0:
-            return False
-    return bool((heads[n:] == -1).all())
+    return reaches_root(h) and bool((heads[n:] == -1).all())
 
 
 def _check_against_brute(cls, single_root, scores, lengths, atol=1e-9):

@@ -16,6 +16,7 @@ from betheproj.parsing.cli import main
 from betheproj.parsing.metrics import scorable_words
 from betheproj.parsing.parser import is_projective, tree_error
 from betheproj.parsing.second_order import SecondOrderParser, prune
+from tests.trees import reaches_root
 
 from .test_parser import _treebank
 
@@ -87,14 +88,7 @@ def test_predict_checks_output_path_before_parsing(models, tmp_path, monkeypatch
 
 def _reference_is_tree(heads: list[int], single_root: bool) -> bool:
     """Every word reaches 0 within n steps and (single_root) one word hangs from 0."""
-    n = len(heads)
-    for m in range(1, n + 1):
-        v, steps = m, 0
-        while v != 0 and steps <= n:
-            v, steps = heads[v - 1], steps + 1
-        if v != 0:
-            return False
-    return not single_root or heads.count(0) == 1
+    return reaches_root(heads) and (not single_root or heads.count(0) == 1)
 
 
 def test_tree_error_matches_a_reference_on_random_head_arrays():

@@ -21,6 +21,7 @@ from betheproj.parsing.second_order import (
     mean_field_parse,
     prune,
 )
+from tests.trees import reaches_root
 
 # ----------------------------------------------------------------------------------------------- helpers
 
@@ -69,15 +70,9 @@ def _brute_marginals(theta, s, g, n):
     cands = [[h for h in range(n + 1) if h != m and theta[h, m] > -torch.inf] for m in range(1, n + 1)]
     weights, trees = [], []
     for heads in itertools.product(*cands):
-        par = (0,) + heads
-        ok = True
-        for m in range(1, n + 1):
-            x, steps = m, 0
-            while x != 0 and steps <= n:
-                x, steps = par[x], steps + 1
-            ok &= x == 0
-        if not ok:
+        if not reaches_root(heads):
             continue
+        par = (0,) + heads
         score = sum(float(theta[par[m], m]) for m in range(1, n + 1))
         for m, s_ in itertools.combinations(range(1, n + 1), 2):
             if par[m] == par[s_]:
@@ -98,16 +93,9 @@ def _brute_marginals(theta, s, g, n):
 
 def _is_tree(heads: np.ndarray) -> bool:
     n = len(heads)
-    par = np.concatenate([[0], heads])
     if (heads < 0).any() or (heads > n).any() or (heads == np.arange(1, n + 1)).any():
         return False
-    for m in range(1, n + 1):
-        x, steps = m, 0
-        while x != 0 and steps <= n:
-            x, steps = par[x], steps + 1
-        if x != 0:
-            return False
-    return True
+    return reaches_root(heads.tolist())
 
 
 def _sentence(forms: list[str], tags: list[str], heads: list[int]) -> Sentence:
