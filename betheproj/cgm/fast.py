@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..inference.solve import _MAX_STEP, _MIN_STEP
+
 __all__ = ["mirror_descent"]
 
 _EPS = np.finfo(np.float64).eps
@@ -106,7 +108,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             converged = True
             break
         clean = True
-        min_step = 1e-20 / max(1.0, float(np.abs(g + delta).max()))    # relative floor, as in solve()
+        min_step = _MIN_STEP / max(1.0, float(np.abs(g + delta).max()))   # relative floor, as in solve()
         for attempt in range(max_backtracks + 1):
             w = eta / (1.0 + eta)
             cand = delta + w * (-g - delta)
@@ -129,7 +131,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             clean = False
             eta = max(eta / 2, min_step)
         if clean:
-            eta = min(eta * 2, 1e6)
+            eta = min(eta * 2, _MAX_STEP)
         if eta <= 1e4 * min_step:    # steps shrunk to nothing (a failed iteration goes on from the halved step)
             break
     return mu, delta, f, iterations, converged, residual
