@@ -267,7 +267,8 @@ class _DependencyOracle:
         zero = torch.zeros((), dtype=dtype, device=device)
         ninf = torch.full((), -torch.inf, dtype=dtype, device=device)
         valid = _arc_mask(lengths, c)[:, :, 1:].transpose(1, 2)             # node layout [B, N, C]
-        support = self._in_some_tree(valid & (mu > 0), lengths)
+        support = valid & (mu > 0)
+        support &= ~self._structural(support, lengths)[0]                 # arcs in no tree hold rounding only
         theta = torch.where(support, torch.log(mu.clamp_min(torch.finfo(dtype).tiny)), ninf)
         edge = mu.new_zeros(c, c)
 
@@ -342,19 +343,30 @@ class _DependencyOracle:
         clamped[k, mi] = torch.where(keep, clamped[k, mi], -torch.inf)
         return clamped, bi, mi, hi
 
-    def _in_some_tree(self, support: Tensor, lengths: Tensor) -> Tensor:
-        """``support`` without the arcs that lie in no tree made of supported arcs.  Such arcs carry rounding-level
-        mass in the oracle's own marginals (and so in averages of them) and would make clamping infeasible."""
+    def _structural(self, support: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """The arcs of ``support`` (node layout [B, N, C]) that lie in no tree and in every tree made of supported
+        arcs, exactly: the oracle's marginals put rounding-level mass, not 0, on arcs in no tree (and leave
+        arcs in every tree near 1, not at it).  Candidates are the arcs whose marginal under equal scores lies
+        within 1e-6 of 0 or 1; each is decided by ``log Z`` with the arc forced (its word's other heads removed)
+        and with it removed, ``-inf`` when no tree is left."""
+        in_none, in_all = torch.zeros_like(support), torch.zeros_like(support)
         if not support.any():
-            return support
-        theta = torch.where(support, torch.zeros((), dtype=torch.float64), -torch.inf).to(support.device)
-        clamped, bi, mi, hi = self._clamp_each(theta, support)
-        edge = clamped.new_zeros(clamped.shape[-1], clamped.shape[-1])
-        scores, lens = self._scores(_unchecked(PairwisePotentials, clamped, edge, lengths[bi]))
+            return in_none, in_all
+        theta = torch.zeros(support.shape, dtype=torch.float64, device=support.device).masked_fill(~support,
+                                                                                                    -torch.inf)
+        edge = theta.new_zeros(theta.shape[-1], theta.shape[-1])
+        _, marg = self._marginals_core(*self._scores(_unchecked(PairwisePotentials, theta, edge, lengths)),
+                                       strict=False)
+        marg = marg[:, :, 1:].transpose(1, 2)                                 # node layout
+        forced, bi, mi, hi = self._clamp_each(theta, support & ((marg < 1e-6) | (marg > 1.0 - 1e-6)))
+        removed = theta[bi].clone()
+        removed[torch.arange(len(bi), device=theta.device), mi, hi] = -torch.inf
+        scores, lens = self._scores(_unchecked(PairwisePotentials, torch.cat([forced, removed]), edge,
+                                               lengths[bi].repeat(2)))
         log_z, _ = self._marginals_core(scores, lens, strict=False)
-        out = support.clone()
-        out[bi, mi, hi] = torch.isfinite(log_z)
-        return out
+        in_none[bi, mi, hi] = log_z[:len(bi)] == -torch.inf
+        in_all[bi, mi, hi] = log_z[len(bi):] == -torch.inf
+        return in_none, in_all
 
     def _covariance(self, theta: Tensor, mu: Tensor, support: Tensor, lengths: Tensor) -> Tensor:
         """``Cov(z_a, z_b) = mu_a (mu_b | arc a) - mu_a mu_b`` [B, V, V] (V = N (N+1)), by clamping every

@@ -41,7 +41,7 @@ from ..inference.solve import Solution, solve
 from ..learning.model import surrogate_nll
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
-from ..oracles.nonprojective import NonProjective, _matrix_tree, matrix_tree
+from ..oracles.nonprojective import NonProjective, matrix_tree
 from ..progress import progress_bar
 from .features import _hash_string, _Hasher, _mix
 from .metrics import scorable_words, uas
@@ -310,23 +310,10 @@ def _change(new: Tensor, old: Tensor) -> float:
 
 
 def _structural(arcs: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
-    """The arcs (head-major [B, C, C] mask) in no tree and in every tree made of the arcs in ``arcs``, exactly.
-    Candidates are the arcs whose marginal under equal scores lies within 1e-6 of 0 or 1 (rounding leaves such
-    marginals near, not at, 0 or 1); each is decided by ``log Z`` with the arc forced (its modifier's other
-    heads removed) and with it removed, ``-inf`` when no tree is left."""
-    s = torch.zeros(arcs.shape, dtype=torch.float64, device=arcs.device).masked_fill(~arcs, -math.inf)
-    _, marg = _matrix_tree(s, lengths, single_root, strict=False)
-    bi, h, m = torch.nonzero(arcs & ((marg < 1e-6) | (marg > 1.0 - 1e-6))).T
-    k = torch.arange(bi.numel(), device=arcs.device)
-    forced, removed = s[bi], s[bi].clone()
-    forced[k, :, m] = -math.inf
-    forced[k, h, m] = 0.0
-    removed[k, h, m] = -math.inf
-    log_z, _ = _matrix_tree(torch.cat([forced, removed]), lengths[bi].repeat(2), single_root, strict=False)
-    in_none, in_all = torch.zeros_like(arcs), torch.zeros_like(arcs)
-    in_none[bi, h, m] = log_z[:k.numel()] == -math.inf
-    in_all[bi, h, m] = log_z[k.numel():] == -math.inf
-    return in_none, in_all
+    """The arcs (head-major [B, C, C] mask) in no tree and in every tree made of the arcs in ``arcs``, exactly
+    (``NonProjective._structural`` on the node layout)."""
+    found = NonProjective(single_root=single_root)._structural(_node_layout(arcs), lengths)
+    return tuple(torch.cat([m.new_zeros(m.shape[0], m.shape[2], 1), m.transpose(1, 2)], 2) for m in found)
 
 
 def _tree_logit(marg: Tensor) -> Tensor:
