@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from betheproj.cli import main
+from betheproj.demo import run_demo
 
 
 def test_demo_prints_what_it_solved(capsys):
@@ -15,6 +16,17 @@ def test_demo_prints_what_it_solved(capsys):
     assert "Collective graphical model" in out and "Proposition-1 MAP" in out
     for method in ("rda", "md", "accelerated"):
         assert f"   {method}" in out
+
+
+def test_demo_marks_runs_stopped_by_max_iter():
+    lines: list[str] = []
+    results = run_demo(echo=lines.append)
+    assert results["md"]["converged"] and results["md"]["residual"] <= 1e-6
+    for method in ("rda", "md", "accelerated"):
+        row = next(line for line in lines if line.startswith(f"   {method} "))
+        iterations = row.split()[2]
+        assert iterations.endswith("*") != results[method]["converged"]
+        assert int(iterations.rstrip("*")) == results[method]["iterations"]
 
 
 def test_usage_error_is_one_line():
