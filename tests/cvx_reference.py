@@ -4,6 +4,8 @@
 jointly convex), so the whole objective is DCP for the convex energies the tests use.
 """
 
+import warnings
+
 import cvxpy as cp
 import numpy as np
 
@@ -29,5 +31,11 @@ def chain_problem(node: np.ndarray, edge: np.ndarray, energy_terms):
         neg_entropy += cp.sum(cp.rel_entr(p, parent))
     obj = neg_entropy - lin + energy_terms(mu, pair)
     prob = cp.Problem(cp.Minimize(obj), [x for x in cons if x is not None])
-    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10, max_iter=500)
+    with warnings.catch_warnings():
+        # at these tolerances Clarabel sometimes stops "almost solved" (CVXPY's optimal_inaccurate, with a
+        # warning); its value still agrees with the solvers' to about 1e-8, far inside the tests' 1e-6
+        warnings.filterwarnings("ignore", "Solution may be inaccurate", UserWarning)
+        prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10, max_iter=500)
+    if prob.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
+        raise RuntimeError(f"the CVXPY reference did not solve: {prob.status}")
     return prob.value, mu.value
