@@ -187,7 +187,8 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             Bethe-RDA's dual average converges like O(1/t), so it meets tight tolerances slowly; mirror
             descent meets them fastest.  Tolerances below about the square root of machine epsilon can be
             out of reach, since the objective cannot tell steps that small apart.
-        beta: RDA's ``beta_t`` (constant; raised per example by step-size control).
+        beta: RDA's ``beta_t`` (constant; raised per example by step-size control, up to
+            ``1e20 max(1, max |g + delta|)``, relative like mirror descent's step floor).
         step: mirror descent's initial step ``eta`` (adapted per example: doubled after a successful step,
             halved after a rejected one, down to ``1e-20 / max(1, max |g + delta|)``, a floor relative to the
             largest dual move the step direction asks for, so that gradients as large as ``1e300`` (counts where
@@ -319,14 +320,15 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         if method == "rda":                                                  # Algorithm 1
             gn = lerp(gbar_node[rows], g_n[sub], 1 / t)
             ge = None if g_e is None else lerp(gbar_edge[rows], g_e[sub], 1 / t)
-            keep_anchor = p / (t + p)                                        # beta_t / (t + beta_t)
+            move = t / (t + p)                                               # 1 - beta_t / (t + beta_t)
         else:                                                                # Algorithm 5
             gn = lerp(gbar_node[rows], g_n[sub], w)
             ge = None if g_e is None else lerp(gbar_edge[rows], g_e[sub], w)
-            k = 4.0 * p / (t * (t + 1))
-            keep_anchor = k / (1 + k)
-        dn = lerp(-gn, anchor_node[rows], keep_anchor)
-        de = None if ge is None else lerp(-ge, anchor_edge[rows], keep_anchor)
+            move = 1 / (1 + 4.0 * p / (t * (t + 1)))
+        # the share of the way from the prox-centre to -gbar, not 1 minus the centre's share: that one rounds
+        # to 1 for beta beyond 2^53 t and would leave a large beta with no step at all
+        dn = lerp(anchor_node[rows], -gn, move)
+        de = None if ge is None else lerp(anchor_edge[rows], -ge, move)
         return dn, de, gn, ge
 
     active = torch.arange(b, device=device)
@@ -362,9 +364,10 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                 break
 
         p_cur = param[a].clone()
-        if method == "md":
-            # the step floor is relative to the largest dual move the direction asks for, max |g + delta|:
+        if method != "accelerated":
+            # the step bound is relative to the largest dual move the direction asks for, max |g + delta|:
             # a gradient of 1e21 (counts where the base marginal is 1e-22) needs steps far below 1e-20
+            # (mirror descent's eta; for RDA 1/beta on a fresh start, where the move is t/(t + beta) of it)
             reach = (g_n + delta_node[a]).abs().flatten(1).amax(-1)
             if g_e is not None:
                 reach = torch.maximum(reach, (g_e + delta_edge[a]).abs().flatten(1).amax(-1))
@@ -485,7 +488,9 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                 # RDA restarts from the current point, which becomes the prox-centre (so a large beta means
                 # a small step from here); beta grows only if a fresh start fails too
                 fresh = s1[failed] == 1
-                p_cur[failed] = torch.where(fresh, torch.clamp(p_cur[failed] * 2, min=1.0, max=1 / _MIN_STEP),
+                # beta's cap is relative, like mirror descent's step floor: 1e20 max |g + delta|
+                cap = 1 / min_step[failed]
+                p_cur[failed] = torch.where(fresh, torch.minimum(torch.clamp(p_cur[failed] * 2, min=1.0), cap),
                                             p_cur[failed])
                 anchor_node[rows] = delta_node[rows]
                 gbar_node[rows] = 0.0

@@ -357,20 +357,15 @@ def test_md_out_of_backtracks_does_not_take_a_rising_step():
     assert (sol.objective <= start).all()
 
 
-@pytest.mark.parametrize("gap", [50.0, 300.0])
-def test_md_reaches_counts_the_base_model_finds_astronomically_unlikely(gap):
-    """Counts on a label with base marginal e^-gap: the gradient -y / (M mu) there is ~e^gap, so mirror descent
-    needs steps far below the absolute floor of the step-size control (1e-20) it once had, where it stopped
-    without a step.  Edges of 0 make the two positions independent: a one-dimensional problem per position."""
+def _astronomically_unlikely_counts(gap: float):
+    """Counts on a label with base marginal e^-gap, and the optimal marginal of that label. Edges of 0 make the
+    two positions independent: a one-dimensional problem per position."""
     import math
 
     from scipy.optimize import minimize_scalar
 
     node = torch.tensor([[[0.0, -gap], [0.0, 0.0]]], dtype=DT)
     counts = torch.full((1, 2, 2), 5.0, dtype=DT)
-    sol = bp.solve(bp.LinearChain(), bp.ChainPotentials(node, torch.zeros(1, 1, 2, 2, dtype=DT)),
-                   Poisson(counts, 0.5, 20.0), method="md", max_iter=2000, tol=1e-9)
-    assert bool(sol.converged)
 
     def f(t: float) -> float:                     # position 0 as a function of the logit t of label 1
         log_p, log_q = -math.log1p(math.exp(-t)), -math.log1p(math.exp(t))
@@ -378,4 +373,26 @@ def test_md_reaches_counts_the_base_model_finds_astronomically_unlikely(gap):
         return p * log_p + q * log_q + gap * p - 0.25 * (log_p + log_q)
 
     best = minimize_scalar(f, bracket=(-10.0, -5.0), tol=1e-12).x
-    assert float(sol.marginals.node[0, 0, 1]) == pytest.approx(1 / (1 + math.exp(-best)), rel=1e-6)
+    theta = bp.ChainPotentials(node, torch.zeros(1, 1, 2, 2, dtype=DT))
+    return theta, Poisson(counts, 0.5, 20.0), 1 / (1 + math.exp(-best))
+
+
+@pytest.mark.parametrize("gap", [50.0, 300.0])
+def test_md_reaches_counts_the_base_model_finds_astronomically_unlikely(gap):
+    """The gradient -y / (M mu) there is ~e^gap, so mirror descent needs steps far below the absolute floor of
+    the step-size control (1e-20) it once had, where it stopped without a step."""
+    theta, energy, optimum = _astronomically_unlikely_counts(gap)
+    sol = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=2000, tol=1e-9)
+    assert bool(sol.converged)
+    assert float(sol.marginals.node[0, 0, 1]) == pytest.approx(optimum, rel=1e-6)
+
+
+@pytest.mark.parametrize("gap", [50.0, 300.0])
+def test_rda_reaches_counts_the_base_model_finds_astronomically_unlikely(gap):
+    """Bethe-RDA on the same problems needs beta near 1e21 for its first step: it once computed the step as
+    ``1 - beta / (t + beta)`` of the way, which rounds to no step at all past beta = 2^53, and capped beta at
+    1e20; it stopped at the base marginals (objective 10.85 / 73.35) until max_iter."""
+    theta, energy, optimum = _astronomically_unlikely_counts(gap)
+    sol = bp.solve(bp.LinearChain(), theta, energy, method="rda", max_iter=5000, tol=1e-6)
+    assert bool(sol.converged)
+    assert float(sol.marginals.node[0, 0, 1]) == pytest.approx(optimum, rel=1e-4)
