@@ -332,7 +332,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         return dn, de, gn, ge
 
     active = torch.arange(b, device=device)
-    for _ in range(max_iter):
+    for it in range(max_iter):
         if active.numel() == 0:
             break
         a = active
@@ -345,8 +345,11 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         else:
             g_n, g_e = gradient_rows(a, mu_node[a], mu_edge[a] if need_edges else None)
             point_node, point_edge = mu_node[a], (mu_edge[a] if need_edges else None)
-        if not torch.isfinite(g_n).all() or (g_e is not None and not torch.isfinite(g_e).all()):
-            raise FloatingPointError("the energy gradient is not finite at an accepted iterate")
+        finite = torch.isfinite(g_n).flatten(1).all(-1)
+        if g_e is not None:
+            finite &= torch.isfinite(g_e).flatten(1).all(-1)
+        if not finite.all():
+            _raise_infinite_gradient(a[~finite], it == 0, start_node is None, dtype)
 
         # converged: the current point is stationary (Proposition 1); no oracle call is needed.  The accelerated
         # method tests its oracle point nu with the gradient at nu (and returns nu if it passes)
@@ -544,6 +547,19 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                            max_backtracks=max_backtracks, trust_region=trust_region, warm_start=best)
             sol = _merge(sol, rescue, stalled)
     return sol
+
+
+def _raise_infinite_gradient(rows: Tensor, at_start: bool, from_base: bool, dtype: torch.dtype) -> None:
+    """A gradient of the energy beyond ``dtype``'s range: at the start a ValueError (the problem does not fit the
+    dtype), later a FloatingPointError."""
+    bad = rows[:10].tolist()
+    why = (f"it exceeds what {dtype} can represent (~{torch.finfo(dtype).max:.1e}), e.g. Poisson counts or a "
+           f"-log barrier where a marginal is below ~1/{torch.finfo(dtype).max:.0e}")
+    if at_start:
+        where = "the base marginals oracle(theta)" if from_base else "the warm start"
+        raise ValueError(f"the energy gradient is not finite at {where} for examples {bad}: {why}"
+                         + ("; solve in float64" if dtype != torch.float64 else ""))
+    raise FloatingPointError(f"the energy gradient is not finite at an accepted iterate for examples {bad}: {why}")
 
 
 _STALL_L = 1e6      # the accelerated method hands an example to mirror descent once L exceeds this factor

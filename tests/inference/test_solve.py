@@ -396,3 +396,19 @@ def test_rda_reaches_counts_the_base_model_finds_astronomically_unlikely(gap):
     sol = bp.solve(bp.LinearChain(), theta, energy, method="rda", max_iter=5000, tol=1e-6)
     assert bool(sol.converged)
     assert float(sol.marginals.node[0, 0, 1]) == pytest.approx(optimum, rel=1e-4)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_gradient_beyond_float32_at_the_start_is_a_clear_error(method):
+    """Counts on a label whose float32 base marginal is e^-95 (a subnormal): the Poisson gradient -y / (M mu)
+    there is ~1e41, beyond float32's range. The solver names the cause and float64, where the same problem
+    solves."""
+    node = torch.tensor([[[0.0, -95.0], [0.0, 0.0]]])
+    counts = torch.tensor([[[0.0, 1.0], [1.0, 1.0]]])
+    theta = bp.ChainPotentials(node, torch.zeros(2, 2))
+    assert 0 < float(bp.LinearChain().marginals(theta).node[0, 0, 1]) < 1e-38
+    with pytest.raises(ValueError, match="base marginals.*float32.*solve in float64"):
+        bp.solve(bp.LinearChain(), theta, Poisson(counts, 0.5, 1.0), method=method)
+    theta64 = bp.ChainPotentials(node.double(), torch.zeros(2, 2, dtype=DT))
+    sol = bp.solve(bp.LinearChain(), theta64, Poisson(counts.double(), 0.5, 1.0), method="md", max_iter=2000)
+    assert bool(sol.converged)
