@@ -33,6 +33,16 @@ def _real(value) -> float | None:
     return float(value)
 
 
+def _check_real(name: str, value, positive: bool = True) -> float:
+    """``value`` (a real number as :func:`_real` reads it) as a float, finite and ``> 0`` (``positive``) or
+    ``>= 0``; anything else is a ValueError naming ``name``."""
+    number = _real(value)
+    if number is None or not math.isfinite(number) or (number <= 0 if positive else number < 0):
+        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} finite real number, "
+                         f"got {value!r}")
+    return number
+
+
 def _as_observations(observed) -> Tensor:
     """``observed`` as a real tensor ([T, L] promoted to [1, T, L]); shapes and values are checked later."""
     if not isinstance(observed, Tensor):
@@ -61,10 +71,8 @@ def check_observations(observed: Tensor, rate: float, population: float, potenti
         raise ValueError("observed counts must be non-negative")
     if not bool((observed == observed.round()).all()):
         raise ValueError("observed counts must be whole numbers")
-    for name, value in (("rate", rate), ("population", population)):
-        number = _real(value)
-        if number is None or not math.isfinite(number) or number <= 0:
-            raise ValueError(f"{name} must be a positive finite real number, got {value!r}")
+    _check_real("rate", rate)
+    _check_real("population", population)
     return observed
 
 
@@ -141,10 +149,7 @@ def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, popul
     potentials plus the node offset of a previous solution, ``result.potentials.node - potentials.node``)."""
     observed = check_observations(observed, rate, population, potentials)
     # checked here as well as in solve(): the NumPy fast path below runs first
-    number = 1e-6 if tol is None else _real(tol)
-    if number is None or not 0 <= number < math.inf:
-        raise ValueError(f"tol must be a finite non-negative number or None, got {tol!r}")
-    tol = number
+    tol = 1e-6 if tol is None else _check_real("tol", tol, positive=False)
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 0:
         raise ValueError(f"max_iter must be a non-negative int, got {max_iter!r}")
     if warm_start is not None and not isinstance(warm_start, PairwisePotentials):

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..oracles import ChainPotentials
-from .inference import _real, check_observations
+from .inference import _check_real, check_observations
 
 __all__ = ["IPResult", "interior_point"]
 
@@ -74,10 +74,7 @@ def interior_point(potentials: ChainPotentials, observed: Tensor, rate: float, p
     Clarabel minimises ``scale`` times the objective: unscaled (``scale=1``) it declared optimality 1e-6
     (relative) above the optimum at s = 10,000, at a feasible point, and tightening its tolerances to 1e-12
     only made it report "optimal_inaccurate"; scaled by 0.01 it agreed with the Bethe solvers to 5e-9."""
-    for name, value in (("tol", tol), ("scale", scale)):
-        number = _real(value)
-        if number is None or not math.isfinite(number) or number <= 0:
-            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    tol, scale = _check_real("tol", tol), _check_real("scale", scale)
     try:
         import cvxpy  # noqa: F401
     except ImportError:
@@ -93,7 +90,7 @@ def interior_point(potentials: ChainPotentials, observed: Tensor, rate: float, p
     for b in range(node.shape[0]):
         n = int(potentials.lengths[b])
         value, mu, secs, stat = _one(node[b, :n], edge[b, :n - 1], y[b, :n], float(rate), float(population),
-                                     float(tol), float(scale))
+                                     tol, scale)
         full = np.zeros(node.shape[1:])
         if mu is not None:
             full[:n] = mu

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..oracles import ChainPotentials
-from .inference import _real
+from .inference import _check_real
 
 __all__ = ["TransitionModel", "MigrationInstance", "default_model", "simulate"]
 
@@ -133,19 +133,14 @@ def simulate(model: TransitionModel, population: int = 10_000, rate: float = 0.5
         raise TypeError(f"model must be a TransitionModel, got {type(model).__name__}")
     if isinstance(population, bool) or not isinstance(population, int) or population < 1:
         raise ValueError(f"population must be a positive int, got {population!r}")
-    number = _real(rate)
-    if number is None or not math.isfinite(number) or number <= 0:
-        raise ValueError(f"rate must be a positive finite real number, got {rate!r}")
+    number = _check_real("rate", rate)
     if number * population > _POISSON_LAM_MAX:
         raise ValueError(f"rate * population must be at most {_POISSON_LAM_MAX:.3g} (numpy's Poisson sampler), "
                          f"got {rate!r} * {population!r}")
     rate = number
     if isinstance(seasons, bool) or not isinstance(seasons, int) or seasons < 1:
         raise ValueError(f"seasons must be a positive int, got {seasons!r}")
-    number = _real(noise)
-    if number is None or not math.isfinite(number) or number < 0:
-        raise ValueError(f"noise must be a finite non-negative real number, got {noise!r}")
-    noise = number
+    noise = _check_real("noise", noise, positive=False)
     rng = np.random.default_rng(seed)
     log_p = model.log_transitions()
     if noise > 0:

@@ -266,10 +266,10 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     f = -log_z + _inner(delta_node, mu_node) + energy.value(point(mu_node, mu_edge, lengths))
     if need_edges:
         f = f + _inner(delta_edge, mu_edge)
+    start_name = "the base marginals oracle(theta)" if start_node is None else "the warm start"
     if not torch.isfinite(f).all():
         bad = torch.nonzero(~torch.isfinite(f)).flatten()[:10].tolist()
-        where = "the base marginals oracle(theta)" if start_node is None else "the warm start"
-        raise ValueError(f"the objective is not finite at {where} for examples {bad}: the energy is infinite "
+        raise ValueError(f"the objective is not finite at {start_name} for examples {bad}: the energy is infinite "
                          "where the marginals are 0, because theta allows no mass there (e.g. positive counts on "
                          "a label whose potentials are all -inf) or because that mass underflows to 0 (log-"
                          f"potential gaps beyond what exp can represent in {dtype}, ~745 in float64)")
@@ -349,7 +349,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         if g_e is not None:
             finite &= torch.isfinite(g_e).flatten(1).all(-1)
         if not finite.all():
-            _raise_infinite_gradient(a[~finite], it == 0, start_node is None, dtype)
+            _raise_infinite_gradient(a[~finite], start_name if it == 0 else None, dtype)
 
         # converged: the current point is stationary (Proposition 1); no oracle call is needed.  The accelerated
         # method tests its oracle point nu with the gradient at nu (and returns nu if it passes)
@@ -549,15 +549,14 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     return sol
 
 
-def _raise_infinite_gradient(rows: Tensor, at_start: bool, from_base: bool, dtype: torch.dtype) -> None:
-    """A gradient of the energy beyond ``dtype``'s range: at the start a ValueError (the problem does not fit the
-    dtype), later a FloatingPointError."""
+def _raise_infinite_gradient(rows: Tensor, start_name: str | None, dtype: torch.dtype) -> None:
+    """A gradient of the energy beyond ``dtype``'s range: at the start (``start_name`` says which) a ValueError,
+    since the problem does not fit the dtype; later (``None``) a FloatingPointError."""
     bad = rows[:10].tolist()
     why = (f"it exceeds what {dtype} can represent (~{torch.finfo(dtype).max:.1e}), e.g. Poisson counts or a "
            f"-log barrier where a marginal is below ~1/{torch.finfo(dtype).max:.0e}")
-    if at_start:
-        where = "the base marginals oracle(theta)" if from_base else "the warm start"
-        raise ValueError(f"the energy gradient is not finite at {where} for examples {bad}: {why}"
+    if start_name is not None:
+        raise ValueError(f"the energy gradient is not finite at {start_name} for examples {bad}: {why}"
                          + ("; solve in float64" if dtype != torch.float64 else ""))
     raise FloatingPointError(f"the energy gradient is not finite at an accepted iterate for examples {bad}: {why}")
 
