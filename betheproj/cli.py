@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     cgm.add_argument("--seasons", type=int, default=1, help="independent seasons observed (default 1)")
     cgm.add_argument("--noise", type=float, default=0.0,
                      help="Gaussian noise on the true transition log-potentials (default 0)")
-    cgm.add_argument("--seed", type=int, default=0)
+    cgm.add_argument("--seed", type=int, default=0,
+                     help="seed of the generated instance: attractiveness, start, noise and counts (default 0)")
     cgm.add_argument("--compare", action="store_true", help="also solve with CVXPY + Clarabel (the cgm extra)")
     cgm.add_argument("--learn", action="store_true", help="learn the transition model by hard EM from the counts")
     cgm.add_argument("--schedule", choices=("quasi_newton", "alternate"), default="quasi_newton",

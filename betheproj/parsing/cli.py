@@ -21,8 +21,8 @@ _DECODING = {"mean_field": {"max_iter": 10}, "loopy_bp": {"max_iter": 20, "dampi
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``parse {train,eval,predict}`` to ``subparsers`` (of the ``betheproj`` parser); returns its parser."""
-    parse = subparsers.add_parser("parse", help="arc-factored dependency parser (Turbo Parsers, Algorithm 1) on "
-                                  "CoNLL-U files: train, eval, predict")
+    parse = subparsers.add_parser("parse", help="dependency parser (Turbo Parsers: arc-factored by Algorithm 1, or "
+                                  "second-order) on CoNLL-U files: train, eval, predict")
     sub = parse.add_subparsers(dest="parse_command", required=True, parser_class=type(parse),
                                metavar="{train,eval,predict}")
     train = sub.add_parser("train", help="train a parser on a CoNLL-U treebank (gold UPOS, lemmas and heads)")
@@ -65,7 +65,8 @@ def _decoding_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--batch-size", type=int, default=256,
                          help="sentences per decoding batch of arc-factored models (default 256)")
     command.add_argument("--decoder", choices=DECODERS, default="mean_field",
-                         help="second-order models: Bethe-RDA mean field (10 iterations) or loopy BP (20, damping 0.3)")
+                         help="second-order models: Bethe-RDA mean field (10 iterations; the default) or loopy BP "
+                              "(20, damping 0.3)")
     command.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
