@@ -1,0 +1,533 @@
+"""The state of one batched :func:`~betheproj.inference.solve` run and its iteration (Algorithms 1, 4 and 5).
+
+:class:`SolverState` holds, per example, the iterate ``mu_t``, the dual offset ``delta_t`` of the last oracle
+point, the prox-centre and gradient average of the dual-averaging methods, and the step-size control;
+:meth:`SolverState.iterate` runs one iteration for the examples still active: linearise, test stationarity
+(Proposition 1), then try candidate steps, shrinking the step of each example whose candidate is rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..energies.base import Energy, Gradient
+from ..oracles.base import Marginals, Oracle, PairwisePotentials
+
+_MAX_STEP = 1e6
+_MIN_STEP = 1e-20   # bounds of the step-size control (eta for MD; 1/beta, 1/L for the others)
+_RELAX = {"rda": 1.1, "accelerated": 2.0}   # how fast beta / L return to the user's value after a clean step
+# relative rise of the objective a step may make before it is rejected (RDA and the accelerated
+# method are not descent methods; mirror descent with backtracking is)
+_RISE = {"rda": 0.1, "md": 0.0, "accelerated": 1e-2}
+_STALL_L = 1e6      # the accelerated method hands an example to mirror descent once L exceeds this factor
+
+
+def _masked(x: Tensor | None, mask: Tensor) -> Tensor | None:
+    if x is None:
+        return None
+    return torch.where(mask.reshape(*mask.shape, *([1] * (x.dim() - mask.dim()))), x, torch.zeros((), dtype=x.dtype))
+
+
+def _inner(a: Tensor | None, b: Tensor) -> Tensor:
+    if a is None:
+        return b.new_zeros(b.shape[0])
+    return (a * b).flatten(1).sum(-1)
+
+
+def _lerp(x: Tensor | None, y: Tensor | None, w: Tensor) -> Tensor | None:
+    """``(1 - w) x + w y`` with a per-row weight ``w``."""
+    if x is None:
+        return None
+    return x + w.reshape(-1, *([1] * (x.dim() - 1))) * (y - x)
+
+
+def _rows_all(x: Tensor) -> Tensor:
+    """Per-row ``all`` of a boolean tensor [R, ...]."""
+    return x.flatten(1).all(-1)
+
+
+def _masked_gradient(energy: Energy, mu: Marginals) -> Gradient:
+    """``grad L`` with padding zeroed and edge gradients broadcast to [B, N-1, C, C]."""
+    g = energy.grad(mu)
+    node = g.node if g.node is not None else torch.zeros_like(mu.node)
+    node = _masked(node, mu.node_mask())
+    edge = None
+    if g.edge is not None:
+        b, n, c = mu.node.shape
+        edge = _masked(g.edge.expand(b, n - 1, c, c), mu.edge_mask())
+    return Gradient(node, edge)
+
+
+def _total_gradient(energy: Energy, mu: Marginals) -> Gradient:
+    """``grad L`` for an energy with ``edge_totals``: node [B, N, C] with padding zeroed, edge [B, C, C] (the
+    gradient at every position)."""
+    g = energy.total_grad(mu)
+    node = _masked(g.node if g.node is not None else torch.zeros_like(mu.node), mu.node_mask())
+    return Gradient(node, g.edge)
+
+
+def _residual(delta: Tensor, grad: Tensor, mu: Tensor, dims: int) -> Tensor:
+    """Stationarity residual of Proposition 1 for one part (node: ``dims=1``, edge: ``dims=2``) [B].
+
+    At the optimum ``theta~ = theta - grad L(mu*)``, i.e. ``r = delta + grad L`` vanishes up to a constant per
+    factor.  Moving the dual iterate by ``-r`` at one factor alone re-weights its marginal to
+    ``q ∝ mu * exp(-r)``; the residual is the largest total-variation distance ``||q - mu||_1`` over the
+    factors.  Constants drop out, labels without mass stay without mass, and a label the energy pulls hard
+    on counts by the mass it would gain, not by its current (possibly tiny) mass.
+    """
+    red = tuple(range(-dims, 0))
+    if mu.numel() == 0:                            # no factors of this kind (a chain of length 1 has no edges)
+        return mu.new_zeros(mu.shape[0])
+    logits = torch.log(mu) - (delta + grad)
+    shape = logits.shape
+    q = torch.softmax(logits.reshape(*shape[: logits.dim() - dims], -1), -1).reshape(shape)
+    tv = (q - mu).abs().sum(red)
+    present = mu.sum(red) > 0                      # padding factors hold no mass
+    return torch.where(present, tv, torch.zeros_like(tv)).flatten(1).amax(-1)
+
+
+def _log_change(old: Tensor, new: Tensor) -> Tensor:
+    """Largest change of a log-marginal between two oracle points [B] (entries tiny in both are ignored)."""
+    floor = torch.finfo(old.dtype).tiny
+    big = torch.maximum(old, new) > floor
+    diff = (torch.log(new.clamp_min(floor)) - torch.log(old.clamp_min(floor))).abs()
+    diff = torch.where((old == 0) ^ (new == 0), torch.full_like(diff, float("inf")), diff)
+    return torch.where(big, diff, torch.zeros_like(diff)).flatten(1).amax(-1)
+
+
+def _edge_potentials(theta: PairwisePotentials, need_edges: bool) -> PairwisePotentials:
+    """``theta`` with per-position edges when edge offsets will be added to it."""
+    if not need_edges or not theta.shared_edge:
+        return theta
+    out = PairwisePotentials.__new__(PairwisePotentials)
+    out.node, out.edge, out.lengths = theta.node, theta.full_edge(), theta.lengths
+    return out
+
+
+def _warm_offsets(warm: PairwisePotentials | None, theta: PairwisePotentials, need_edges: bool, method: str):
+    """Dual offsets ``warm - theta`` (finite where theta is, zero where theta is -inf)."""
+    if warm is None:
+        return None, None
+    if method != "md":
+        raise ValueError("warm_start is supported for method='md' only")
+    if not isinstance(warm, PairwisePotentials) or warm.node.shape != theta.node.shape:
+        raise ValueError("warm_start must be PairwisePotentials of the same shape as potentials")
+    finite = torch.isfinite(theta.node)
+    d_node = torch.where(finite, warm.node - torch.where(finite, theta.node, 0.0), 0.0)
+    d_edge = None
+    if need_edges:
+        fe = torch.isfinite(theta.full_edge())
+        d_edge = torch.where(fe, warm.full_edge() - torch.where(fe, theta.full_edge(), 0.0), 0.0)
+    return d_node, d_edge
+
+
+def _objective_parts(oracle: Oracle, theta: PairwisePotentials, mu: Marginals) -> Tensor:
+    """``-H_B(mu) - <theta, mu>`` at any point of the polytope (``-inf`` potentials where ``mu`` = 0 add 0)."""
+    zero = torch.zeros((), dtype=mu.node.dtype)
+    lin = torch.where(mu.node > 0, theta.node * mu.node, zero).flatten(1).sum(-1)
+    lin = lin + torch.where(mu.edge > 0, theta.full_edge() * mu.edge, zero).flatten(1).sum(-1)
+    return -oracle.entropy(mu) - lin
+
+
+@torch.no_grad()
+def _raise_infinite_gradient(rows: Tensor, start_name: str | None, dtype: torch.dtype) -> None:
+    """A gradient of the energy beyond ``dtype``'s range: at the start (``start_name`` says which) a ValueError,
+    since the problem does not fit the dtype; later (``None``) a FloatingPointError."""
+    bad = rows[:10].tolist()
+    why = (f"it exceeds what {dtype} can represent (~{torch.finfo(dtype).max:.1e}), e.g. Poisson counts or a "
+           f"-log barrier where a marginal is below ~1/{torch.finfo(dtype).max:.0e}")
+    if start_name is not None:
+        raise ValueError(f"the energy gradient is not finite at {start_name} for examples {bad}: {why}"
+                         + ("; solve in float64" if dtype != torch.float64 else ""))
+    raise FloatingPointError(f"the energy gradient is not finite at an accepted iterate for examples {bad}: {why}")
+
+
+@dataclass
+class _Trial:
+    """Candidate steps of the examples ``rows`` (a subset of the iteration's active rows, ``pending``)."""
+
+    rows: Tensor
+    dn: Tensor                  # dual offsets
+    de: Tensor | None
+    gn: Tensor                  # gradient averages after the step (RDA, accelerated)
+    ge: Tensor | None
+    oracle: Marginals           # oracle(theta + offsets)
+    node: Tensor                # the candidate iterate (the oracle point, or the accelerated average)
+    edge: Tensor | None
+    f: Tensor                   # its objective (inf for a step too large to represent)
+    f_nu: Tensor | None         # accelerated: the oracle point's own objective
+    floor: Tensor               # rounding error of the objective
+    change: Tensor              # largest change of a log-marginal
+    collapsed: Tensor           # whether a supported marginal fell to an exact 0
+    ok: Tensor                  # accepted
+
+
+class SolverState:
+    """Per-example state of a batched solve of (2); rows of converged examples stay frozen.
+
+    ``totals``: edge quantities are per-example sums [B, C, C] instead of per position (see :mod:`.solve`).
+    """
+
+    def __init__(self, oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method: str, tol: float,
+                 beta: float, step: float, lipschitz: float, max_backtracks: int, trust_region: float | None,
+                 warm_start: PairwisePotentials | None):
+        b, n, c = potentials.node.shape
+        self.oracle, self.energy, self.method, self.tol = oracle, energy, method, tol
+        self.max_backtracks, self.trust_region, self.step = max_backtracks, trust_region, step
+        self.n, self.c = n, c
+        device, dtype = potentials.node.device, potentials.node.dtype
+        self.dtype, self.device = dtype, device
+        self.lengths = lengths = potentials.lengths
+        base = oracle.marginals(potentials)
+        energy.validate(base)
+        # Energies that read edge marginals only through per-example sums over positions (Energy.edge_totals),
+        # with shared transitions and an oracle that takes one transition table per example, keep every edge
+        # quantity as [B, C, C]: edge "marginals" are those sums, offsets are the same at every position.
+        totals = (method != "accelerated" and warm_start is None and n > 1 and potentials.shared_edge
+                  and energy.edge_totals and getattr(oracle, "per_example_edges", False))
+        self.totals = totals
+        g0 = self._gradient(base)
+        self.need_edges = need_edges = g0.edge is not None or method == "accelerated"
+        self.totals = totals = totals and need_edges
+        self.theta = theta = potentials if totals else _edge_potentials(potentials, need_edges)
+        self.calls = b
+        start_node, start_edge = _warm_offsets(warm_start, theta, need_edges, method)
+        mu0 = base if start_node is None else oracle.marginals(theta.shifted(start_node, start_edge))
+
+        self.mu_node = mu_node = mu0.node.clone()
+        self.mu_edge = mu_edge = (mu0.edge_total() if totals else mu0.edge).clone() if need_edges else None
+        zeros_edge = (lambda: torch.zeros_like(mu_edge)) if need_edges else (lambda: None)
+        # dual offset of the last oracle point
+        self.delta_node, self.delta_edge = torch.zeros_like(mu_node), zeros_edge()
+        if start_node is not None:
+            self.delta_node = start_node.clone()
+            if need_edges:
+                self.delta_edge = start_edge.clone()
+        self.anchor_node, self.anchor_edge = torch.zeros_like(mu_node), zeros_edge()   # prox-centre
+        self.gbar_node, self.gbar_edge = torch.zeros_like(mu_node), zeros_edge()       # gradient average since it
+        self.since = torch.zeros(b, dtype=torch.long, device=device)              # iterations since the centre
+        self.log_z = mu0.log_partition.clone()
+        self.support = base.node > 0                                               # where theta allows mass
+        self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
+        f = -self.log_z + _inner(self.delta_node, mu_node) + energy.value(self._point(mu_node, mu_edge, lengths))
+        if need_edges:
+            f = f + _inner(self.delta_edge, mu_edge)
+        self.f = f
+        self.start_name = "the base marginals oracle(theta)" if start_node is None else "the warm start"
+        if not torch.isfinite(f).all():
+            bad = torch.nonzero(~torch.isfinite(f)).flatten()[:10].tolist()
+            raise ValueError(f"the objective is not finite at {self.start_name} for examples {bad}: the energy is "
+                             "infinite where the marginals are 0, because theta allows no mass there (e.g. positive "
+                             "counts on a label whose potentials are all -inf) or because that mass underflows to 0 "
+                             f"(log-potential gaps beyond what exp can represent in {dtype}, ~745 in float64)")
+        if method == "accelerated":      # the best oracle point seen, where a restart resumes
+            self.best_f, self.best_node, self.best_edge = f.clone(), mu_node.clone(), mu_edge.clone()
+            self.best_dn, self.best_de = torch.zeros_like(mu_node), torch.zeros_like(mu_edge)
+            self.best_logz = self.log_z.clone()
+            self.nu_f = f.clone()                                   # the objective at nu, the last oracle point
+        self.stall = torch.zeros(b, dtype=torch.bool, device=device)
+        self.at_floor = torch.zeros(b, dtype=torch.bool, device=device)
+        self.user_param = {"rda": beta, "md": step, "accelerated": lipschitz}[method]
+        self.param = torch.full((b,), self.user_param, dtype=dtype, device=device)
+        self.residual = torch.full((b,), float("inf"), dtype=dtype, device=device)
+        self.rise = _RISE[method]
+        self.noise = 64 * torch.finfo(dtype).eps
+        self.history = [f.clone()]
+        self.iterations = torch.zeros(b, dtype=torch.long, device=device)
+        self.converged = torch.zeros(b, dtype=torch.bool, device=device)
+        self.safeguarded = torch.zeros(b, dtype=torch.bool, device=device)
+        self.active = torch.arange(b, device=device)
+
+    # -- views of the state --------------------------------------------------------------------------------
+    def _point(self, node: Tensor, edge: Tensor | None, lens: Tensor) -> Marginals:
+        if self.totals:
+            return Marginals(node, None, None, lens, edge_total=edge)
+        return Marginals(node, edge, None, lens)
+
+    def shift(self, pot: PairwisePotentials, dn: Tensor, de: Tensor | None) -> PairwisePotentials:
+        """``pot`` with dual offsets (per-example [B, C, C] edge offsets viewed over the positions)."""
+        if not self.totals or de is None:
+            return pot.shifted(dn, de)
+        out = pot.shifted(dn, None)
+        out.edge = (pot.edge + de)[:, None].expand(dn.shape[0], self.n - 1, self.c, self.c)
+        return out
+
+    def _gradient(self, mu: Marginals) -> Gradient:
+        return (_total_gradient if self.totals else _masked_gradient)(self.energy, mu)
+
+    def _with_rows(self, rows: Tensor, node: Tensor, edge: Tensor | None) -> Marginals:
+        """Full-batch marginals with ``rows`` replaced: energies may hold data for the whole batch."""
+        return self._point(self.mu_node.index_put((rows,), node),
+                           None if edge is None else self.mu_edge.index_put((rows,), edge), self.lengths)
+
+    def _gradient_rows(self, rows: Tensor, node: Tensor, edge: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        g = self._gradient(self._with_rows(rows, node, edge))
+        ge = None
+        if self.need_edges:
+            ge = g.edge[rows] if g.edge is not None else torch.zeros_like(edge)
+        return g.node[rows], ge
+
+    def _residual(self, delta_n: Tensor, delta_e: Tensor | None, g_n: Tensor, g_e: Tensor | None, node: Tensor,
+                  edge: Tensor | None) -> Tensor:
+        """The stationarity residual of rows with offsets ``delta``, gradients ``g`` at marginals ``node, edge``."""
+        res = _residual(delta_n, g_n, node, 1)
+        if g_e is None or delta_e is None:
+            return res
+        if not self.totals:
+            return torch.maximum(res, _residual(delta_e, g_e, edge, 2))
+        # the residual of the position-averaged edge marginal: zero only if every position's residual is (the
+        # offsets are the same at every position), and zero at a stationary point unless the positions' edge
+        # supports split into groups that do not overlap
+        mass = edge.sum((-1, -2), keepdim=True)
+        mean = torch.where(mass > 0, edge / mass.clamp_min(torch.finfo(edge.dtype).tiny), 0.0)
+        return torch.maximum(res, _residual(delta_e[:, None], g_e[:, None], mean[:, None], 2))
+
+    # -- one iteration -------------------------------------------------------------------------------------
+    def iterate(self, it: int) -> bool:
+        """One iteration of the active examples; ``False`` when none was left to iterate."""
+        a = self.active
+        if a.numel() == 0:
+            return False
+        s1 = (self.since[a] + 1).to(self.dtype)             # the step number within the current run
+        cw = 2.0 / (s1 + 1)                                 # accelerated weights c_t
+        if self.method == "accelerated":                    # Algorithm 5 linearises at u_t
+            g_n, g_e = self._gradient_rows(a, _lerp(self.mu_node[a], self.nu_node[a], cw),
+                                           _lerp(self.mu_edge[a], self.nu_edge[a], cw) if self.need_edges else None)
+            point_node, point_edge = self.nu_node[a], (self.nu_edge[a] if self.need_edges else None)
+        else:
+            g_n, g_e = self._gradient_rows(a, self.mu_node[a], self.mu_edge[a] if self.need_edges else None)
+            point_node, point_edge = self.mu_node[a], (self.mu_edge[a] if self.need_edges else None)
+        finite = _rows_all(torch.isfinite(g_n))
+        if g_e is not None:
+            finite &= _rows_all(torch.isfinite(g_e))
+        if not finite.all():
+            _raise_infinite_gradient(a[~finite], self.start_name if it == 0 else None, self.dtype)
+
+        # converged: the current point is stationary (Proposition 1); no oracle call is needed.  The accelerated
+        # method tests its oracle point nu with the gradient at nu (and returns nu if it passes)
+        r_n, r_e = (self._gradient_rows(a, point_node, point_edge) if self.method == "accelerated" else (g_n, g_e))
+        res = self._residual(self.delta_node[a], None if r_e is None else self.delta_edge[a], r_n, r_e,
+                             point_node, point_edge)
+        self.residual[a] = res
+        keep = res > self.tol
+        self.converged[a[~keep]] = True
+        if not keep.all():
+            a, s1, cw, g_n = a[keep], s1[keep], cw[keep], g_n[keep]
+            g_e = None if g_e is None else g_e[keep]
+            if a.numel() == 0:
+                return False
+
+        p_cur = self.param[a].clone()
+        min_step = None
+        if self.method != "accelerated":
+            # the step bound is relative to the largest dual move the direction asks for, max |g + delta|:
+            # a gradient of 1e21 (counts where the base marginal is 1e-22) needs steps far below 1e-20
+            # (mirror descent's eta; for RDA 1/beta on a fresh start, where the move is t/(t + beta) of it)
+            reach = (g_n + self.delta_node[a]).abs().flatten(1).amax(-1)
+            if g_e is not None:
+                reach = torch.maximum(reach, (g_e + self.delta_edge[a]).abs().flatten(1).amax(-1))
+            min_step = _MIN_STEP / reach.clamp_min(1.0)
+        clean = torch.ones(a.numel(), dtype=torch.bool, device=self.device)
+        pending = torch.arange(a.numel(), device=self.device)
+        for attempt in range(self.max_backtracks + 1):
+            trial = self._trial(a, pending, p_cur[pending], s1, cw, g_n, g_e)
+            forced = self._force(trial, pending) if attempt == self.max_backtracks else None
+            self._accept(trial)
+            if forced is not None and forced.numel():
+                clean[forced] = False              # so the step does not grow after it
+                self.safeguarded[a[forced]] = True
+                if self.method == "md":
+                    p_cur[forced] = torch.maximum(p_cur[forced] / 2, min_step[forced])
+            failed = pending[~trial.ok]
+            if failed.numel() == 0:
+                break
+            clean[failed] = False
+            self.safeguarded[a[failed]] = True
+            self._shrink(a, failed, trial, p_cur, s1, cw, g_n, g_e, min_step)
+            pending = failed
+        self._relax(a, p_cur, clean, min_step)
+        self.history.append(self.f.clone())
+        active = self.active
+        self.active = active[~self.converged[active] & ~self.stall[active] & ~self.at_floor[active]]
+        return True
+
+    def _candidate(self, a: Tensor, sub: Tensor, p: Tensor, s1: Tensor, cw: Tensor, g_n: Tensor,
+                   g_e: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+        """Dual offset and new gradient average for rows ``a[sub]`` with step parameters ``p``."""
+        rows = a[sub]
+        t, w = s1[sub], cw[sub]
+        if self.method == "md":                                              # Algorithm 4
+            eta = p
+            dn = _lerp(self.delta_node[rows], -g_n[sub], eta / (1 + eta))
+            de = None if g_e is None else _lerp(self.delta_edge[rows], -g_e[sub], eta / (1 + eta))
+            return dn, de, g_n[sub], None if g_e is None else g_e[sub]
+        if self.method == "rda":                                             # Algorithm 1
+            gn = _lerp(self.gbar_node[rows], g_n[sub], 1 / t)
+            ge = None if g_e is None else _lerp(self.gbar_edge[rows], g_e[sub], 1 / t)
+            move = t / (t + p)                                               # 1 - beta_t / (t + beta_t)
+        else:                                                                # Algorithm 5
+            gn = _lerp(self.gbar_node[rows], g_n[sub], w)
+            ge = None if g_e is None else _lerp(self.gbar_edge[rows], g_e[sub], w)
+            move = 1 / (1 + 4.0 * p / (t * (t + 1)))
+        # the share of the way from the prox-centre to -gbar, not 1 minus the centre's share: that one rounds
+        # to 1 for beta beyond 2^53 t and would leave a large beta with no step at all
+        dn = _lerp(self.anchor_node[rows], -gn, move)
+        de = None if ge is None else _lerp(self.anchor_edge[rows], -ge, move)
+        return dn, de, gn, ge
+
+    def _trial(self, a: Tensor, pending: Tensor, p: Tensor, s1: Tensor, cw: Tensor, g_n: Tensor,
+               g_e: Tensor | None) -> _Trial:
+        """Candidate steps of the rows ``a[pending]``, their oracle points and objectives, and which pass."""
+        rows = a[pending]
+        dn, de, gn, ge = self._candidate(a, pending, p, s1, cw, g_n, g_e)
+        # a step too large to represent is a failed step: stay put for the oracle call
+        wild = ~_rows_all(torch.isfinite(dn))
+        if de is not None:
+            wild |= ~_rows_all(torch.isfinite(de))
+        if wild.any():
+            dn = torch.where(wild[:, None, None], self.delta_node[rows], dn)
+            if de is not None:
+                de = torch.where(wild.reshape(-1, *([1] * (de.dim() - 1))), self.delta_edge[rows], de)
+        self.calls += int(rows.numel())
+        m = self.oracle.marginals(self.shift(self.theta.index(rows), dn, de))
+        if self.method == "accelerated":
+            w = cw[pending]
+            node, edge = _lerp(self.mu_node[rows], m.node, w), _lerp(self.mu_edge[rows], m.edge, w)
+            lin = _objective_parts(self.oracle, self.theta.index(rows),
+                                   Marginals(node, edge, None, self.lengths[rows]))
+            scale = lin.abs()
+        else:
+            node, edge = m.node, ((m.edge_total() if self.totals else m.edge) if self.need_edges else None)
+            inner = _inner(dn, node) + (_inner(de, edge) if de is not None else 0.0)
+            lin = -m.log_partition + inner
+            scale = m.log_partition.abs() + inner.abs()
+        val = self.energy.value(self._with_rows(rows, node, edge))[rows]
+        fc = lin + val
+        f_nu = None
+        if self.method == "accelerated":       # the oracle point's own objective: restarts resume from the best
+            f_nu = (-m.log_partition + _inner(dn, m.node) + _inner(de, m.edge)
+                    + self.energy.value(self._with_rows(rows, m.node, m.edge))[rows])
+        f_prev = self.f[rows]
+        fc = torch.where(wild, torch.full_like(fc, float("inf")), fc)
+        floor = self.noise * (scale + val.abs() + f_prev.abs())       # rounding error of the objective
+        ok = torch.isfinite(fc) & (fc <= f_prev + self.rise * f_prev.abs() + floor)
+        if self.method == "md":
+            # where the objective cannot tell the candidate from the iterate, require the stationarity
+            # residual to fall instead, so that rounding noise cannot drive an endless random walk
+            band = torch.isfinite(fc) & ((fc - f_prev).abs() <= floor)
+            if band.any():
+                gb_n, gb_e = self._gradient_rows(rows[band], node[band], None if de is None else edge[band])
+                res_b = self._residual(dn[band], None if de is None else de[band], gb_n, gb_e, node[band],
+                                       None if de is None else edge[band])
+                ok[band] = res_b < self.residual[rows[band]]
+        # no marginal may collapse to an exact zero (the barrier energies' failure), nor, with a trust
+        # region, move by more than ``trust_region`` nats
+        change = _log_change(self.nu_node[rows] if self.method == "accelerated" else self.mu_node[rows], m.node)
+        collapsed = ((m.node == 0) & self.support[rows]).flatten(1).any(-1)
+        ok &= (change <= (self.trust_region if self.trust_region is not None else float("inf"))) & ~collapsed
+        return _Trial(rows, dn, de, gn, ge, m, node, edge, fc, f_nu, floor, change, collapsed, ok)
+
+    def _force(self, trial: _Trial, pending: Tensor) -> Tensor:
+        """Out of backtracks: take any finite step, but as a failed one (for a descent method, not one that
+        raises the objective); returns the positions in ``pending`` taken that way."""
+        passed = trial.ok
+        ok = torch.isfinite(trial.f) & torch.isfinite(trial.change) & ~trial.collapsed
+        if self.method == "md":
+            ok &= trial.f <= self.f[trial.rows] + trial.floor
+        trial.ok = ok
+        return pending[ok & ~passed]
+
+    def _accept(self, trial: _Trial) -> None:
+        """Move the rows whose candidate passed to it."""
+        ok = trial.ok
+        if not ok.any():
+            return
+        r = trial.rows[ok]
+        m = trial.oracle
+        self.f[r], self.delta_node[r], self.mu_node[r] = trial.f[ok], trial.dn[ok], trial.node[ok]
+        if self.need_edges:
+            self.delta_edge[r], self.mu_edge[r] = trial.de[ok], trial.edge[ok]
+        if self.method != "md":
+            self.since[r] += 1
+            self.gbar_node[r] = trial.gn[ok]
+            if self.need_edges:
+                self.gbar_edge[r] = trial.ge[ok]
+        if self.method == "accelerated":
+            self.nu_node[r] = m.node[ok]
+            self.nu_f[r] = trial.f_nu[ok]
+            self.log_z[r] = m.log_partition[ok]
+            better = ok.clone()
+            better[ok] = trial.f_nu[ok] < self.best_f[r]
+            if better.any():
+                rb = trial.rows[better]
+                self.best_f[rb], self.best_node[rb], self.best_edge[rb] = (trial.f_nu[better], m.node[better],
+                                                                          m.edge[better])
+                self.best_dn[rb], self.best_de[rb] = trial.dn[better], trial.de[better]
+                self.best_logz[rb] = m.log_partition[better]
+            if self.need_edges:
+                self.nu_edge[r] = m.edge[ok]
+        self.iterations[r] += 1
+
+    def _shrink(self, a: Tensor, failed: Tensor, trial: _Trial, p_cur: Tensor, s1: Tensor, cw: Tensor,
+                g_n: Tensor, g_e: Tensor | None, min_step: Tensor | None) -> None:
+        """Step-size control for the rows ``a[failed]``: shrink the step; RDA and the accelerated method restart
+        from the current point, which becomes the prox-centre, so that a large beta/L means a small step from
+        here.  Updates ``p_cur``, ``s1``, ``cw`` and the gradients in place."""
+        rows = a[failed]
+        if self.method == "md":
+            p_cur[failed] = torch.maximum(p_cur[failed] / 2, min_step[failed])
+        elif self.method == "accelerated":
+            # backtracking on L (a larger L keeps nu closer to the prox-centre); a step that leaves the
+            # trust region or loses support instead restarts the method at nu, the last oracle point
+            change = trial.change[~trial.ok]
+            wild_step = ~(torch.isfinite(change) & (change <= (self.trust_region or float("inf"))))
+            p_cur[failed] = torch.clamp(p_cur[failed] * 2, min=1.0, max=1 / _MIN_STEP)
+            restart = failed[wild_step & (s1[failed] > 1)]
+            if restart.numel():
+                # resume from the best oracle point seen (mu averages them and has no dual iterate)
+                rr = a[restart]
+                self.delta_node[rr], self.delta_edge[rr] = self.best_dn[rr], self.best_de[rr]
+                self.log_z[rr] = self.best_logz[rr]
+                self.anchor_node[rr], self.anchor_edge[rr] = self.best_dn[rr], self.best_de[rr]
+                self.gbar_node[rr], self.gbar_edge[rr] = 0.0, 0.0
+                self.since[rr] = 0
+                s1[restart], cw[restart] = 1.0, 1.0
+                self.nu_node[rr], self.nu_edge[rr] = self.best_node[rr], self.best_edge[rr]
+                self.mu_node[rr], self.mu_edge[rr] = self.best_node[rr], self.best_edge[rr]
+                self.f[rr] = self.nu_f[rr] = self.best_f[rr]
+                g_n[restart], g_e[restart] = self._gradient_rows(rr, self.best_node[rr], self.best_edge[rr])
+        else:
+            # RDA restarts from the current point, which becomes the prox-centre (so a large beta means
+            # a small step from here); beta grows only if a fresh start fails too
+            fresh = s1[failed] == 1
+            # beta's cap is relative, like mirror descent's step floor: 1e20 max |g + delta|
+            cap = 1 / min_step[failed]
+            p_cur[failed] = torch.where(fresh, torch.minimum(torch.clamp(p_cur[failed] * 2, min=1.0), cap),
+                                        p_cur[failed])
+            self.anchor_node[rows] = self.delta_node[rows]
+            self.gbar_node[rows] = 0.0
+            if self.need_edges:
+                self.anchor_edge[rows] = self.delta_edge[rows]
+                self.gbar_edge[rows] = 0.0
+            self.since[rows] = 0
+            s1[failed], cw[failed] = 1.0, 1.0
+
+    def _relax(self, a: Tensor, p_cur: Tensor, clean: Tensor, min_step: Tensor | None) -> None:
+        """After a step that needed no shrinking, relax the control towards the user's setting; mark the
+        examples whose step fell to the floor (mirror descent) or whose L grew too large (accelerated)."""
+        if self.method == "md":
+            cap = max(self.step, _MAX_STEP) if self.max_backtracks else self.step
+            p_cur = torch.where(clean, torch.clamp(p_cur * 2, max=cap), p_cur)
+        else:
+            p_cur = torch.where(clean, p_cur / _RELAX[self.method], p_cur)
+            p_cur = torch.where(p_cur < max(self.user_param, 1.0), torch.full_like(p_cur, self.user_param), p_cur)
+        self.param[a] = p_cur
+        if self.method == "md":
+            # steps shrunk to nothing: the example sits at the floor that rounding allows and stops
+            # (``converged`` stays False unless tol was met)
+            self.at_floor[a] |= p_cur <= 1e4 * min_step
+        if self.method == "accelerated":
+            self.stall[a] |= p_cur > _STALL_L * max(self.user_param, 1.0)
