@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..inference.solve import _MAX_STEP, _MIN_STEP
+from ..inference.state import _MAX_STEP, _MIN_STEP
 
 __all__ = ["mirror_descent"]
 
