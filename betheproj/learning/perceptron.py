@@ -27,14 +27,9 @@ from typing import Any
 import numpy as np
 
 from ..mrf.bounds import lp_margin_bounds, lp_radius_bounds
-from ..mrf.pairwise import (
-    LinearPairwiseMRF,
-    LocalMarginals,
-    MAPResult,
-    exact_map,
-    lbp_map,
-    lp_map,
-)
+from ..mrf.linear import LinearPairwiseMRF
+from ..mrf.map import exact_map, lbp_map, lp_map
+from ..mrf.pairwise import LocalMarginals, MAPResult
 
 __all__ = ["PerceptronResult", "MistakeBound", "structured_perceptron", "mrf_map", "oracle_map", "lp_mistake_bound",
            "predict"]

@@ -2,17 +2,9 @@
 Kulesza & Pereira, *Structured Learning with Approximate Inference* (NIPS 2007)."""
 
 from .bounds import LocalPolytope, lp_margin_bounds, lp_radius_bounds
-from .pairwise import (
-    LinearPairwiseMRF,
-    LocalMarginals,
-    MAPResult,
-    PairwiseMRF,
-    agreement_table,
-    exact_map,
-    grid_edges,
-    lbp_map,
-    lp_map,
-)
+from .linear import LinearPairwiseMRF
+from .map import exact_map, lbp_map, lp_map
+from .pairwise import LocalMarginals, MAPResult, PairwiseMRF, agreement_table, grid_edges
 from .paper import (
     TRIANGLE_INPUTS,
     figure2_mrf,

@@ -10,13 +10,9 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from .pairwise import (
-    MAX_CONFIGURATIONS,
-    LinearPairwiseMRF,
-    LocalMarginals,
-    PairwiseMRF,
-    _check_mrf,
-)
+from .linear import LinearPairwiseMRF
+from .map import _check_mrf
+from .pairwise import MAX_CONFIGURATIONS, LocalMarginals, PairwiseMRF
 
 __all__ = ["LocalPolytope", "lp_margin_bounds", "lp_radius_bounds"]
 

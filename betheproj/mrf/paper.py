@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .bounds import lp_margin_bounds
+from .linear import LinearPairwiseMRF
+from .map import lbp_map, lp_map
 from .pairwise import (
-    LinearPairwiseMRF,
     LocalMarginals,
     MAPResult,
     PairwiseMRF,
@@ -19,8 +20,6 @@ from .pairwise import (
     _check_positive_int,
     agreement_table,
     grid_edges,
-    lbp_map,
-    lp_map,
 )
 
 __all__ = ["TRIANGLE_INPUTS", "triangle_model", "triangle_correct", "figure2_mrf", "figure3_dataset",

@@ -1,0 +1,65 @@
+"""The feature map Phi(x, z): validation, linear in w and in mu, overflowing potentials."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from betheproj.mrf import (
+    LinearPairwiseMRF,
+    LocalMarginals,
+)
+
+
+def _random_model(rng, cards, edges, d=3, offsets=False):
+    nf = [rng.normal(size=(c, d)) for c in cards]
+    ef = [rng.normal(size=(cards[i], cards[j], d)) if k % 2 == 0 else None for k, (i, j) in enumerate(edges)]
+    no = [rng.normal(size=c) for c in cards] if offsets else None
+    return LinearPairwiseMRF(list(cards), edges, nf, ef, node_offsets=no)
+
+
+def test_feature_model_errors():
+    with pytest.raises(ValueError, match=r"node_features\[1\] must have shape \(3, d\)"):
+        LinearPairwiseMRF([2, 3], [(0, 1)], [np.zeros((2, 4)), np.zeros((2, 4))])
+    with pytest.raises(ValueError, match=r"edge_features\[0\] has 5 features, the others 4"):
+        LinearPairwiseMRF([2, 3], [(0, 1)], [np.zeros((2, 4)), None], [np.zeros((2, 3, 5))])
+    with pytest.raises(ValueError, match="no features given"):
+        LinearPairwiseMRF([2, 3], [(0, 1)])
+    with pytest.raises(ValueError, match=r"node_features\[0\] must be finite"):
+        LinearPairwiseMRF([2], [], [np.array([[np.inf], [0.0]])])
+    m = LinearPairwiseMRF([2, 3], [(0, 1)], [np.zeros((2, 4)), None])
+    with pytest.raises(ValueError, match=r"w must have shape \(4,\)"):
+        m.potentials(np.zeros(3))
+    with pytest.raises(ValueError, match="z must hold 2 integer"):
+        m.features([0])
+    with pytest.raises(ValueError, match="one label per node"):
+        m.structure.label_index(["x"])
+
+
+def test_features_are_linear_in_w_and_in_mu():
+    rng = np.random.default_rng(4)
+    model = _random_model(rng, (2, 3, 2), [(0, 1), (1, 2), (2, 0)], offsets=True)
+    w = rng.normal(size=3)
+    mrf = model.potentials(w)
+    feats = model.all_features()
+    for y in itertools.product(range(2), range(3), range(2)):
+        y = np.array(y)
+        phi = model.features(y)
+        assert np.allclose(phi, feats[tuple(y)])
+        assert mrf.score(y) == pytest.approx(w @ phi + model.offset(y))
+        assert np.allclose(model.features(mrf.one_hot(y)), phi)
+        assert np.allclose(model.feature_matrix() @ mrf.one_hot(y).stack(), phi)
+    # expected features of a mixture of two labellings
+    a, b = mrf.one_hot([0, 1, 1]), mrf.one_hot([1, 2, 0])
+    mix = LocalMarginals([0.3 * p + 0.7 * q for p, q in zip(a.node, b.node, strict=True)],
+                         [0.3 * p + 0.7 * q for p, q in zip(a.edge, b.edge, strict=True)])
+    assert np.allclose(model.features(mix), 0.3 * model.features([0, 1, 1]) + 0.7 * model.features([1, 2, 0]))
+    assert model.features(torch.tensor([1, 2, 0])) == pytest.approx(model.features([1, 2, 0]))
+
+
+def test_potentials_that_overflow_are_an_error_naming_w():
+    model = LinearPairwiseMRF([2], [], [np.array([[1.0], [2.0]])])
+    for w in ([1e308], [-1e308]):
+        with pytest.raises(ValueError, match="w is too large"):
+            model.potentials(np.array(w))

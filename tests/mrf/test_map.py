@@ -1,0 +1,113 @@
+"""Exact, LP-relaxed and loopy-BP MAP against enumeration and the factor-graph machinery."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from betheproj.factor_graphs import belief_propagation
+from betheproj.mrf import (
+    LocalPolytope,
+    PairwiseMRF,
+    exact_map,
+    grid_edges,
+    lbp_map,
+    lp_map,
+)
+from tests.mrf.models import brute_force, random_mrf
+
+
+def test_exact_map_and_factor_graph_scores_matchbrute_force():
+    rng = np.random.default_rng(0)
+    for cards, edges in [((2, 3, 2, 4), [(0, 1), (1, 2), (2, 3), (3, 0), (0, 2)]), ((3,), []),
+                         ((2, 2, 2), [(2, 0), (1, 2)])]:
+        mrf = random_mrf(rng, cards, edges)
+        best, arg = brute_force(mrf)
+        res = exact_map(mrf)
+        assert res.objective == pytest.approx(best) and np.array_equal(res.labels, arg) and res.integral
+        g = mrf.to_factor_graph()
+        for y in itertools.product(*[range(c) for c in cards]):
+            assert g.score(list(y)) == pytest.approx(mrf.score(np.array(y)))
+        assert mrf.expected_score(res.marginals) == pytest.approx(best)
+
+
+def test_lp_map_is_exact_on_trees_and_an_upper_bound_on_loops():
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        tree = random_mrf(rng, (2, 3, 2, 3, 2), [(0, 1), (1, 2), (1, 3), (3, 4)])
+        lp, ex = lp_map(tree), exact_map(tree)
+        assert lp.integral and np.array_equal(lp.labels, ex.labels)
+        assert lp.objective == pytest.approx(ex.objective, abs=1e-7)
+    fractional = 0
+    for _ in range(8):
+        loopy = random_mrf(rng, (2,) * 6, grid_edges(2, 3), scale=2.0)
+        lp, ex = lp_map(loopy), exact_map(loopy)
+        assert lp.objective >= ex.objective - 1e-7
+        assert loopy.expected_score(lp.marginals) == pytest.approx(lp.objective, abs=1e-7)
+        for e, (i, j) in enumerate(loopy.edges):          # a point of the local polytope
+            assert np.allclose(lp.edge_marginals[e].sum(1), lp.node_marginals[i], atol=1e-8)
+            assert np.allclose(lp.edge_marginals[e].sum(0), lp.node_marginals[j], atol=1e-8)
+        if lp.integral:
+            assert lp.objective == pytest.approx(ex.objective, abs=1e-7)
+        fractional += not lp.integral
+    # factor_graphs.lp_map agrees with our own local polytope
+    poly = LocalPolytope.of(loopy)
+    c = np.concatenate([t.reshape(-1) for t in loopy.node_potentials + loopy.edge_potentials])
+    val, _ = poly.maximize(c)
+    assert val == pytest.approx(lp_map(loopy).objective, abs=1e-7)
+
+
+def test_lbp_is_exact_on_trees_and_matches_the_factor_graph_backend():
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        tree = random_mrf(rng, (2, 3, 2, 4, 2), [(0, 1), (1, 2), (3, 1), (3, 4)])
+        res = lbp_map(tree)
+        assert res.converged and res.iterations < 20
+        assert np.array_equal(res.labels, exact_map(tree).labels)
+    for damping in (0.0, 0.3):
+        loopy = random_mrf(rng, (2, 3, 2, 3), [(0, 1), (1, 2), (2, 3), (3, 0), (1, 3)])
+        for iters in (1, 2, 7):
+            mine = lbp_map(loopy, max_iter=iters, tol=0.0, damping=damping)
+            ref = belief_propagation(loopy.to_factor_graph(), "max", schedule="parallel", normalize="max",
+                                     damping=damping, tol=0.0, max_iter=iters)
+            for b, r in zip(mine.beliefs, ref.variable_beliefs, strict=True):
+                assert np.allclose(b, r, atol=1e-12)
+            k = min(len(mine.history), len(ref.history))     # tol=0 stops at an exact fixed point, which
+            assert np.allclose(mine.history[:k], ref.history[:k], atol=1e-12)   # rounding may reach in one only
+            assert max(mine.history[k:] + ref.history[k:], default=0.0) <= 1e-12
+        fg = lbp_map(loopy, backend="factor_graphs", damping=damping)
+        npy = lbp_map(loopy, damping=damping)
+        assert np.array_equal(fg.labels, npy.labels) and fg.converged == npy.converged
+
+
+@pytest.mark.parametrize("backend", ["numpy", "factor_graphs"])
+def test_damped_lbp_keeps_hard_zeros_and_converges(backend):
+    """A forbidden label pair on a triangle: the exact zeros it sends used to be mixed with the old messages,
+    shrinking by the damping factor per iteration, so a tight tolerance was never met."""
+    mrf = PairwiseMRF([2, 2, 2], [(0, 1), (1, 2), (2, 0)], [[-np.inf, 1.0], [0.5, 0.0], [0.0, 0.2]],
+                      [np.array([[0.0, 0.3], [0.0, -np.inf]]), np.zeros((2, 2)), np.array([[0.4, 0.0], [0.0, 0.1]])])
+    res = lbp_map(mrf, damping=0.5, tol=1e-12, max_iter=500, backend=backend)   # node 0 = 1 forbids node 1 = 1
+    assert res.converged and res.iterations < 200
+    assert res.beliefs[1][1] == 0.0
+    assert np.array_equal(res.labels, exact_map(mrf).labels)
+
+
+def test_lbp_handles_forbidden_labels_and_unequal_label_sets():
+    rng = np.random.default_rng(3)
+    mrf = random_mrf(rng, (2, 3, 4), [(0, 1), (1, 2), (2, 0)])
+    node = mrf.node_potentials
+    node[2][[0, 3]] = -np.inf
+    edge = mrf.edge_potentials
+    edge[0][1, :] = -np.inf
+    mrf = mrf.with_potentials(node, edge)
+    res = lbp_map(mrf, max_iter=5, tol=0.0)
+    ref = belief_propagation(mrf.to_factor_graph(), "max", schedule="parallel", normalize="max", tol=0.0, max_iter=5)
+    for b, r in zip(res.beliefs, ref.variable_beliefs, strict=True):
+        assert np.allclose(b, r, atol=1e-12)
+    assert res.labels[0] == 0 and res.labels[2] in (1, 2)
+
+
+def test_lbp_on_an_edgeless_mrf_with_a_node_all_forbidden_raises():
+    mrf = PairwiseMRF([2], [], [np.array([-np.inf, -np.inf])], [])
+    with pytest.raises(ValueError, match="every label forbidden"):
+        lbp_map(mrf)
