@@ -4,9 +4,9 @@ Rows of the README table (issue 6, part 4): the arc-factored parser(s) given wit
 ``betheproj parse train``), and one second-order model (sibling + grandparent parts) decoded two ways:
 
 * (a) Turbo Parser #1: sum-product loopy BP with the TREE factor and pairwise factors, then Chu-Liu-Edmonds on the
-  beliefs (:func:`betheproj.parsing.second_order.loopy_bp_parse`);
+  beliefs (:func:`betheproj.parsing.second_order_decoding.loopy_bp_parse`);
 * (b) the same scores as the mean-field energy ``SecondOrderArcs`` (eq. 9), problem (2) solved by Bethe-RDA with the
-  matrix-tree oracle, Proposition 1's MAP (:func:`betheproj.parsing.second_order.mean_field_parse`).
+  matrix-tree oracle, Proposition 1's MAP (:func:`betheproj.parsing.second_order_decoding.mean_field_parse`).
 
 The second-order model is trained by Algorithm 3 (surrogate likelihood, eq. 12, with a few Bethe-RDA iterations per
 minibatch), starting from the weights of the first-order parser ``--first``, which also prunes arcs.  Speeds are
@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from betheproj.data.conllu import load_conllu
     from betheproj.parsing import DependencyParser
-    from betheproj.parsing.second_order import SecondOrderParser, prune
+    from betheproj.parsing.pruning import prune
+    from betheproj.parsing.second_order import SecondOrderParser
 
     train = load_conllu(args.data / "en_ewt-ud-train.conllu.gz")
     dev = load_conllu(args.data / "en_ewt-ud-dev.conllu.gz")

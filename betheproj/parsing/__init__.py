@@ -6,7 +6,9 @@ parsing by loopy BP (Turbo Parser #1) or a mean-field energy solved by Bethe-RDA
 from .features import ArcFeatures
 from .metrics import attachment_counts, uas
 from .parser import DependencyParser, GreedyFirst
-from .second_order import SecondOrderFeatures, SecondOrderParser, loopy_bp_parse, mean_field_parse
+from .part_features import SecondOrderFeatures
+from .second_order import SecondOrderParser
+from .second_order_decoding import loopy_bp_parse, mean_field_parse
 
 __all__ = ["ArcFeatures", "DependencyParser", "GreedyFirst", "attachment_counts", "uas", "SecondOrderFeatures",
            "SecondOrderParser", "loopy_bp_parse", "mean_field_parse"]

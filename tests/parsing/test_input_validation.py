@@ -15,7 +15,8 @@ from betheproj.parsing import DependencyParser
 from betheproj.parsing.cli import main
 from betheproj.parsing.metrics import scorable_words
 from betheproj.parsing.parser import is_projective, tree_error
-from betheproj.parsing.second_order import SecondOrderParser, prune
+from betheproj.parsing.pruning import prune
+from betheproj.parsing.second_order import SecondOrderParser
 from tests.trees import reaches_root
 
 from .test_parser import _treebank

@@ -13,14 +13,10 @@ from betheproj.data.conllu import Sentence
 from betheproj.factor_graphs import FactorGraph, Tree, belief_propagation
 from betheproj.oracles.base import PairwisePotentials
 from betheproj.parsing import DependencyParser
-from betheproj.parsing.second_order import (
-    SecondOrderFeatures,
-    SecondOrderParser,
-    loopy_bp,
-    loopy_bp_parse,
-    mean_field_parse,
-    prune,
-)
+from betheproj.parsing.part_features import SecondOrderFeatures
+from betheproj.parsing.pruning import prune
+from betheproj.parsing.second_order import SecondOrderParser
+from betheproj.parsing.second_order_decoding import loopy_bp, loopy_bp_parse, mean_field_parse
 from tests.trees import reaches_root
 
 # ----------------------------------------------------------------------------------------------- helpers

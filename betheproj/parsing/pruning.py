@@ -1,0 +1,126 @@
+"""First-order arc pruning for second-order parsing: per word the ``top_k`` heads by arc marginal (matrix-tree
+theorem), plus the first-order MAP tree (so a tree always survives), plus the gold head when training."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..data.conllu import Sentence
+from ..oracles.base import PairwisePotentials
+from ..oracles.dependency import _arc_mask
+from ..oracles.nonprojective import NonProjective
+from .parser import DependencyParser, GreedyFirst
+
+__all__ = ["Candidates", "prune"]
+
+
+@dataclass
+class Candidates:
+    """Pruned arcs of a list of sentences: for sentence ``i`` the rows ``offsets[i]:offsets[i+1]`` of ``mod``
+    (0-based word index ``m - 1``), ``head`` (0 = root) and the first-order feature ids ``ids`` [A, K1] (int32)."""
+
+    offsets: np.ndarray
+    mod: np.ndarray
+    head: np.ndarray
+    ids: np.ndarray
+    lengths: np.ndarray
+    recall: float              # share of gold heads kept (non-punctuation words with a gold head), NaN if none
+
+    def rows(self, i: int) -> slice:
+        return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+
+def _length_batches(lengths: Sequence[int], max_batch: int, budget: int) -> list[list[int]]:
+    """Indices grouped in length-sorted batches of at most ``max_batch`` sentences and ``B (N+1)^3 <= budget``."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        c = lengths[i] + 1
+        if cur and (len(cur) >= max_batch or (len(cur) + 1) * c ** 3 > budget):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _dense(ids: np.ndarray, sent: np.ndarray, mod: np.ndarray, head: np.ndarray, w: Tensor, lengths: Tensor
+           ) -> Tensor:
+    """Node scores [B, N, N+1] (``-inf`` where no arc is listed) of listed arcs ``w[ids].sum(-1)``."""
+    n = int(lengths.max())
+    vals = w[torch.from_numpy(ids).long()].sum(-1)
+    node = torch.full((len(lengths), n, n + 1), -math.inf, dtype=w.dtype)
+    return node.index_put((torch.from_numpy(sent), torch.from_numpy(mod), torch.from_numpy(head)), vals)
+
+
+def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], top_k: int = 5,
+          min_prob: float = 0.0, gold: bool = False, batch_size: int = 256) -> Candidates:
+    """First-order arc pruning: keep, per word, the ``top_k`` heads of highest arc marginal (matrix-tree theorem
+    with the scores ``w1 . f(h -> m)``) whose marginal is at least ``min_prob``, plus the arcs of the first-order
+    MAP tree (so a tree always survives), plus the gold head if ``gold``.  Returns the kept arcs with their
+    first-order feature ids and the pruning recall (gold heads kept, punctuation excluded)."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    if not 0.0 <= min_prob < 1.0:
+        raise ValueError(f"min_prob must lie in [0, 1), got {min_prob!r}")
+    sentences = list(sentences)
+    for i, s in enumerate(sentences):
+        if len(s) == 0:
+            raise ValueError(f"sentence {i} has no words")
+        if gold and (s.heads < 0).any():
+            raise ValueError(f"sentence {i} has a word without a gold HEAD")
+    lengths = np.array([len(s) for s in sentences], dtype=np.int64)
+    if not sentences:                                   # nothing to prune (np.concatenate needs an array)
+        empty = np.zeros(0, dtype=np.int16)
+        return Candidates(np.zeros(1, dtype=np.int64), empty, empty.copy(),
+                          np.zeros((0, first.features.num_slots), dtype=np.int32), lengths, float("nan"))
+    oracle = NonProjective(single_root=first.single_root)
+    decoder = GreedyFirst(oracle)
+    kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [None] * len(sentences)  # type: ignore[list-item]
+    hit = total = 0
+    for idx in _length_batches(lengths.tolist(), batch_size, 1 << 62):
+        batch = [sentences[i] for i in idx]
+        ids, sent, mod, head = first.features.flat(batch)
+        lens = torch.as_tensor(lengths[idx])
+        with torch.no_grad():
+            node = _dense(ids, sent, mod - 1, head, w1.to(torch.float64), lens)
+            pot = PairwisePotentials(node, node.new_zeros(node.shape[2], node.shape[2]), lens)
+            marg = oracle.marginals(pot).node
+            best = decoder.map(pot)
+        b, n, c = marg.shape
+        valid = _arc_mask(lens, c)[:, :, 1:].transpose(1, 2)                     # node layout
+        k = min(top_k, c)
+        score = torch.where(valid, marg, torch.full((), -1.0, dtype=marg.dtype))
+        top = score.topk(k, -1).indices
+        keep = torch.zeros_like(valid).scatter_(2, top, True) & valid & (marg >= min_prob)
+        word = torch.arange(n)[None, :] < lens[:, None]
+        keep.scatter_(2, best.clamp_min(0)[..., None], word[..., None])
+        if gold:
+            gh = torch.full((b, n), 0, dtype=torch.long)
+            for j, s in enumerate(batch):
+                gh[j, : len(s)] = torch.from_numpy(s.heads)
+            keep.scatter_(2, gh[..., None], word[..., None])
+        keep &= valid
+        arc_start = np.concatenate([[0], np.cumsum(lengths[idx] * (lengths[idx] + 1))[:-1]])
+        for j, s in enumerate(batch):
+            nj = len(s)
+            mm, hh = torch.nonzero(keep[j, :nj]).T.numpy()
+            rows = arc_start[j] + mm * (nj + 1) + hh
+            kept[idx[j]] = (mm.astype(np.int16), hh.astype(np.int16), ids[rows])
+            heads = s.heads
+            scored = np.array([u != "PUNCT" for u in s.upos]) & (heads >= 0)
+            ok = keep[j, torch.arange(nj), torch.from_numpy(heads.clip(0))].numpy()
+            hit += int((ok & scored).sum())
+            total += int(scored.sum())
+    sizes = np.array([len(k[0]) for k in kept], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return Candidates(offsets, np.concatenate([k[0] for k in kept]), np.concatenate([k[1] for k in kept]),
+                      np.concatenate([k[2] for k in kept]), lengths, hit / total if total else float("nan"))
