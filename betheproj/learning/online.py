@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
-from ._checks import check_positive
+from ._checks import check_count, check_positive
 from .losses import CostFn, loss_and_gradient, resolve_loss
 
 __all__ = ["SparseExample", "OnlineResult", "sparse_potentials", "fit_online"]
@@ -158,10 +158,8 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     plus ``transitions^2`` for a shared transition block.  ``callback(epoch, averaged_weights, mean_loss)`` runs after
     every epoch (e.g. to evaluate on held-out data).  Returns the averaged weights (line 10)."""
     beta, gamma = resolve_loss(loss, beta, gamma)
-    if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
-        raise ValueError(f"num_features must be a positive int, got {num_features!r}")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
+    num_features = check_count("num_features", num_features)
+    epochs = check_count("epochs", epochs)
     lam = check_positive("lam (lambda)", lam)
     m = len(examples)
     if m == 0:

@@ -165,10 +165,12 @@ def test_gold_on_a_forbidden_part_is_refused():
 
 def test_flags_are_not_counts_or_labels():
     examples = _data(2)
-    with pytest.raises(ValueError, match="epochs must be an int"):
+    with pytest.raises(TypeError, match="epochs must be an int"):
         fit_online(bp.LinearChain(), examples, D, epochs=True, transitions=C)
-    with pytest.raises(ValueError, match="num_features must be a positive int"):
+    with pytest.raises(TypeError, match="num_features must be an int"):
         fit_online(bp.LinearChain(), examples, True)
+    with pytest.raises(ValueError, match="num_features must be an int >= 1"):
+        fit_online(bp.LinearChain(), examples, 0)
     with pytest.raises(TypeError, match="lam"):
         fit_online(bp.LinearChain(), examples, D, lam="1", transitions=C)
     with pytest.raises(ValueError, match="gold must be"):
