@@ -1,0 +1,97 @@
+"""The solver's state and its pieces: the stationarity residual, the trust-region measure, warm-start offsets,
+and one iteration of SolverState (convergence without an oracle call, step-size control on a failed step)."""
+
+import math
+
+import pytest
+import torch
+
+import betheproj as bp
+from betheproj.energies import FunctionEnergy, LinearMeasurements
+from betheproj.inference.state import SolverState, _log_change, _residual, _warm_offsets
+
+
+def _d(*rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def test_residual_is_the_total_variation_of_the_reweighted_marginal():
+    mu = _d([[0.5, 0.5]])                                  # [B=1, N=1, C=2]
+    # delta + grad = (0, log 3): q ∝ mu exp(-r) = (1/2, 1/6) -> (3/4, 1/4), ||q - mu||_1 = 1/2
+    r = _d([[0.0, math.log(3.0)]])
+    assert _residual(r, torch.zeros_like(r), mu, 1).item() == pytest.approx(0.5, abs=1e-15)
+    # a constant per factor drops out; a stationary point (delta = -grad) has residual 0
+    assert _residual(r + 7.0, torch.zeros_like(r), mu, 1).item() == pytest.approx(0.5, abs=1e-15)
+    g = _d([[0.3, -1.2]])
+    assert _residual(-g, g, mu, 1).item() == 0.0
+
+
+def test_residual_ignores_padding_and_counts_mass_a_label_would_gain():
+    # position 1 is padding (no mass): ignored even with a huge offset
+    mu = _d([[0.5, 0.5], [0.0, 0.0]])
+    r = _d([[0.0, 0.0], [0.0, 100.0]])
+    assert _residual(r, torch.zeros_like(r), mu, 1).item() == 0.0
+    # a label with tiny mass pulled hard: the residual is the mass it would gain, not its current mass
+    mu = _d([[1 - 1e-12, 1e-12]])
+    r = _d([[0.0, -40.0]])
+    assert _residual(r, torch.zeros_like(r), mu, 1).item() > 0.99
+
+
+def test_log_change_is_infinite_when_support_changes_and_ignores_tiny_entries():
+    old, new = _d([[0.5, 0.5]]), _d([[0.25, 0.75]])
+    assert _log_change(old, new).item() == pytest.approx(math.log(2.0))
+    assert _log_change(_d([[1.0, 0.0]]), _d([[0.5, 0.5]])).item() == math.inf
+    tiny = torch.finfo(torch.float64).tiny
+    assert _log_change(_d([[1.0, tiny / 4]]), _d([[1.0, tiny / 8]])).item() == 0.0
+
+
+def test_warm_offsets_are_zero_where_theta_is_minus_inf():
+    node = _d([[0.0, -math.inf], [1.0, 2.0]])                 # [B=1, N=2, C=2]
+    theta = bp.ChainPotentials(node, torch.zeros(2, 2, dtype=torch.float64))
+    warm = bp.ChainPotentials(node + 3.0, torch.zeros(2, 2, dtype=torch.float64))
+    d_node, d_edge = _warm_offsets(warm, theta, need_edges=False, method="md")
+    assert torch.equal(d_node, _d([[3.0, 0.0], [3.0, 3.0]])) and d_edge is None
+    with pytest.raises(ValueError, match="method='md' only"):
+        _warm_offsets(warm, theta, need_edges=False, method="rda")
+
+
+def _state(energy, method="md", **options):
+    g = torch.Generator().manual_seed(0)
+    theta = bp.ChainPotentials(torch.randn(3, 4, 3, generator=g, dtype=torch.float64),
+                               torch.randn(3, 3, generator=g, dtype=torch.float64))
+    settings = dict(tol=1e-9, beta=0.0, step=1.0, lipschitz=1.0, max_backtracks=40, trust_region=10.0,
+                    warm_start=None)
+    settings.update(options)
+    return SolverState(bp.LinearChain(), theta, energy, method, **settings)
+
+
+def test_an_example_already_stationary_drops_out_without_an_oracle_call():
+    # an energy whose gradient is zero everywhere: the base marginals solve (2)
+    state = _state(FunctionEnergy(lambda m: 0.0 * m.node.sum((1, 2))))
+    calls = state.calls
+    assert state.iterate(0) is False
+    assert state.converged.all() and state.calls == calls and (state.iterations == 0).all()
+    assert state.residual.max().item() < 1e-15          # softmax rounding of log mu
+
+
+def test_one_iteration_moves_every_example_and_records_the_objective():
+    energy = LinearMeasurements(node=torch.ones(1, 3, dtype=torch.float64) * torch.tensor([1.0, 0, 0]),
+                                offset=0.0, loss="squared", psi=4.0)
+    for method in ("rda", "md", "accelerated"):
+        state = _state(energy, method)
+        f0 = state.f.clone()
+        assert state.iterate(0) is True
+        assert (state.iterations == 1).all() and len(state.history) == 2
+        assert state.calls >= 2 * 3                       # the base marginals and one candidate per example
+        if method == "md":                                # a descent method: no example goes up
+            assert (state.f <= f0 + 1e-12).all()
+
+
+def test_a_rejected_step_shrinks_mirror_descents_step():
+    # a steep energy and a huge first step: the candidate leaves the trust region and is shrunk
+    energy = LinearMeasurements(node=torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64), offset=0.0,
+                                loss="squared", psi=1e3)
+    state = _state(energy, "md", step=1e3, trust_region=0.1)
+    state.iterate(0)
+    assert state.safeguarded.all()
+    assert (state.param < 1e3).all()
