@@ -116,7 +116,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             out of reach, since the objective cannot tell steps that small apart.  In float32, mirror descent on
             a stiff energy (large ``psi`` times counts over many positions) can stop at its step floor well above
             ``tol`` (residuals up to 8e-2 in a sample of random problems), when progress per step falls below the
-            objective's rounding; ``converged`` reports it, and float64 or the accelerated method reach the
+            objective's rounding; ``converged`` reports it, and float64 or the accelerated method usually reach the
             tolerance there.
         beta: RDA's ``beta_t`` (constant; raised per example by step-size control, up to
             ``1e20 max(1, max |g + delta|)``, relative like mirror descent's step floor).
