@@ -225,6 +225,17 @@ def test_user_energy_by_autograd_uses_edges_only_when_read():
     (lambda: NearestPrototype(torch.ones(2, 3, 3), statistic="word"), "prototype_lengths"),
     (lambda: MeanField(torch.tensor([[0, 1, 2]]), torch.ones(1, 2, 2)), r"pairs must be an integer tensor \[K, 2\]"),
     (lambda: NearestPrototype(torch.ones(2, 3), psi=float("nan")), "psi must be finite"),
+    (lambda: Poisson(torch.ones(1, 2, 2, dtype=torch.long)), "counts must be a floating-point tensor"),
+    (lambda: Poisson(torch.full((1, 2, 2), float("inf"), dtype=DT)), "counts must be finite"),
+    (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), rate=torch.tensor([1, 2])), "rate must be a float or a floating"),
+    (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), rate=torch.tensor([1.0, float("nan")])), "rate must be finite"),
+    (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), scale="3"), "scale must be a float or a tensor"),
+    (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), rate=True), "rate must be a float or a tensor"),
+    (lambda: MeanField(torch.zeros(0, 2, dtype=torch.long), torch.ones(0, 2, 2)), "at least one pair"),
+    (lambda: MeanField(torch.tensor([[0, -1]]), torch.ones(1, 2, 2)), "non-negative node indices"),
+    (lambda: MeanField(torch.tensor([[0, 1]]), torch.ones(1, 2, 2, dtype=torch.long)), "floating-point tensor"),
+    (lambda: MeanField(torch.tensor([[0, 1]]), torch.ones(2, 2, 2)), r"weights must be \[K, C, C\]"),
+    (lambda: MeanField(torch.tensor([[0, 1]]), torch.full((1, 2, 2), float("nan"))), "weights must be finite"),
 ])
 def test_bad_energy_arguments(make, msg):
     with pytest.raises((ValueError, TypeError), match=msg):
@@ -237,6 +248,9 @@ def test_bad_energy_arguments(make, msg):
     (LinearMeasurements(node=torch.ones(2, 6, 3, dtype=DT)), "6 positions"),
     (NearestPrototype(torch.ones(2, 4, dtype=DT)), "4 labels"),
     (MeanField(torch.tensor([[0, 9]]), torch.ones(1, 3, 3, dtype=DT)), "N=4"),
+    (MeanField(torch.tensor([[0, 1]]), torch.ones(1, 2, 2, dtype=DT)), "weights have 2 labels"),
+    (MeanField(torch.tensor([[0, 1]]), torch.ones(2, 1, 3, 3, dtype=DT)), "weights have B=2"),
+    (Poisson(torch.ones(3, 4, 3, dtype=DT), rate=torch.ones(2, dtype=DT)), "rate"),
 ])
 def test_energy_structure_mismatch(energy, msg):
     pot = bp.ChainPotentials(torch.randn(3, 4, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
