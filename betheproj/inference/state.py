@@ -168,7 +168,13 @@ class _Trial:
 class SolverState:
     """Per-example state of a batched solve of (2); rows of converged examples stay frozen.
 
-    ``totals``: edge quantities are per-example sums [B, C, C] instead of per position (see :mod:`.solve`).
+    Per example: the iterate ``mu`` (``mu_node``, ``mu_edge``) and its objective ``f``; the dual offset
+    ``delta`` of the last oracle point (``theta + delta`` is the dual iterate); for Bethe-RDA and the accelerated
+    method the prox-centre ``anchor`` and the gradient average ``gbar`` since it (``since`` steps); the accelerated
+    method's last oracle point ``nu`` and the best oracle point seen (``best_*``); the step parameter ``param``
+    (``eta``, ``beta`` or ``L``); and the report: ``iterations``, ``converged``, ``safeguarded``, ``residual``,
+    ``history`` and ``calls``.  ``active`` holds the examples still iterating.  ``totals``: edge quantities are
+    per-example sums [B, C, C] instead of per position (see :mod:`.solve`).
     """
 
     def __init__(self, oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method: str, tol: float,
