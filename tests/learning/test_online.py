@@ -175,3 +175,45 @@ def test_flags_are_not_counts_or_labels():
         fit_online(bp.LinearChain(), examples, D, lam="1", transitions=C)
     with pytest.raises(ValueError, match="gold must be"):
         SparseExample(torch.zeros(2, 3, 1, dtype=torch.long), torch.zeros(2, dtype=torch.bool))
+
+
+def _ids(n=2, c=2, k=1):
+    return torch.zeros(n, c, k, dtype=torch.long)
+
+
+@pytest.mark.parametrize("make, err, msg", [
+    (lambda: SparseExample(torch.zeros(2, 2, 1), torch.zeros(2, dtype=torch.long)), TypeError,
+     "ids must be an integer"),
+    (lambda: SparseExample(_ids(), torch.zeros(2, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool)), ValueError,
+     r"allowed must be a bool tensor \[N, C\]=\(2, 2\)"),
+    (lambda: SparseExample(_ids(), torch.zeros(2, dtype=torch.long), None, torch.tensor([0.0])), TypeError,
+     r"table must be an integer tensor \[U\]"),
+    (lambda: SparseExample(_ids(), torch.zeros(2, dtype=torch.long), None, torch.tensor([3, 1])), ValueError,
+     "strictly increasing"),
+    (lambda: sparse_potentials(torch.zeros(5, dtype=DT), [], 4), ValueError, "no examples"),
+    (lambda: sparse_potentials(torch.zeros(9, dtype=DT), [SparseExample(_ids(c=3), torch.zeros(2, dtype=torch.long))],
+                               4, transitions=2), ValueError, "C=3 labels but transitions=2"),
+    (lambda: fit_online(bp.LinearChain(), [object()], 4), TypeError, "examples must be SparseExample"),
+    (lambda: fit_online(bp.LinearChain(), [SparseExample(_ids(), torch.tensor([0, 2]))], 4), ValueError,
+     r"examples\[0\]: gold labels must lie in \[0, 2\)"),
+    (lambda: fit_online(bp.LinearChain(), [SparseExample(_ids() + 2, torch.zeros(2, dtype=torch.long), None,
+                                                         torch.tensor([0, 1]))], 4), ValueError,
+     r"compact ids must index the table \(0..1\)"),
+])
+def test_bad_sparse_examples(make, err, msg):
+    with pytest.raises(err, match=msg):
+        make()
+
+
+def test_compact_examples_score_as_their_global_ids_and_mixed_label_counts_pad_with_minus_inf():
+    examples = _data(3)
+    w = torch.randn(D + 1 + C * C, generator=torch.Generator().manual_seed(1), dtype=DT)
+    w[D] = 0
+    compact = [ex.compact() for ex in examples]
+    assert compact[0].compact() is compact[0]
+    assert torch.equal(compact[0].global_ids(), examples[0].ids)
+    assert torch.equal(sparse_potentials(w, compact, D, C).node, sparse_potentials(w, examples, D, C).node)
+    narrow = SparseExample(examples[0].ids[:, :2], torch.zeros(len(examples[0].gold), dtype=torch.long))
+    node = sparse_potentials(w, [examples[1], narrow], D).node
+    n = len(narrow.gold)
+    assert torch.isinf(node[1, :n, 2]).all() and torch.isfinite(node[1, :n, :2]).all()
