@@ -103,6 +103,8 @@ def test_tree_error_matches_a_reference_on_random_head_arrays():
     assert tree_error(np.array([0, 2])) == "gold heads are not a tree: word 2 is its own HEAD"
     assert tree_error(np.array([2, 3, 1])).endswith("no word is attached to the root 0")
     assert tree_error(np.array([0, 0])) is None
+    assert tree_error(np.array([], dtype=np.int64)) == "no words"
+    assert tree_error(np.array([0, 5])) == "HEAD 5 of word 2 is not in 0..2"
     assert "2 words are attached to the root 0" in tree_error(np.array([0, 0]), single_root=True)
 
 

@@ -143,6 +143,24 @@ def test_save_load_and_errors(tmp_path):
         DependencyParser(bits=12).fit(parse_conllu("1\ta\ta\tX\t_\t_\t_\t_\t_\t_\n"))
     with pytest.raises(ValueError, match="loss must be one of"):
         DependencyParser(bits=12).fit(sentences, loss="hinge")
+    with pytest.raises(ValueError, match="no training sentences"):
+        DependencyParser(bits=12).fit([])
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        loaded.predict(sentences, batch_size=0)
+    assert "trained" in repr(loaded) and "untrained" in repr(DependencyParser(bits=12))
+    state = torch.load(tmp_path / "m.pt", weights_only=True)
+    torch.save({**state, "version": 99}, tmp_path / "future.pt")
+    with pytest.raises(ValueError, match="unsupported model version 99"):
+        DependencyParser.load(tmp_path / "future.pt")
+    torch.save({**state, "weights": state["weights"][:-1]}, tmp_path / "cut.pt")
+    with pytest.raises(ValueError, match="weights do not match bits=12"):
+        DependencyParser.load(tmp_path / "cut.pt")
+    written = loaded.parse(sentences[:2])
+    assert [s.heads.tolist() for s in written] == [h.tolist() for h in loaded.predict(sentences[:2])]
+    scores = loaded.arc_scores(sentences[:2])         # [N, N+1]: the tree with the best total is the prediction
+    for sc, s, heads in zip(scores, sentences[:2], loaded.predict(sentences[:2]), strict=True):
+        assert sc.shape == (len(s), len(s) + 1)
+        assert sc[np.arange(len(s)), heads].sum() >= sc[np.arange(len(s)), s.heads].sum() - 1e-4
 
 
 def test_cli_train_eval_predict_round_trip(tmp_path, capsys):
