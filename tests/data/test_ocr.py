@@ -1,7 +1,8 @@
-"""The OCR loader on ../shared/data/ocr (the counts its SOURCE.md states)."""
+"""The OCR loader on ../shared/data/ocr (the counts its SOURCE.md states) and on files that are not it."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,3 +30,19 @@ def test_counts_match_the_source():
 def test_missing_file_names_the_expected_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="ocr_letters.npz"):
         load_ocr(tmp_path)
+
+
+def test_files_that_are_not_the_archive_are_named(tmp_path):
+    text = tmp_path / "text.npz"
+    text.write_text("letters, not an archive")
+    with pytest.raises(ValueError, match=r"cannot read .*text.npz as a NumPy .npz archive.*ocr_letters.npz"):
+        load_ocr(text)
+    single = tmp_path / "single.npz"
+    with single.open("wb") as f:
+        np.save(f, np.zeros(3))
+    with pytest.raises(ValueError, match="is a single NumPy array, not the .npz archive ocr_letters.npz"):
+        load_ocr(single)
+    partial = tmp_path / "partial.npz"
+    np.savez(partial, X=np.zeros((2, 128)), y=np.zeros(2))
+    with pytest.raises(ValueError, match="lacks the array 'word_id'"):
+        load_ocr(partial)

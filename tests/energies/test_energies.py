@@ -360,3 +360,33 @@ def test_linear_offset_batch_checked_at_value_and_grad():
 def test_non_finite_and_empty_arguments_rejected_at_construction(make, msg):
     with pytest.raises(ValueError, match=msg):
         make()
+
+
+class _NoValue(bp.energies.Energy):
+    pass
+
+
+def test_energy_algebra_and_wrappers_check_their_arguments():
+    mu = _marginals()
+    e = LinearMeasurements(node=torch.ones(1, 3, dtype=DT), loss="squared")
+    with pytest.raises(TypeError, match="unsupported operand"):
+        e + 3
+    with pytest.raises(TypeError, match="terms must be Energy instances"):
+        bp.energies.EnergySum([e, 3])
+    with pytest.raises(TypeError, match="energy must be an Energy, got int"):
+        bp.energies.Scaled(3, 2.0)
+    with pytest.raises(TypeError, match="weight must be a float or a tensor, got str"):
+        2.0 * e * "x"
+    with pytest.raises(TypeError, match="fn must be callable"):
+        FunctionEnergy(3)
+    with pytest.raises(NotImplementedError, match="_NoValue must implement value"):
+        _NoValue().value(mu)
+    with pytest.raises(ValueError, match=r"value must return a tensor of shape \[B\]=\(3,\)"):
+        autograd_gradient(FunctionEnergy(lambda m: m.node.sum()), mu)
+    constant = autograd_gradient(FunctionEnergy(lambda m: torch.ones(3, dtype=DT)), mu)
+    assert torch.equal(constant.node, torch.zeros_like(mu.node)) and constant.edge is None
+    scaled = torch.tensor(2.0, dtype=DT) * e                  # a 0-d weight broadcasts over the batch
+    assert torch.allclose(scaled.value(mu), 2 * e.value(mu))
+    named = FunctionEnergy(lambda m: m.node.sum((1, 2)), name="mass")
+    assert repr(named) == "FunctionEnergy(mass)"
+    assert repr(named + 0.5 * named) == "FunctionEnergy(mass) + 0.5 * FunctionEnergy(mass)"

@@ -224,6 +224,32 @@ def test_bad_arguments_are_named():
         model.fit(x, labels[:, :2], lengths)
     with pytest.raises(ValueError, match="optimizer"):
         model.fit(x, labels, lengths, optimizer="lion")
+    with pytest.raises(TypeError, match="energy must be a callable psi -> Energy"):
+        NonLocalCRF(LinearChainCRF(2, 2), energy=3)
+    with pytest.raises(TypeError, match="psi must be a torch.nn.Module or None, got float"):
+        NonLocalCRF(LinearChainCRF(2, 2), _quadratic, psi=1.0)
+    with pytest.raises(ValueError, match="max_iter must be >= 1, got 0"):
+        NonLocalCRF(LinearChainCRF(2, 2), max_iter=0)
+    with pytest.raises(ValueError, match=r"features must be a \[B, N, ...\] tensor"):
+        model.predict(torch.zeros(3), lengths)
+    with pytest.raises(ValueError, match=r"features must be a \[B, N, F\] tensor, got \(3,\)"):
+        ConstantPsi()(torch.zeros(3), lengths)
+    with pytest.raises(ValueError, match=r"lengths must be a \[B\]"):
+        ConstantPsi()(x, lengths[:1])
+    with pytest.raises(ValueError, match="in_features and num_features must be >= 1"):
+        MeanMapPsi(0, num_features=10)
+    with pytest.raises(ValueError, match="bandwidth must be > 0"):
+        MeanMapPsi(6, num_features=10, bandwidth=0.0)
+    with pytest.raises(TypeError, match="solution must be a Solution"):
+        bp.decode(bp.LinearChain(), "mu")
+
+
+def test_loss_solves_for_the_marginals_when_not_given():
+    x, labels, lengths = _ocr_like()
+    model = NonLocalCRF(LinearChainCRF(6, 4).double(), _quadratic, psi=ConstantPsi(0.5), max_iter=30)
+    x = x.double()
+    mu = model.infer(x, lengths).marginals
+    assert torch.allclose(model.loss(x, labels, lengths), model.loss(x, labels, lengths, mu))
 
 
 def test_mean_map_psi_averages_over_valid_positions_only():
