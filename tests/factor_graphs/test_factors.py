@@ -253,6 +253,19 @@ def test_bad_factor_inputs():
         Tree([0, 1], [(0, 1)])
     with pytest.raises(ValueError, match="arcs"):
         Tree([0], [(1, 1)])
+    with pytest.raises(TypeError, match="arcs must be a sequence of"):
+        Tree([0], 5)
+    with pytest.raises(ValueError, match=r"arcs\[0\] must be a pair"):
+        Tree([0], [(0,)])
+    with pytest.raises(ValueError, match="arcs must not repeat an arc"):
+        Tree([0, 1], [(0, 1), (0, 1)])
+    with pytest.raises(ValueError, match="n must be at least 2"):
+        Tree([0, 1], [(0, 1), (0, 2)], n=1)
+    with pytest.raises(TypeError, match="single_root must be a bool"):
+        Tree([0], [(0, 1)], single_root=1)
+    with pytest.raises(ValueError, match="config must be a 0/1 sequence of length 2"):
+        Tree([0, 1], [(0, 1), (0, 2)]).allows([1])
+    assert repr(Tree([0, 1], [(0, 1), (0, 2)])) == "Tree(n=2, arcs=2, single_root=False)"
     with pytest.raises(ValueError, match="mode"):
         XOR([0, 1]).messages([np.zeros(2), np.zeros(2)], "avg")
     with pytest.raises(ValueError, match="incoming"):

@@ -71,3 +71,20 @@ def test_small_scores_survive_a_huge_constant_edge_table():
     mu = bp.Tree([-1, 0, 1]).marginals(bp.PairwisePotentials(node, edge))
     assert torch.allclose(mu.node, ref.node) and torch.allclose(mu.edge, ref.edge)
     assert torch.allclose(mu.log_partition, ref.log_partition + 1e20)
+
+
+def test_potentials_with_no_finite_labelling_are_an_error_naming_the_examples():
+    pot = _pot(4, b=3)
+    pot.edge[1, 2] = -INF                         # example 1: no pair of labels on the edge into node 3
+    tree = bp.Tree([-1, 0, 1, 1])
+    for run in (tree.marginals, tree.map):
+        with pytest.raises(ValueError, match=r"no labelling of finite score for examples \[1\]"):
+            run(pot)
+
+
+def test_argument_types():
+    with pytest.raises(TypeError, match="parents must hold integers"):
+        bp.Tree(torch.tensor([-1.0, 0.0]))
+    with pytest.raises(TypeError, match="potentials must be PairwisePotentials, got Tensor"):
+        bp.Tree([-1, 0]).marginals(torch.zeros(1, 2, 2))
+    assert repr(bp.Tree([-1, 0, 0])) == "Tree(parents=[-1, 0, 0])"
