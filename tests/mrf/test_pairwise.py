@@ -4,9 +4,11 @@ the chain and tree oracles."""
 
 import numpy as np
 import pytest
+import torch
 
 import betheproj as bp
 from betheproj.mrf import (
+    LocalMarginals,
     PairwiseMRF,
     exact_map,
     lbp_map,
@@ -88,3 +90,40 @@ def test_chain_and_tree_oracle_conversion_match_enumeration():
         tree.to_pairwise_potentials()
     with pytest.raises(ValueError, match="a tree on 3 nodes has 2"):
         PairwiseMRF([2, 2, 2], [(0, 1), (1, 2), (2, 0)]).to_pairwise_potentials()
+
+
+def test_potential_and_marginal_arguments_are_named():
+    with pytest.raises(TypeError, match="node_potentials must be a sequence of 1-D arrays"):
+        PairwiseMRF([2], [], 5)
+    with pytest.raises(ValueError, match=r"node_potentials must hold one array per node \(2\), got 1"):
+        PairwiseMRF([2, 2], [], [np.zeros(2)])
+    with pytest.raises(ValueError, match="one shared 2-D table"):
+        PairwiseMRF([2, 2], [(0, 1)], None, np.zeros(2))
+    with pytest.raises(TypeError, match=r"node_potentials\[0\] must be an array of floats, got str"):
+        PairwiseMRF([2], [], ["ab"])
+    with pytest.raises(TypeError, match="must be an array of real numbers"):
+        PairwiseMRF([2], [], [np.array([1j, 2j])])
+    with pytest.raises(ValueError, match=r"node_potentials\[0\] must be 1-D"):
+        PairwiseMRF([2], [], [np.zeros((2, 1))])
+    with pytest.raises(TypeError, match=r"labels\[0\] must hold hashable label names"):
+        PairwiseMRF([[["a"], ["b"]]], [])
+    with pytest.raises(TypeError, match="edges must be a sequence of"):
+        PairwiseMRF([2], 5)
+    mrf = PairwiseMRF([2, 3], [(0, 1)], [torch.tensor([0.0, 1.0]), np.zeros(3)])    # tensors are accepted
+    assert mrf.node_potentials[0].tolist() == [0.0, 1.0] and mrf.labels == ((0, 1), (0, 1, 2))
+    assert repr(mrf) == "PairwiseMRF(nodes=2, edges=1, cardinalities=(2, 3))"
+    with pytest.raises(ValueError, match=r"node = 5 is not a node \(the MRF has 2\)"):
+        mrf.neighbors(5)
+    with pytest.raises(TypeError, match="marginals must be LocalMarginals"):
+        mrf.expected_score(np.zeros(5))
+    with pytest.raises(ValueError, match="must hold 2 node and 1 edge marginals"):
+        mrf.expected_score(LocalMarginals([np.ones(2)], []))
+    with pytest.raises(ValueError, match=r"node\[1\] must have shape \(3,\)"):
+        mrf.expected_score(LocalMarginals([np.ones(2), np.ones(2)], [np.ones((2, 3))]))
+    with pytest.raises(ValueError, match=r"edge\[0\] must have shape \(2, 3\)"):
+        mrf.expected_score(LocalMarginals([np.ones(2), np.ones(3)], [np.ones((3, 2))]))
+    with pytest.raises(ValueError, match="parents must have length 2"):
+        mrf.tree_parents([0, 0])
+    single = PairwiseMRF([3], [], [np.array([0.0, 3.0, 1.0])])
+    pot = single.to_pairwise_potentials()                     # one node: a shared all-zero edge table
+    assert pot.edge.shape == (3, 3) and not pot.edge.any() and bp.LinearChain().map(pot).tolist() == [[1]]
