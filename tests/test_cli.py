@@ -117,3 +117,50 @@ def test_corrupt_ocr_files_are_one_line_errors_naming_the_file(tmp_path):
         proc = _cli("ocr", "--data", str(path), "--out", str(tmp_path / "out"))
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert path.name in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_interrupt_and_closed_pipe_end_quietly(monkeypatch, capsys):
+    import betheproj.demo
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(betheproj.demo, "run_demo", interrupted)
+    assert main(["demo"]) == 130
+    assert capsys.readouterr().err == "betheproj demo: interrupted\n"
+
+    def closed(*args, **kwargs):
+        raise BrokenPipeError
+
+    monkeypatch.setattr(betheproj.demo, "run_demo", closed)
+    stdout = sys.stdout
+    try:
+        assert main(["demo"]) == 1
+    finally:
+        sys.stdout.close()
+        sys.stdout = stdout
+    assert capsys.readouterr().err == ""
+
+
+def test_library_warnings_are_one_line(monkeypatch, capsys):
+    import warnings
+
+    import betheproj.demo
+
+    def warn(*args, **kwargs):
+        warnings.warn("first line\n   second line", UserWarning, stacklevel=1)
+
+    monkeypatch.setattr(betheproj.demo, "run_demo", warn)
+    assert main(["demo"]) == 0
+    assert capsys.readouterr().err == "betheproj: warning: first line second line\n"
+
+
+def test_citation_predict_on_a_file_that_is_not_utf8(tmp_path, monkeypatch, capsys):
+    from betheproj.experiments import citations
+
+    source = tmp_path / "raw.txt"
+    source.write_bytes(b"\xff\xfe citation")
+    monkeypatch.setattr(citations, "load_model", lambda path: (None, None))   # a stub model: the text fails
+    assert main(["citations", "--predict", str(source), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not UTF-8 text" in err
