@@ -182,7 +182,7 @@ class SolverState:
                  warm_start: PairwisePotentials | None):
         b, n, c = potentials.node.shape
         self.oracle, self.energy, self.method, self.tol = oracle, energy, method, tol
-        self.max_backtracks, self.trust_region, self.step = max_backtracks, trust_region, step
+        self.max_backtracks, self.trust_region = max_backtracks, trust_region
         self.n, self.c = n, c
         device, dtype = potentials.node.device, potentials.node.dtype
         self.dtype, self.device = dtype, device
@@ -276,8 +276,8 @@ class SolverState:
             ge = g.edge[rows] if g.edge is not None else torch.zeros_like(edge)
         return g.node[rows], ge
 
-    def _residual(self, delta_n: Tensor, delta_e: Tensor | None, g_n: Tensor, g_e: Tensor | None, node: Tensor,
-                  edge: Tensor | None) -> Tensor:
+    def _stationarity(self, delta_n: Tensor, delta_e: Tensor | None, g_n: Tensor, g_e: Tensor | None,
+                      node: Tensor, edge: Tensor | None) -> Tensor:
         """The stationarity residual of rows with offsets ``delta``, gradients ``g`` at marginals ``node, edge``."""
         res = _residual(delta_n, g_n, node, 1)
         if g_e is None or delta_e is None:
@@ -315,8 +315,8 @@ class SolverState:
         # converged: the current point is stationary (Proposition 1); no oracle call is needed.  The accelerated
         # method tests its oracle point nu with the gradient at nu (and returns nu if it passes)
         r_n, r_e = (self._gradient_rows(a, point_node, point_edge) if self.method == "accelerated" else (g_n, g_e))
-        res = self._residual(self.delta_node[a], None if r_e is None else self.delta_edge[a], r_n, r_e,
-                             point_node, point_edge)
+        res = self._stationarity(self.delta_node[a], None if r_e is None else self.delta_edge[a], r_n, r_e,
+                                 point_node, point_edge)
         self.residual[a] = res
         keep = res > self.tol
         self.converged[a[~keep]] = True
@@ -426,8 +426,8 @@ class SolverState:
             band = torch.isfinite(fc) & ((fc - f_prev).abs() <= floor)
             if band.any():
                 gb_n, gb_e = self._gradient_rows(rows[band], node[band], None if de is None else edge[band])
-                res_b = self._residual(dn[band], None if de is None else de[band], gb_n, gb_e, node[band],
-                                       None if de is None else edge[band])
+                res_b = self._stationarity(dn[band], None if de is None else de[band], gb_n, gb_e, node[band],
+                                           None if de is None else edge[band])
                 ok[band] = res_b < self.residual[rows[band]]
         # no marginal may collapse to an exact zero (the barrier energies' failure), nor, with a trust
         # region, move by more than ``trust_region`` nats
@@ -525,7 +525,8 @@ class SolverState:
         """After a step that needed no shrinking, relax the control towards the user's setting; mark the
         examples whose step fell to the floor (mirror descent) or whose L grew too large (accelerated)."""
         if self.method == "md":
-            cap = max(self.step, _MAX_STEP) if self.max_backtracks else self.step
+            eta = self.user_param
+            cap = max(eta, _MAX_STEP) if self.max_backtracks else eta
             p_cur = torch.where(clean, torch.clamp(p_cur * 2, max=cap), p_cur)
         else:
             p_cur = torch.where(clean, p_cur / _RELAX[self.method], p_cur)
