@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_count, check_nonnegative
 from ..oracles import LinearChain
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
-from ._checks import check_count, check_nonnegative, check_sequences
+from ._checks import check_sequences
 
 __all__ = ["LinearChainCRF", "SparseChainCRF", "sequence_score", "crf_nll", "fit_crf", "length_chunks"]
 
@@ -55,8 +56,7 @@ class LinearChainCRF(nn.Module):
 
     def __init__(self, num_features: int, num_labels: int):
         super().__init__()
-        if num_features < 1 or num_labels < 1:
-            raise ValueError("num_features and num_labels must be >= 1")
+        num_features, num_labels = check_count("num_features", num_features), check_count("num_labels", num_labels)
         self.node = nn.Linear(num_features, num_labels)
         self.transitions = nn.Parameter(torch.zeros(num_labels, num_labels))
         nn.init.zeros_(self.node.weight)
@@ -95,8 +95,8 @@ class SparseChainCRF(nn.Module):
 def length_chunks(lengths: Tensor, chunk_size: int | None) -> list[tuple[Tensor, int]]:
     """Split a batch into chunks of similar length: ``(indices, max length)`` pairs, sorted by length, so
     padding (and memory) stays small.  ``None`` keeps the whole batch as one chunk."""
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
+    if chunk_size is not None:
+        chunk_size = check_count("chunk_size", chunk_size)
     order = torch.argsort(lengths, stable=True)
     size = len(order) if chunk_size is None else chunk_size
     return [(idx, int(lengths[idx].max())) for idx in torch.split(order, max(size, 1))]

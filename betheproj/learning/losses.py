@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .._checks import check_nonnegative, check_real
 from ..oracles.base import Oracle, PairwisePotentials, _unchecked, log_partition
 from .crf import _check_labels, sequence_score
 
@@ -67,17 +68,8 @@ def resolve_loss(loss: str | None = None, beta: float | None = None,
         gamma = g0 if gamma is None else gamma
     if beta is None or gamma is None:
         raise ValueError("give a loss name or both beta and gamma")
-    if isinstance(beta, (bool, str, bytes)) or isinstance(gamma, (bool, str, bytes)):
-        raise TypeError(f"beta and gamma must be numbers, got {beta!r} and {gamma!r}")
-    try:
-        beta, gamma = float(beta), float(gamma)
-    except (TypeError, ValueError):
-        raise TypeError(f"beta and gamma must be numbers, got {beta!r} and {gamma!r}") from None
-    if math.isnan(beta) or beta <= 0:
-        raise ValueError(f"beta must be > 0 (math.inf for the max-margin/perceptron limit), got {beta}")
-    if not math.isfinite(gamma) or gamma < 0:
-        raise ValueError(f"gamma must be a finite number >= 0, got {gamma}")
-    return beta, gamma
+    # beta = math.inf is the max-margin / perceptron limit
+    return check_real("beta", beta, 0.0, low_open=True, finite=False), check_nonnegative("gamma", gamma)
 
 
 def hamming_cost(potentials: PairwisePotentials, gold: Tensor) -> tuple[Tensor, None, None]:

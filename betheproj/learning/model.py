@@ -8,13 +8,13 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_count
 from ..energies.base import Energy
 from ..inference.decode import decode
 from ..inference.pieces import solve_global
 from ..inference.solve import METHODS, Solution, solve
 from ..oracles import LinearChain
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
-from ._checks import check_count
 from .crf import crf_nll
 
 __all__ = ["NonLocalCRF", "surrogate_nll"]
@@ -76,8 +76,7 @@ class NonLocalCRF(nn.Module):
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if search not in ("local", "global"):
             raise ValueError(f"search must be 'local' or 'global', got {search!r}")
-        if max_iter < 1:
-            raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+        max_iter = check_count("max_iter", max_iter)
         from .psi import ConstantPsi
 
         self.theta = theta

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .._checks import check_count, check_positive
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
-from ._checks import check_count, check_positive
 from .losses import CostFn, loss_and_gradient, resolve_loss
 
 __all__ = ["SparseExample", "OnlineResult", "sparse_potentials", "fit_online"]

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_count, check_positive
 from ..mrf.bounds import lp_margin_bounds, lp_radius_bounds
 from ..mrf.linear import LinearPairwiseMRF
 from ..mrf.map import exact_map, lbp_map, lp_map
@@ -138,21 +139,21 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
     data = _check_examples(examples)
     if not callable(map_fn):
         raise TypeError(f"map_fn must be callable (x, w) -> prediction, got {type(map_fn).__name__}")
-    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
-        raise ValueError(f"epochs must be a positive int, got {epochs!r}")
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or not np.isfinite(step) or step <= 0:
-        raise ValueError(f"step must be a positive float, got {step!r}")
+    epochs, step = check_count("epochs", epochs), check_positive("step", step)
     feat = features or _default_features
     if initial is not None:
         w = np.array(initial, dtype=np.float64)
         if w.ndim != 1 or not np.isfinite(w).all():
             raise ValueError(f"initial must be a finite 1-D weight vector, got shape {w.shape}")
-        if num_features is not None and w.shape != (num_features,):
+        if num_features is not None and w.shape != (check_count("num_features", num_features),):
             raise ValueError(f"initial must have shape ({num_features},), got {w.shape}")
     else:
-        d = num_features if num_features is not None else getattr(data[0][0], "num_features", None)
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-            raise ValueError("cannot tell the number of features: pass num_features or initial")
+        if num_features is not None:
+            d = check_count("num_features", num_features)
+        else:
+            d = getattr(data[0][0], "num_features", None)
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+                raise ValueError("cannot tell the number of features: pass num_features or initial")
         w = np.zeros(int(d))
     rng = np.random.default_rng(seed)
     golds = [_as_labels(g) for _, g in data]

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_count
+from .._checks import check_count, check_positive
 
 __all__ = ["ConstantPsi", "RandomFourierFeatures", "MeanMapPsi"]
 
@@ -42,10 +42,8 @@ class RandomFourierFeatures(nn.Module):
 
     def __init__(self, in_features: int, num_features: int = 1000, bandwidth: float = 1.0, seed: int = 0):
         super().__init__()
-        if in_features < 1 or num_features < 1:
-            raise ValueError("in_features and num_features must be >= 1")
-        if not bandwidth > 0:
-            raise ValueError(f"bandwidth must be > 0, got {bandwidth}")
+        in_features, num_features = check_count("in_features", in_features), check_count("num_features", num_features)
+        bandwidth = check_positive("bandwidth", bandwidth)
         gen = torch.Generator().manual_seed(seed)
         self.register_buffer("weight", torch.randn(in_features, num_features, generator=gen) / bandwidth)
         self.register_buffer("offset", torch.rand(num_features, generator=gen) * 2 * math.pi)
@@ -63,7 +61,7 @@ class MeanMapPsi(nn.Module):
                  outputs: int | None = None, seed: int = 0):
         super().__init__()
         if outputs is not None:
-            check_count("outputs", outputs)
+            outputs = check_count("outputs", outputs)
         self.features = RandomFourierFeatures(in_features, num_features, bandwidth, seed)
         self.linear = nn.Linear(num_features, 1 if outputs is None else outputs)
         self.squeeze = outputs is None

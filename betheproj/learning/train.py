@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_count, check_nonnegative, check_positive
 from ..oracles.base import Marginals
 from ..progress import progress_bar
-from ._checks import check_count, check_nonnegative, check_positive, check_sequences
+from ._checks import check_sequences
 from .model import NonLocalCRF
 
 __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]

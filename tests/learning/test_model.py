@@ -228,7 +228,7 @@ def test_bad_arguments_are_named():
         NonLocalCRF(LinearChainCRF(2, 2), energy=3)
     with pytest.raises(TypeError, match="psi must be a torch.nn.Module or None, got float"):
         NonLocalCRF(LinearChainCRF(2, 2), _quadratic, psi=1.0)
-    with pytest.raises(ValueError, match="max_iter must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_iter must be an int >= 1, got 0"):
         NonLocalCRF(LinearChainCRF(2, 2), max_iter=0)
     with pytest.raises(ValueError, match=r"features must be a \[B, N, ...\] tensor"):
         model.predict(torch.zeros(3), lengths)
@@ -236,9 +236,9 @@ def test_bad_arguments_are_named():
         ConstantPsi()(torch.zeros(3), lengths)
     with pytest.raises(ValueError, match=r"lengths must be a \[B\]"):
         ConstantPsi()(x, lengths[:1])
-    with pytest.raises(ValueError, match="in_features and num_features must be >= 1"):
+    with pytest.raises(ValueError, match="in_features must be an int >= 1"):
         MeanMapPsi(0, num_features=10)
-    with pytest.raises(ValueError, match="bandwidth must be > 0"):
+    with pytest.raises(ValueError, match="bandwidth must be a finite number > 0"):
         MeanMapPsi(6, num_features=10, bandwidth=0.0)
     with pytest.raises(TypeError, match="solution must be a Solution"):
         bp.decode(bp.LinearChain(), "mu")

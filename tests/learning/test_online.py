@@ -135,7 +135,7 @@ def test_validation():
         fit_online(bp.LinearChain(), examples, D - 1, transitions=C)
     with pytest.raises(ValueError, match="transitions=4"):
         fit_online(bp.LinearChain(), examples, D, transitions=4)
-    with pytest.raises(ValueError, match="beta must be > 0"):
+    with pytest.raises(ValueError, match="beta must be a number > 0"):
         fit_online(bp.LinearChain(), examples, D, loss=None, beta=-1.0, gamma=0.0, transitions=C)
     with pytest.raises(ValueError, match="gold must be"):
         SparseExample(torch.zeros(2, 3, 1, dtype=torch.long), torch.zeros(3, dtype=torch.long))

@@ -111,9 +111,9 @@ def test_bad_inputs():
         structured_perceptron([model], run)
     with pytest.raises(TypeError, match="map_fn must be callable"):
         structured_perceptron(ok, "exact")
-    with pytest.raises(ValueError, match="epochs must be a positive int"):
+    with pytest.raises(ValueError, match="epochs must be an int >= 1"):
         structured_perceptron(ok, run, epochs=0)
-    with pytest.raises(ValueError, match="step must be a positive float"):
+    with pytest.raises(ValueError, match="step must be a finite number > 0"):
         structured_perceptron(ok, run, step=-1.0)
     with pytest.raises(ValueError, match="initial must have shape"):
         structured_perceptron(ok, run, initial=np.zeros(2), num_features=3)

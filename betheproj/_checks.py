@@ -1,0 +1,85 @@
+"""Scalar argument checks shared by the whole package (in the spirit of scikit-learn's ``check_scalar``).
+
+A number may be a Python, NumPy or zero-dimensional torch scalar; a bool is never a number.  A wrong type is a
+``TypeError``, a value out of range a ``ValueError``, and both name the argument, so ``max_iter=np.int64(50)`` is
+accepted everywhere and ``max_iter=2.5`` or ``tol=float("nan")`` is refused everywhere in the same words."""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+import numpy as np
+import torch
+
+__all__ = ["check_bool", "check_count", "check_int", "check_nonnegative", "check_positive", "check_real"]
+
+
+def _scalar(value: object) -> object:
+    """A zero-dimensional tensor as its Python value (bool tensors stay bools, so they are refused)."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_complex():
+        return value.item()
+    return value
+
+
+def check_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as a Python int in ``[minimum, maximum]`` (either bound may be ``None``)."""
+    v = _scalar(value)
+    if isinstance(v, bool | np.bool_) or not isinstance(v, Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(v)
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        if maximum is None:
+            wanted = f">= {minimum}"
+        elif minimum is None:
+            wanted = f"<= {maximum}"
+        else:
+            wanted = f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be an int {wanted}, got {v}")
+    return v
+
+
+def check_count(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` as an int ``>= minimum`` (an iteration count, a batch size, ...)."""
+    return check_int(name, value, minimum)
+
+
+def check_real(name: str, value: object, low: float | None = None, high: float | None = None, *,
+               low_open: bool = False, high_open: bool = False, finite: bool = True) -> float:
+    """``value`` as a float in the interval from ``low`` to ``high`` (open at an end where ``*_open``; a bound may be
+    ``None``), finite unless ``finite=False`` (NaN is always refused)."""
+    v = _scalar(value)
+    if isinstance(v, bool | np.bool_) or not isinstance(v, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    v = float(v)
+    below = low is not None and (v <= low if low_open else v < low)
+    above = high is not None and (v >= high if high_open else v > high)
+    if math.isnan(v) or (finite and math.isinf(v)) or below or above:
+        if high is None and low is not None:
+            wanted = f"> {low:g}" if low_open else f">= {low:g}"
+        elif low is None and high is not None:
+            wanted = f"< {high:g}" if high_open else f"<= {high:g}"
+        elif low is not None and high is not None:
+            wanted = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        else:
+            wanted = ""
+        kind = "a finite number" if finite else "a number"
+        raise ValueError(f"{name} must be {kind}{' ' + wanted if wanted else ''}, got {value!r}")
+    return v
+
+
+def check_positive(name: str, value: object) -> float:
+    """``value`` as a finite float ``> 0`` (a learning rate, a width)."""
+    return check_real(name, value, 0.0, low_open=True)
+
+
+def check_nonnegative(name: str, value: object) -> float:
+    """``value`` as a finite float ``>= 0`` (a tolerance, an L2 weight)."""
+    return check_real(name, value, 0.0)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value``, which must be a bool (a NumPy bool is accepted)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
