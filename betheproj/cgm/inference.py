@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_count, check_nonnegative, check_positive
 from ..energies import Poisson
 from ..inference import Solution, solve
 from ..oracles import ChainPotentials, LinearChain, PairwisePotentials
@@ -19,28 +17,6 @@ from .fast import mirror_descent
 __all__ = ["CGMResult", "check_observations", "map_counts"]
 
 _FAST_CELLS = 400     # the NumPy path up to this many cells; beyond, the batched PyTorch solver is faster
-
-
-def _real(value) -> float | None:
-    """``value`` as a float if it is a real number (Python, NumPy or a one-element real tensor, not a bool),
-    else ``None``."""
-    if isinstance(value, Tensor):
-        if value.numel() != 1 or value.dim() > 0 or value.dtype == torch.bool or value.is_complex():
-            return None
-        return float(value)
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-        return None
-    return float(value)
-
-
-def _check_real(name: str, value, positive: bool = True) -> float:
-    """``value`` (a real number as :func:`_real` reads it) as a float, finite and ``> 0`` (``positive``) or
-    ``>= 0``; anything else is a ValueError naming ``name``."""
-    number = _real(value)
-    if number is None or not math.isfinite(number) or (number <= 0 if positive else number < 0):
-        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} finite real number, "
-                         f"got {value!r}")
-    return number
 
 
 def _as_observations(observed) -> Tensor:
@@ -71,8 +47,8 @@ def check_observations(observed: Tensor, rate: float, population: float, potenti
         raise ValueError("observed counts must be non-negative")
     if not bool((observed == observed.round()).all()):
         raise ValueError("observed counts must be whole numbers")
-    _check_real("rate", rate)
-    _check_real("population", population)
+    check_positive("rate", rate)
+    check_positive("population", population)
     return observed
 
 
@@ -149,9 +125,8 @@ def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, popul
     potentials plus the node offset of a previous solution, ``result.potentials.node - potentials.node``)."""
     observed = check_observations(observed, rate, population, potentials)
     # checked here as well as in solve(): the NumPy fast path below runs first
-    tol = 1e-6 if tol is None else _check_real("tol", tol, positive=False)
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 0:
-        raise ValueError(f"max_iter must be a non-negative int, got {max_iter!r}")
+    tol = 1e-6 if tol is None else check_nonnegative("tol", tol)
+    max_iter = check_count("max_iter", max_iter, 0)
     if warm_start is not None and not isinstance(warm_start, PairwisePotentials):
         raise TypeError(f"warm_start must be ChainPotentials/PairwisePotentials or None, "
                         f"got {type(warm_start).__name__}")

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_positive
 from ..oracles import ChainPotentials
-from .inference import _check_real, check_observations
+from .inference import check_observations
 
 __all__ = ["IPResult", "interior_point"]
 
@@ -74,7 +75,7 @@ def interior_point(potentials: ChainPotentials, observed: Tensor, rate: float, p
     Clarabel minimises ``scale`` times the objective: unscaled (``scale=1``) it declared optimality 1e-6
     (relative) above the optimum at s = 10,000, at a feasible point, and tightening its tolerances to 1e-12
     only made it report "optimal_inaccurate"; scaled by 0.01 it agreed with the Bethe solvers to 5e-9."""
-    tol, scale = _check_real("tol", tol), _check_real("scale", scale)
+    tol, scale = check_positive("tol", tol), check_positive("scale", scale)
     try:
         import cvxpy  # noqa: F401
     except ImportError:

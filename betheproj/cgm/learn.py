@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .._checks import check_count
 from ..oracles import ChainPotentials
 from ..progress import progress_bar
 from .inference import _as_observations, check_observations, map_counts
@@ -73,8 +74,7 @@ def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, populatio
     E-step (warm-started), with a budget of ``rounds`` evaluations; torch's strong-Wolfe line search may take
     one evaluation past it, so up to ``rounds + 1`` E-steps are run (``history.rounds`` counts them).
     """
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    rounds = check_count("rounds", rounds)
     if not isinstance(model, TransitionModel):
         raise TypeError(f"model must be a TransitionModel, got {type(model).__name__}")
     if schedule not in ("alternate", "quasi_newton"):

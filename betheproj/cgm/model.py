@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_count, check_nonnegative, check_positive, check_real
 from ..oracles import ChainPotentials
-from .inference import _check_real
 
 __all__ = ["TransitionModel", "MigrationInstance", "default_model", "simulate"]
 
@@ -32,17 +32,11 @@ class TransitionModel(nn.Module):
                  attraction: Tensor | None = None, initial: Tensor | None = None,
                  dtype: torch.dtype = torch.float64):
         super().__init__()
-        if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
-            raise ValueError(f"grid must be a positive int, got {grid!r}")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-            raise ValueError(f"steps must be an int >= 2, got {steps!r}")
+        grid, steps = check_count("grid", grid), check_count("steps", steps, 2)
         cells = grid * grid
         self.grid, self.steps = grid, steps
-        for name, value in (("distance", distance), ("drift", drift)):
-            if not math.isfinite(float(value)):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-        self.distance = nn.Parameter(torch.tensor(float(distance), dtype=dtype))
-        self.drift = nn.Parameter(torch.tensor(float(drift), dtype=dtype))
+        self.distance = nn.Parameter(torch.tensor(check_real("distance", distance), dtype=dtype))
+        self.drift = nn.Parameter(torch.tensor(check_real("drift", drift), dtype=dtype))
         self.attraction = nn.Parameter(self._cells("attraction", attraction, cells, dtype))
         self.initial = nn.Parameter(self._cells("initial", initial, cells, dtype))
         rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
@@ -80,8 +74,7 @@ class TransitionModel(nn.Module):
 
     def potentials(self, batch: int = 1) -> ChainPotentials:
         """The chain MRF of ``batch`` independent populations (seasons) following this model."""
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch must be a positive int, got {batch!r}")
+        batch = check_count("batch", batch)
         node = torch.zeros(batch, self.steps, self.cells, dtype=self.initial.dtype, device=self.initial.device)
         node[:, 0] = self.log_initial()
         edge = self.log_transitions()[None].expand(batch, -1, -1, -1)
@@ -113,8 +106,7 @@ class MigrationInstance:
 
 def default_model(grid: int, steps: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> TransitionModel:
     """Short moves with a seasonal drift, random cell attractiveness, a population starting in the south."""
-    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
-        raise ValueError(f"grid must be a positive int, got {grid!r}")
+    grid = check_count("grid", grid)
     gen = torch.Generator().manual_seed(seed)
     cells = grid * grid
     attraction = 0.5 * torch.randn(cells, generator=gen, dtype=dtype)
@@ -131,16 +123,14 @@ def simulate(model: TransitionModel, population: int = 10_000, rate: float = 0.5
     observe each cell's count with ``Poisson(rate * count)``."""
     if not isinstance(model, TransitionModel):
         raise TypeError(f"model must be a TransitionModel, got {type(model).__name__}")
-    if isinstance(population, bool) or not isinstance(population, int) or population < 1:
-        raise ValueError(f"population must be a positive int, got {population!r}")
-    number = _check_real("rate", rate)
+    population = check_count("population", population)
+    number = check_positive("rate", rate)
     if number * population > _POISSON_LAM_MAX:
         raise ValueError(f"rate * population must be at most {_POISSON_LAM_MAX:.3g} (numpy's Poisson sampler), "
                          f"got {rate!r} * {population!r}")
     rate = number
-    if isinstance(seasons, bool) or not isinstance(seasons, int) or seasons < 1:
-        raise ValueError(f"seasons must be a positive int, got {seasons!r}")
-    noise = _check_real("noise", noise, positive=False)
+    seasons = check_count("seasons", seasons)
+    noise = check_nonnegative("noise", noise)
     rng = np.random.default_rng(seed)
     log_p = model.log_transitions()
     if noise > 0:

@@ -96,7 +96,7 @@ def test_bad_model_and_simulation_arguments():
         TransitionModel(3, 4, attraction=torch.zeros(8))
     with pytest.raises(ValueError, match="rate"):
         simulate(default_model(3, 4), rate=0.0)
-    with pytest.raises(ValueError, match="population"):
+    with pytest.raises(TypeError, match="population must be an int"):
         simulate(default_model(3, 4), population=2.5)
     with pytest.raises(TypeError, match="observed"):
         map_counts(default_model(3, 4).potentials(), "counts", 1.0, 10)
@@ -160,9 +160,9 @@ def _small_instance():
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"tol": float("nan")}, ValueError, "tol"),
     ({"tol": -1.0}, ValueError, "tol"),
-    ({"tol": "small"}, ValueError, "tol"),
+    ({"tol": "small"}, TypeError, "tol"),
     ({"max_iter": -1}, ValueError, "max_iter"),
-    ({"max_iter": True}, ValueError, "max_iter"),
+    ({"max_iter": True}, TypeError, "max_iter"),
     ({"warm_start": torch.zeros(1)}, TypeError, "warm_start"),
 ])
 def test_bad_solver_arguments_on_the_fast_path_too(method, kwargs, error, message):
@@ -180,7 +180,7 @@ def test_rate_and_population_of_numpy_and_tensor_types():
     got = map_counts(inst.potentials, inst.observed, np.float32(0.5), torch.tensor(100)).counts
     assert torch.equal(got, expected)
     for rate in (np.bool_(True), torch.tensor([0.5]), "0.5"):
-        with pytest.raises(ValueError, match="rate must be a positive finite real number"):
+        with pytest.raises(TypeError, match="rate must be a real number"):
             map_counts(inst.potentials, inst.observed, rate, 100)
 
 
@@ -197,8 +197,8 @@ def test_non_finite_model_parameters(kwargs, name):
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"rate": True}, ValueError, "rate"),
-    ({"noise": True}, ValueError, "noise"),
+    ({"rate": True}, TypeError, "rate"),
+    ({"noise": True}, TypeError, "noise"),
     ({"noise": float("inf")}, ValueError, "noise"),
     ({"noise": float("nan")}, ValueError, "noise"),
     ({"rate": 1e300}, ValueError, "rate \\* population"),
