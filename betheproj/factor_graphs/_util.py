@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .._checks import check_int
+
 LOG2 = float(np.log(2.0))
 
 
@@ -30,11 +32,7 @@ def as_log_array(name: str, x: object, ndim: int | None = None) -> np.ndarray:
 
 def as_index(name: str, x: object) -> int:
     """``x`` as a non-negative Python int (bools refused)."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-    if int(x) < 0:
-        raise ValueError(f"{name} must be non-negative, got {int(x)}")
-    return int(x)
+    return check_int(name, x, 0)
 
 
 def as_variables(name: str, variables: object, min_arity: int = 1, max_arity: int | None = None) -> tuple[int, ...]:

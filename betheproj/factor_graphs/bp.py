@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._checks import check_count, check_nonnegative, check_real
 from ._util import normalise_log, xlogy
 from .factors import Dense, Factor
 from .graph import FactorGraph
@@ -118,12 +119,8 @@ def belief_propagation(graph: FactorGraph, mode: str = "sum", *, schedule: str =
         normalize = mode
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS} (or None), got {normalize!r}")
-    if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not 0.0 <= damping < 1.0:
-        raise ValueError(f"damping must be a float in [0, 1), got {damping!r}")
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
-        raise ValueError(f"tol must be a non-negative float, got {tol!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
-        raise ValueError(f"max_iter must be a positive int, got {max_iter!r}")
+    damping = check_real("damping", damping, 0.0, 1.0, high_open=True)
+    tol, max_iter = check_nonnegative("tol", tol), check_count("max_iter", max_iter)
     factors = graph.factors
     if normalize == "none" and any(not isinstance(f, Dense) for f in factors):
         raise ValueError("normalize='none' supports Dense factors only (hard factors send message ratios)")

@@ -22,6 +22,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
+from .._checks import check_real
 from .graph import FactorGraph
 
 __all__ = ["LPBuilder", "LPResult", "lp_map"]
@@ -137,8 +138,7 @@ def lp_map(graph: FactorGraph, *, tol: float = 1e-6) -> LPResult:
     potentials) and ``RuntimeError`` if HiGHS fails otherwise."""
     if not isinstance(graph, FactorGraph):
         raise TypeError(f"graph must be a FactorGraph, got {type(graph).__name__}")
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 0.5:
-        raise ValueError(f"tol must be a float in [0, 0.5), got {tol!r}")
+    tol = check_real("tol", tol, 0.0, 0.5, high_open=True)
     if graph.num_variables == 0:
         raise ValueError("graph has no variables: there is nothing to decode")
     lp = LPBuilder(graph)

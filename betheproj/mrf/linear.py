@@ -7,6 +7,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from .._checks import check_count
 from .pairwise import (
     MAX_CONFIGURATIONS,
     LocalMarginals,
@@ -14,7 +15,6 @@ from .pairwise import (
     PairwiseMRF,
     _as_float_array,
     _check_enumerable,
-    _check_positive_int,
 )
 
 __all__ = ["LinearPairwiseMRF"]
@@ -36,7 +36,7 @@ class LinearPairwiseMRF:
                  *, num_features: int | None = None):
         self.structure = PairwiseMRF(labels, edges, node_offsets, edge_offsets)
         cards, edges_ = self.structure.cardinalities, self.structure.edges
-        d = None if num_features is None else _check_positive_int("num_features", num_features)
+        d = None if num_features is None else check_count("num_features", num_features)
         self._nf: list[np.ndarray | None] = [None] * len(cards)
         self._ef: list[np.ndarray | None] = [None] * len(edges_)
         if node_features is not None:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from .._checks import check_count, check_nonnegative, check_real
 from ..factor_graphs import belief_propagation
 from ..factor_graphs import lp_map as _fg_lp_map
-from .pairwise import MAX_CONFIGURATIONS, LocalMarginals, MAPResult, PairwiseMRF, _check_float, _check_positive_int
+from .pairwise import MAX_CONFIGURATIONS, LocalMarginals, MAPResult, PairwiseMRF
 
 __all__ = ["exact_map", "lp_map", "lbp_map"]
 
@@ -75,10 +76,8 @@ def lbp_map(mrf: PairwiseMRF, *, damping: float = 0.0, tol: float = 1e-9, max_it
     ``marginals`` is the one-hot point of the decoded labelling (LBP proposes that labelling); ``beliefs`` holds the
     max-marginal beliefs scaled to max 1; ``ties`` lists nodes whose two best beliefs are within ``1e-9``."""
     mrf = _check_mrf(mrf)
-    damping = _check_float("damping", damping, 0.0, 1.0)
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
-        raise ValueError(f"tol must be a non-negative float, got {tol!r}")
-    max_iter = _check_positive_int("max_iter", max_iter)
+    damping = check_real("damping", damping, 0.0, 1.0, high_open=True)
+    tol, max_iter = check_nonnegative("tol", tol), check_count("max_iter", max_iter)
     if backend == "numpy":
         beliefs, converged, iterations, history = _lbp_numpy(mrf, damping, float(tol), max_iter)
     elif backend == "factor_graphs":

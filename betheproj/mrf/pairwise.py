@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._checks import check_count, check_int
 from ..factor_graphs import FactorGraph
 
 __all__ = ["PairwiseMRF", "LocalMarginals", "MAPResult", "grid_edges", "agreement_table"]
@@ -54,31 +55,9 @@ def _as_float_array(name: str, x: object, ndim: int | None = None, allow_neg_inf
     return arr
 
 
-def _as_int(name: str, x: object) -> int:
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-    return int(x)
-
-
-def _check_positive_int(name: str, x: object) -> int:
-    v = _as_int(name, x)
-    if v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v}")
-    return v
-
-
-def _check_float(name: str, x: object, lo: float, hi: float, hi_open: bool = True) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{name} must be a float, got {type(x).__name__}")
-    v = float(x)
-    if not (lo <= v < hi if hi_open else lo <= v <= hi):
-        raise ValueError(f"{name} must lie in [{lo}, {hi}{')' if hi_open else ']'}, got {v}")
-    return v
-
-
 def grid_edges(rows: int, cols: int) -> list[tuple[int, int]]:
     """The 4-neighbour edges of a ``rows x cols`` grid, nodes numbered row-major (``r * cols + c``)."""
-    rows, cols = _check_positive_int("rows", rows), _check_positive_int("cols", cols)
+    rows, cols = check_count("rows", rows), check_count("cols", cols)
     out = []
     for r in range(rows):
         for c in range(cols):
@@ -191,7 +170,7 @@ class PairwiseMRF:
         return [j if i == v else i for i, j in self._edges if v in (i, j)]
 
     def _check_node(self, name: str, v: object) -> int:
-        v = _as_int(name, v)
+        v = check_int(name, v)
         if not 0 <= v < self.num_nodes:
             raise ValueError(f"{name} = {v} is not a node (the MRF has {self.num_nodes})")
         return v
@@ -374,7 +353,7 @@ def _check_structure(labels: object, edges: object) -> tuple[tuple[tuple[Hashabl
     for e, edge in enumerate(edges):
         if not isinstance(edge, (Sequence, np.ndarray)) or isinstance(edge, str) or len(edge) != 2:
             raise ValueError(f"edges[{e}] must be a pair (i, j), got {edge!r}")
-        i, j = (_as_int(f"edges[{e}][{k}]", edge[k]) for k in range(2))
+        i, j = (check_int(f"edges[{e}][{k}]", edge[k]) for k in range(2))
         for k, v in ((0, i), (1, j)):
             if not 0 <= v < n:
                 raise ValueError(f"edges[{e}][{k}] = {v} is not a node (the MRF has {n})")
@@ -389,7 +368,7 @@ def _check_structure(labels: object, edges: object) -> tuple[tuple[tuple[Hashabl
 
 
 def _check_enumerable(cards: Sequence[int], max_configurations: int) -> None:
-    max_configurations = _check_positive_int("max_configurations", max_configurations)
+    max_configurations = check_count("max_configurations", max_configurations)
     total = math.prod(cards)
     if total > max_configurations:
         raise ValueError(f"the MRF has {total} labellings, more than max_configurations={max_configurations}; "

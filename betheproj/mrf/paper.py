@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .._checks import check_count, check_nonnegative, check_positive, check_real
 from .bounds import lp_margin_bounds
 from .linear import LinearPairwiseMRF
 from .map import lbp_map, lp_map
@@ -16,8 +17,6 @@ from .pairwise import (
     MAPResult,
     PairwiseMRF,
     _as_float_array,
-    _check_float,
-    _check_positive_int,
     agreement_table,
     grid_edges,
 )
@@ -76,11 +75,7 @@ def figure2_mrf(alpha: float, beta: float, coupling: float = 1e6) -> PairwiseMRF
     """The MRF of Figure 2: binary nodes with labels (-1, 1); ``psi_A(1) = e^alpha``, ``psi_B(1) = e^beta``,
     ``psi(-1) = 1``; every edge has ``psi_ij(y_i, y_j) = lambda`` if ``y_i = y_j`` else 1, with
     ``log lambda = coupling`` (large, so that the MAP is all -1 or all 1: ``y_MAP = sign(alpha + beta)``)."""
-    a = _check_float("alpha", alpha, -np.inf, np.inf)
-    b = _check_float("beta", beta, -np.inf, np.inf)
-    lam = _check_float("coupling", coupling, 0.0, np.inf)
-    if lam <= 0:
-        raise ValueError(f"coupling must be positive, got {lam}")
+    a, b, lam = check_real("alpha", alpha), check_real("beta", beta), check_positive("coupling", coupling)
     node = [np.array([0.0, a if t == "A" else b]) for t in FIGURE2_TYPES]
     return PairwiseMRF([FIGURE2_LABELS] * 4, FIGURE2_EDGES, node, lam * np.eye(2))
 
@@ -94,7 +89,7 @@ def figure3_dataset(coupling: float = 1e6) -> list[tuple[LinearPairwiseMRF, np.n
     mirror image on (b), and the perceptron updates are ``-(1, 0.95)`` and ``+(0.95, 1)`` (up to the step size:
     with 2 nodes of each type ``Phi(x, 1) - Phi(x, -1) = 2 (x_alpha + x_beta)``).  Edge potentials are fixed
     offsets ``coupling * I(y_i = y_j)``."""
-    lam = _check_float("coupling", coupling, 0.0, np.inf)
+    lam = check_nonnegative("coupling", coupling)
     out = []
     for xa, xb, label in (((1.0, 0.0), (0.0, 0.95), -1), ((0.0, 1.0), (0.95, 0.0), 1)):
         nf = []
@@ -112,7 +107,7 @@ def lbp_exponents(iterations: int) -> list[tuple[tuple[int, int], tuple[int, int
     """Iterate section 4.1's parallel updates of the label-1 messages, ``m = exp(p alpha + q beta)``:
     ``m_AB <- e^alpha m_BA``, ``m_BA <- e^beta m_AB m_BB``, ``m_BB <- e^beta m_AB^2``, from ``p = q = 0``.
     Returns ``[(p, q) of m_AB, m_BA, m_BB]`` after each iteration (exact integers)."""
-    iterations = _check_positive_int("iterations", iterations)
+    iterations = check_count("iterations", iterations)
     ab, ba, bb = (0, 0), (0, 0), (0, 0)
     out = []
     for _ in range(iterations):
@@ -138,9 +133,7 @@ def lbp_decision_boundary(beta: float = -1.0, lo: float = 0.5, hi: float = 2.0, 
     """Measure ``gamma`` from max-product LBP itself: for fixed ``beta < 0``, bisect on ``alpha`` for the point where
     the LBP labelling of :func:`figure2_mrf` flips from -1 to 1; LBP predicts ``sign(alpha + gamma beta)``, so the
     flip is at ``alpha = gamma |beta|``.  Returns ``alpha / |beta|``."""
-    b = _check_float("beta", beta, -np.inf, 0.0)
-    if b >= 0:
-        raise ValueError(f"beta must be negative, got {b}")
+    b = check_real("beta", beta, high=0.0, high_open=True)
 
     def predicts_one(alpha: float) -> bool:
         res = lbp_map(figure2_mrf(alpha, b, coupling), max_iter=max_iter, tol=1e-12)
@@ -176,7 +169,7 @@ def random_grid_dataset(num_instances: int, rows: int = 3, cols: int = 3, *, nod
     (frustrated cycles, where the LP may be fractional).  An instance is kept when the LP solution under
     ``w_true`` is integral and its certified margin (:func:`lp_margin_bounds`, lower bound) is at least
     ``min_margin``.  Returns ``([(model, gold)], w_true)``."""
-    num_instances = _check_positive_int("num_instances", num_instances)
+    num_instances = check_count("num_instances", num_instances)
     rng = np.random.default_rng(seed)
     d = node_dim + edge_dim
     if w_true is None:
