@@ -8,10 +8,13 @@ every solver.  Energies with a closed-form gradient override :meth:`Energy.grad`
 from __future__ import annotations
 
 from collections.abc import Callable
+from numbers import Real
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_real
 from ..oracles.base import Marginals
 
 __all__ = ["Energy", "Gradient", "EnergySum", "Scaled", "FunctionEnergy", "as_weight"]
@@ -58,12 +61,9 @@ def as_weight(psi: float | Tensor, name: str = "psi") -> float | Tensor:
         if not torch.isfinite(psi).all():
             raise ValueError(f"{name} must be finite")
         return psi
-    if isinstance(psi, bool) or not isinstance(psi, int | float):
+    if isinstance(psi, bool | np.bool_) or not isinstance(psi, Real):
         raise TypeError(f"{name} must be a float or a tensor, got {type(psi).__name__}")
-    psi = float(psi)
-    if psi != psi or abs(psi) == float("inf"):
-        raise ValueError(f"{name} must be finite, got {psi}")
-    return psi
+    return check_real(name, psi)
 
 
 def weight_per_example(psi: float | Tensor, batch: int, like: Tensor, name: str = "psi") -> Tensor:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from numbers import Real
+
+import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_positive
 from ..oracles.base import Marginals
 from .base import Energy, Gradient, weight_per_example
 
@@ -18,11 +22,9 @@ def _positive(name: str, x: float | Tensor) -> float | Tensor:
         if not (torch.isfinite(x).all() and (x > 0).all()):
             raise ValueError(f"{name} must be finite and > 0")
         return x
-    if isinstance(x, bool) or not isinstance(x, int | float):
+    if isinstance(x, bool | np.bool_) or not isinstance(x, Real):
         raise TypeError(f"{name} must be a float or a tensor, got {type(x).__name__}")
-    if not (x > 0 and x != float("inf")):
-        raise ValueError(f"{name} must be finite and > 0, got {x}")
-    return float(x)
+    return check_positive(name, x)
 
 
 class Poisson(Energy):

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .._checks import check_count, check_nonnegative, check_positive
 from ..energies.base import Energy
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
 from .state import SolverState, _objective_parts
@@ -73,7 +74,8 @@ class Solution:
     method: str
 
 
-def _check_args(oracle, potentials, energy, method, max_iter, tol, max_backtracks, beta, step, lipschitz) -> None:
+def _check_args(oracle, potentials, energy, method, max_iter, tol, max_backtracks, beta, step, lipschitz,
+                trust_region) -> tuple:
     for name in ("marginals", "map", "entropy"):
         if not callable(getattr(oracle, name, None)):
             raise TypeError(f"oracle must provide {name}(); got {type(oracle).__name__}")
@@ -83,15 +85,13 @@ def _check_args(oracle, potentials, energy, method, max_iter, tol, max_backtrack
         raise TypeError(f"energy must be a betheproj.energies.Energy, got {type(energy).__name__}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 0:
-        raise ValueError(f"max_iter must be a non-negative int, got {max_iter!r}")
-    if isinstance(max_backtracks, bool) or not isinstance(max_backtracks, int) or max_backtracks < 0:
-        raise ValueError(f"max_backtracks must be a non-negative int, got {max_backtracks!r}")
-    for name, val in (("tol", tol), ("beta", beta), ("step", step), ("lipschitz", lipschitz)):
-        if isinstance(val, bool) or not isinstance(val, int | float) or not 0 <= val < float("inf"):
-            raise ValueError(f"{name} must be a finite non-negative number, got {val!r}")
-    if method == "md" and step <= 0:
-        raise ValueError("step must be > 0 for method='md'")
+    max_iter, max_backtracks = check_count("max_iter", max_iter, 0), check_count("max_backtracks", max_backtracks, 0)
+    tol, beta, lipschitz = (check_nonnegative(name, val) for name, val in (("tol", tol), ("beta", beta),
+                                                                            ("lipschitz", lipschitz)))
+    step = check_positive("step", step) if method == "md" else check_nonnegative("step", step)
+    if trust_region is not None:
+        trust_region = check_positive("trust_region", trust_region)
+    return max_iter, tol, max_backtracks, beta, step, lipschitz, trust_region
 
 
 @torch.no_grad()
@@ -135,9 +135,8 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     """
     if tol is None and isinstance(potentials, PairwisePotentials):
         tol = 1e-6 if potentials.node.dtype == torch.float64 else 1e-4
-    _check_args(oracle, potentials, energy, method, max_iter, tol, max_backtracks, beta, step, lipschitz)
-    if trust_region is not None and not (isinstance(trust_region, int | float) and trust_region > 0):
-        raise ValueError(f"trust_region must be a positive number or None, got {trust_region!r}")
+    max_iter, tol, max_backtracks, beta, step, lipschitz, trust_region = _check_args(
+        oracle, potentials, energy, method, max_iter, tol, max_backtracks, beta, step, lipschitz, trust_region)
     state = SolverState(oracle, potentials, energy, method, tol, beta, step, lipschitz, max_backtracks,
                         trust_region, warm_start)
     for it in range(max_iter):

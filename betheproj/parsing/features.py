@@ -38,6 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._checks import check_int
 from ..data.conllu import Sentence
 
 __all__ = ["UPOS_TAGS", "ArcFeatures"]
@@ -118,9 +119,7 @@ class ArcFeatures:
     ``context``: add the context templates (models saved before they existed load with ``context=False``)."""
 
     def __init__(self, bits: int = 22, lowercase: bool = True, xpos: bool = False, context: bool = True):
-        if not isinstance(bits, int) or not 8 <= bits <= 30:
-            raise ValueError(f"bits must be an int in [8, 30], got {bits!r}")
-        self.bits = bits
+        self.bits = check_int("bits", bits, 8, 30)
         self.lowercase = lowercase
         self.xpos = bool(xpos)
         self.context = bool(context)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_count
 from ..data.conllu import Sentence
 from ..learning.losses import resolve_loss
 from ..learning.online import OnlineResult, SparseExample, fit_online
@@ -267,8 +268,7 @@ class DependencyParser:
         """Predicted heads (int64 arrays, 0 = root) of every sentence, decoded in length-sorted batches."""
         w = self._require_weights()
         sentences = list(sentences)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = check_count("batch_size", batch_size)
         for i, s in enumerate(sentences):
             if len(s) == 0:
                 raise ValueError(f"sentence {i} has no words")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._checks import check_int
 from ..data.conllu import Sentence
 from .features import _hash_string, _Hasher, _mix
 
@@ -53,9 +54,7 @@ class SecondOrderFeatures:
     :meth:`sibling` / :meth:`grandparent` map part index arrays to feature ids ``[P, K]`` (int64), all in NumPy."""
 
     def __init__(self, bits: int = 20, lowercase: bool = True, context: bool = True):
-        if isinstance(bits, bool) or not isinstance(bits, int) or not 8 <= bits <= 28:
-            raise ValueError(f"bits must be an int in [8, 28], got {bits!r}")
-        self.bits = bits
+        self.bits = check_int("bits", bits, 8, 28)
         self.lowercase = bool(lowercase)
         self.context = bool(context)
         self._hash = _Hasher()

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_count, check_real
 from ..data.conllu import Sentence
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
@@ -67,10 +68,7 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
     with the scores ``w1 . f(h -> m)``) whose marginal is at least ``min_prob``, plus the arcs of the first-order
     MAP tree (so a tree always survives), plus the gold head if ``gold``.  Returns the kept arcs with their
     first-order feature ids and the pruning recall (gold heads kept, punctuation excluded)."""
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
-    if not 0.0 <= min_prob < 1.0:
-        raise ValueError(f"min_prob must lie in [0, 1), got {min_prob!r}")
+    top_k, min_prob = check_count("top_k", top_k), check_real("min_prob", min_prob, 0.0, 1.0, high_open=True)
     sentences = list(sentences)
     for i, s in enumerate(sentences):
         if len(s) == 0:

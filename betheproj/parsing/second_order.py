@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_count
 from ..data.conllu import Sentence
 from ..energies.second_order import SecondOrderArcs
 from ..inference.solve import solve
@@ -137,8 +138,8 @@ class SecondOrderParser:
         sentences = list(sentences)
         if not sentences:
             raise ValueError("no training sentences")
-        if epochs < 1 or train_iter < 1 or max_batch < 1:
-            raise ValueError("epochs, train_iter and max_batch must be >= 1")
+        epochs, train_iter = check_count("epochs", epochs), check_count("train_iter", train_iter)
+        max_batch = check_count("max_batch", max_batch)
         check_gold_trees(sentences, self.first.single_root)
         if dev is not None and not scorable_words(dev):
             raise ValueError("dev has no words with a gold HEAD to score (punctuation excluded)")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .._checks import check_count, check_real
 from ..energies.second_order import SecondOrderArcs, second_order_masks
 from ..inference.decode import decode
 from ..inference.solve import Solution, solve
@@ -100,10 +101,8 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     """
     if not isinstance(theta, Tensor) or theta.dim() != 3 or theta.shape[1] != theta.shape[2]:
         raise ValueError("theta must be head-major arc scores [B, C, C]")
-    if not 0.0 <= damping < 1.0:
-        raise ValueError(f"damping must lie in [0, 1), got {damping!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ValueError(f"max_iter must be a positive int, got {max_iter!r}")
+    damping = check_real("damping", damping, 0.0, 1.0, high_open=True)
+    max_iter = check_count("max_iter", max_iter)
     b, c, _ = theta.shape
     for name, t in (("sibling", sibling), ("grandparent", grandparent)):
         if t is not None and (not isinstance(t, Tensor) or t.shape != (b, c, c, c)):

@@ -215,8 +215,8 @@ def test_user_energy_by_autograd_uses_edges_only_when_read():
 
 @pytest.mark.parametrize("make, msg", [
     (lambda: Poisson(-torch.ones(1, 2, 2, dtype=DT)), "non-negative"),
-    (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), rate=0.0), "rate must be finite and > 0"),
-    (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), scale=-1.0), "scale must be finite and > 0"),
+    (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), rate=0.0), "rate must be a finite number > 0"),
+    (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), scale=-1.0), "scale must be a finite number > 0"),
     (lambda: Poisson(torch.ones(2, 2, dtype=DT)), r"counts must be \[B, N, C\]"),
     (lambda: LinearMeasurements(), "needs node and/or edge"),
     (lambda: LinearMeasurements(node=torch.ones(2, 3), loss="cubic"), "loss must be one of"),
@@ -224,7 +224,7 @@ def test_user_energy_by_autograd_uses_edges_only_when_read():
     (lambda: NearestPrototype(torch.ones(2, 3), statistic="bigram"), "statistic must be"),
     (lambda: NearestPrototype(torch.ones(2, 3, 3), statistic="word"), "prototype_lengths"),
     (lambda: MeanField(torch.tensor([[0, 1, 2]]), torch.ones(1, 2, 2)), r"pairs must be an integer tensor \[K, 2\]"),
-    (lambda: NearestPrototype(torch.ones(2, 3), psi=float("nan")), "psi must be finite"),
+    (lambda: NearestPrototype(torch.ones(2, 3), psi=float("nan")), "psi must be a finite number"),
     (lambda: Poisson(torch.ones(1, 2, 2, dtype=torch.long)), "counts must be a floating-point tensor"),
     (lambda: Poisson(torch.full((1, 2, 2), float("inf"), dtype=DT)), "counts must be finite"),
     (lambda: Poisson(torch.ones(1, 2, 2, dtype=DT), rate=torch.tensor([1, 2])), "rate must be a float or a floating"),

@@ -1,5 +1,6 @@
 """Solvers: Proposition 1, robustness on stiff energies, batching, anytime iterates, decoding, errors."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -246,15 +247,29 @@ def test_global_constraint_changes_the_decoding():
 
 @pytest.mark.parametrize("kwargs, exc, msg", [
     ({"method": "newton"}, ValueError, "method must be one of"),
-    ({"max_iter": -1}, ValueError, "max_iter must be a non-negative int"),
-    ({"tol": -1.0}, ValueError, "tol must be a finite non-negative"),
+    ({"max_iter": -1}, ValueError, "max_iter must be an int >= 0"),
+    ({"max_iter": 2.0}, TypeError, "max_iter must be an int, got float"),
+    ({"max_backtracks": True}, TypeError, "max_backtracks must be an int, got bool"),
+    ({"tol": -1.0}, ValueError, "tol must be a finite number >= 0"),
+    ({"tol": "1e-6"}, TypeError, "tol must be a real number, got str"),
     ({"beta": float("nan")}, ValueError, "beta must be"),
-    ({"method": "md", "step": 0.0}, ValueError, "step must be > 0"),
-    ({"trust_region": 0.0}, ValueError, "trust_region must be a positive number"),
+    ({"lipschitz": float("inf")}, ValueError, "lipschitz must be a finite number >= 0"),
+    ({"method": "md", "step": 0.0}, ValueError, "step must be a finite number > 0"),
+    ({"trust_region": 0.0}, ValueError, "trust_region must be a finite number > 0"),
 ])
 def test_bad_solver_arguments(kwargs, exc, msg):
     with pytest.raises(exc, match=msg):
         bp.solve(bp.LinearChain(), _theta(), _convex_energy(), **kwargs)
+
+
+def test_numpy_and_tensor_scalars_are_numbers_like_any_other():
+    """``max_iter=np.int64(50)`` (from a NumPy grid of settings) is the same call as ``max_iter=50``."""
+    theta, energy = _theta(), _convex_energy()
+    want = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=50, tol=1e-6)
+    got = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=np.int64(50), tol=np.float64(1e-6),
+                   step=torch.tensor(1.0, dtype=DT), trust_region=np.float32(10.0))
+    assert torch.equal(got.marginals.node, want.marginals.node)
+    assert torch.equal(got.iterations, want.iterations)
 
 
 def test_bad_solver_inputs():

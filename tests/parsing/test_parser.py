@@ -145,7 +145,7 @@ def test_save_load_and_errors(tmp_path):
         DependencyParser(bits=12).fit(sentences, loss="hinge")
     with pytest.raises(ValueError, match="no training sentences"):
         DependencyParser(bits=12).fit([])
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
         loaded.predict(sentences, batch_size=0)
     assert "trained" in repr(loaded) and "untrained" in repr(DependencyParser(bits=12))
     state = torch.load(tmp_path / "m.pt", weights_only=True)
