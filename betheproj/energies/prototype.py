@@ -65,6 +65,9 @@ class NearestPrototype(Energy):
             raise ValueError("prototype_lengths [P] is required with statistic='word'")
         if prototype_lengths is not None:
             prototype_lengths = _integer_lengths(prototype_lengths, prototypes.shape[0])
+            if statistic == "word" and int(prototype_lengths.max()) > prototypes.shape[1]:
+                raise ValueError(f"prototype_lengths must be at most M={prototypes.shape[1]} (the positions stored "
+                                 f"per prototype), got {int(prototype_lengths.max())}")
         self.prototypes = prototypes
         self.prototype_lengths = prototype_lengths
         self.statistic = statistic

@@ -147,11 +147,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     final = state.shift(state.theta, state.delta_node, state.delta_edge)
     calls = state.calls
     if method == "accelerated":
-        # mu_t averages oracle outputs; the dual iterate is that of the last nu_t, which converged examples
-        # return (the point their stationarity was tested at)
-        done = state.converged.nonzero().flatten()
-        state.mu_node[done], state.mu_edge[done] = state.nu_node[done], state.nu_edge[done]
-        state.f[done] = state.nu_f[done]
+        # mu_t averages oracle outputs (converged examples hold nu_t, whose dual iterate and log Z these are)
         marg = Marginals(state.mu_node, state.mu_edge, state.log_z, state.lengths)
     else:
         marg = oracle.marginals(final)

@@ -319,11 +319,18 @@ class SolverState:
                                  point_node, point_edge)
         self.residual[a] = res
         keep = res > self.tol
-        self.converged[a[~keep]] = True
+        done = a[~keep]
+        self.converged[done] = True
+        if self.method == "accelerated" and done.numel():
+            # they return nu, the point their stationarity was tested at (so its objective ends the history)
+            self.mu_node[done], self.mu_edge[done], self.f[done] = self.nu_node[done], self.nu_edge[done], \
+                self.nu_f[done]
         if not keep.all():
             a, s1, cw, g_n = a[keep], s1[keep], cw[keep], g_n[keep]
             g_e = None if g_e is None else g_e[keep]
             if a.numel() == 0:
+                if self.method == "accelerated":     # the examples that stopped here moved to nu
+                    self.history.append(self.f.clone())
                 return False
 
         p_cur = self.param[a].clone()
@@ -333,7 +340,7 @@ class SolverState:
             # a gradient of 1e21 (counts where the base marginal is 1e-22) needs steps far below 1e-20
             # (mirror descent's eta; for RDA 1/beta on a fresh start, where the move is t/(t + beta) of it)
             reach = (g_n + self.delta_node[a]).abs().flatten(1).amax(-1)
-            if g_e is not None:
+            if g_e is not None and g_e[0].numel():          # a chain of length 1 has no edges
                 reach = torch.maximum(reach, (g_e + self.delta_edge[a]).abs().flatten(1).amax(-1))
             min_step = _MIN_STEP / reach.clamp_min(1.0)
         clean = torch.ones(a.numel(), dtype=torch.bool, device=self.device)

@@ -223,6 +223,8 @@ def test_user_energy_by_autograd_uses_edges_only_when_read():
     (lambda: LinearMeasurements(node=torch.ones(2, 3), edge=torch.ones(3, 3, 3)), "J=2 measurements"),
     (lambda: NearestPrototype(torch.ones(2, 3), statistic="bigram"), "statistic must be"),
     (lambda: NearestPrototype(torch.ones(2, 3, 3), statistic="word"), "prototype_lengths"),
+    (lambda: NearestPrototype(torch.ones(1, 2, 3), statistic="word", prototype_lengths=torch.tensor([4])),
+     "prototype_lengths must be at most M=2"),
     (lambda: MeanField(torch.tensor([[0, 1, 2]]), torch.ones(1, 2, 2)), r"pairs must be an integer tensor \[K, 2\]"),
     (lambda: NearestPrototype(torch.ones(2, 3), psi=float("nan")), "psi must be a finite number"),
     (lambda: Poisson(torch.ones(1, 2, 2, dtype=torch.long)), "counts must be a floating-point tensor"),

@@ -295,11 +295,39 @@ def test_bad_solver_inputs():
 def test_single_position_chain_with_node_and_edge_energies(method):
     theta = bp.ChainPotentials(torch.randn(2, 1, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
     for energy in (LinearMeasurements(node=torch.randn(2, 3, dtype=DT), loss="squared", psi=1.0),
-                   LinearMeasurements(edge=torch.randn(2, 3, 3, dtype=DT), loss="squared", psi=1.0)):
+                   LinearMeasurements(edge=torch.randn(2, 3, 3, dtype=DT), loss="squared", psi=1.0),
+                   LinearMeasurements(node=torch.randn(2, 3, dtype=DT), edge=torch.randn(2, 3, 3, dtype=DT),
+                                      loss="squared", psi=1.0)):
         sol = bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=2000)
         md = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=2000)
         assert torch.allclose(sol.objective, md.objective, rtol=1e-6)
         assert (bp.decode(bp.LinearChain(), sol) >= 0).all()
+
+
+def test_single_position_chain_with_per_position_edges():
+    """N = 1 with the [B, N-1, C, C] = [B, 0, C, C] edge layout and an energy on nodes and edges (rda and md
+    used to fail taking a maximum over the empty edge offsets)."""
+    theta = bp.PairwisePotentials(torch.randn(2, 1, 3, dtype=DT), torch.zeros(2, 0, 3, 3, dtype=DT))
+    energy = LinearMeasurements(node=torch.randn(1, 3, dtype=DT), edge=torch.ones(1, 3, 3, dtype=DT), offset=0.5,
+                                loss="squared")
+    md = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=500)
+    assert md.converged.all()
+    for method in ("rda", "accelerated"):
+        sol = bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=500, tol=1e-4)
+        assert torch.allclose(sol.objective, md.objective, rtol=1e-6)
+
+
+def test_objective_history_ends_with_the_returned_objective():
+    """``objectives[:, -1]`` is ``objective`` for every method; the accelerated method returns nu_t (not the
+    average mu_t) for a converged example, and its history ends with nu_t's objective."""
+    torch.manual_seed(0)
+    theta = bp.ChainPotentials(torch.randn(4, 6, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
+    energy = LinearMeasurements(node=torch.randn(2, 3, dtype=DT), offset=0.5, loss="squared", psi=3.0)
+    for method in METHODS:
+        sol = bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=100)
+        assert torch.equal(sol.objectives[:, -1], sol.objective)
+        assert torch.allclose(sol.objective, bp.objective(bp.LinearChain(), theta, energy, sol.marginals),
+                              rtol=1e-12)
 
 
 def test_zero_iterations_returns_the_base_marginals():
