@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .._files import torch_save
 from ..data.citation_constraints import (
     BigramExclusions,
     Constraints,
@@ -322,14 +323,15 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
 def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constraints: Constraints,
                config: CitationConfig, order: OrderConstraints | None = None,
                formats: BigramExclusions | None = None) -> None:
-    """Write everything :func:`load_model` needs to tag new citations."""
+    """Write everything :func:`load_model` needs to tag new citations (``OSError`` naming ``path`` when it cannot be
+    written)."""
     state = {"index": index.state(), "model": model.state_dict(), "a": constraints.a, "b": constraints.b,
              "names": constraints.names, "config": asdict(config)}
     if order is not None:
         state["order"] = asdict(order)
     if formats is not None:
         state["formats"] = asdict(formats)
-    torch.save(state, path)
+    torch_save(state, path)
 
 
 def load_model(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF]:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_count
+from .._files import torch_save
 from ..energies.base import Energy
 from ..inference.decode import decode
 from ..inference.pieces import solve_global
@@ -142,8 +143,8 @@ class NonLocalCRF(nn.Module):
         return self
 
     def save(self, path: str | Path) -> None:
-        """Write the parameters (``state_dict``) to ``path``."""
-        torch.save(self.state_dict(), path)
+        """Write the parameters (``state_dict``) to ``path`` (``OSError`` naming it when it cannot be written)."""
+        torch_save(self.state_dict(), path)
 
     def load(self, path: str | Path) -> NonLocalCRF:
         """Read parameters written by :meth:`save` into this model (built with the same structure)."""

@@ -80,8 +80,10 @@ def _positive(value: int, name: str) -> None:
 
 
 def _output_path(value: str, option: str) -> Path:
-    """``value`` checked, before any work, to be a file ``option`` can write: its folder exists and is a folder,
-    and it is not itself a folder."""
+    """``value`` checked, before any work, to be a file ``option`` can write: its folder exists, is a folder and
+    takes a new file (probed), and it is not itself a folder."""
+    from .._files import check_writable
+
     out = Path(value)
     if out.is_dir():
         raise ValueError(f"{option} {out} is a directory; expected a file name")
@@ -90,6 +92,7 @@ def _output_path(value: str, option: str) -> Path:
         raise FileNotFoundError(f"the folder of {option} {out} does not exist")
     if not folder.is_dir():
         raise ValueError(f"the folder of {option} {out} ({folder}) is not a directory")
+    check_writable(folder, f"{option} {out}")
     return out
 
 

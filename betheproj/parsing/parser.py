@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_count
+from .._files import torch_save
 from ..data.conllu import Sentence
 from ..learning.losses import resolve_loss
 from ..learning.online import OnlineResult, SparseExample, fit_online
@@ -303,9 +304,10 @@ class DependencyParser:
 
     # ------------------------------------------------------------------------------------------------ storage
     def save(self, path: str | Path) -> None:
-        """Write the configuration and weights (float32) with ``torch.save``."""
+        """Write the configuration and weights (float32) with ``torch.save`` (``OSError`` naming ``path`` when it
+        cannot be written)."""
         w = self._require_weights()
-        torch.save({"format": FORMAT, "version": VERSION, "config": self.config(), "info": self.info,
+        torch_save({"format": FORMAT, "version": VERSION, "config": self.config(), "info": self.info,
                     "weights": w}, Path(path))
 
     @classmethod

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_count
+from .._files import torch_save
 from ..data.conllu import Sentence
 from ..energies.second_order import SecondOrderArcs
 from ..inference.solve import solve
@@ -253,8 +254,9 @@ class SecondOrderParser:
 
     # ------------------------------------------------------------------------------------------------ storage
     def save(self, path: str | Path) -> None:
-        """Write the first-order configuration, the pruner, ``w1``, ``w2`` and the settings with ``torch.save``."""
-        torch.save({"format": FORMAT, "version": VERSION, "first_config": self.first.config(),
+        """Write the first-order configuration, the pruner, ``w1``, ``w2`` and the settings with ``torch.save``
+        (``OSError`` naming ``path`` when it cannot be written)."""
+        torch_save({"format": FORMAT, "version": VERSION, "first_config": self.first.config(),
                     "features": self.features.config(), "top_k": self.top_k, "min_prob": self.min_prob,
                     "pruner": self.pruner, "w1": self.w1.detach(), "w2": self.w2.detach(), "info": self.info},
                    Path(path))

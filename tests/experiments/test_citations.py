@@ -87,6 +87,17 @@ def test_small_run_and_cli(tmp_path, capsys):
     assert "model.pt is not a citation model" in err and len(err.strip().splitlines()) == 1
 
 
+def test_save_model_to_a_path_that_cannot_be_written_is_an_os_error_naming_it(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    index = SimpleNamespace(state=lambda: {})
+    constraints = SimpleNamespace(a=torch.zeros(1), b=torch.zeros(1), names=["c"])
+    missing = tmp_path / "missing" / "model.pt"                  # torch.save raises RuntimeError here
+    with pytest.raises(OSError, match=f"cannot write {missing}"):
+        citations.save_model(missing, index, torch.nn.Linear(1, 1), constraints, citations.CitationConfig())
+
 def test_cli_errors(tmp_path, capsys):
     assert main(["citations", "--out", str(tmp_path), "--predict", str(tmp_path / "missing.txt")]) == 2
     assert "no file" in capsys.readouterr().err

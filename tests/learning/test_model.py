@@ -143,6 +143,11 @@ def test_fit_predict_save_load_roundtrip(tmp_path):
         clone.load(tmp_path / "missing.pt")
 
 
+def test_save_to_a_path_that_cannot_be_written_is_an_os_error_naming_it(tmp_path):
+    missing = tmp_path / "missing" / "model.pt"                  # torch.save raises RuntimeError here
+    with pytest.raises(OSError, match=f"cannot write {missing}"):
+        NonLocalCRF(LinearChainCRF(6, 4)).save(missing)
+
 def test_early_stopping_restores_the_best_validation_state():
     x, labels, lengths = _ocr_like(b=80)
     model = NonLocalCRF(LinearChainCRF(6, 4))

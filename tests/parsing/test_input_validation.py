@@ -85,6 +85,40 @@ def test_predict_checks_output_path_before_parsing(models, tmp_path, monkeypatch
     assert afile.read_text() == "x"
 
 
+def test_train_checks_the_model_folder_is_writable_before_training(models, tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    from betheproj import _files
+
+    def read_only(*args, **kwargs):                  # root ignores chmod: fake a read-only mount
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(DependencyParser, "fit", _no_training)
+    monkeypatch.setattr(_files.tempfile, "mkstemp", read_only)
+    assert main(["train", "--train", str(models["train"]), "--quiet", "--model", str(tmp_path / "m.pt")]) == 2
+    assert f"--model {tmp_path / 'm.pt'}: cannot write in the folder {tmp_path} (Read-only file system)" in \
+        _one_error_line(capsys)
+
+
+def test_a_model_that_cannot_be_written_is_an_os_error_naming_it(models, tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "missing" / "m.pt"
+    with pytest.raises(OSError, match=f"cannot write {missing}"):
+        DependencyParser.load(models["first"]).save(missing)
+    with pytest.raises(OSError, match=f"cannot write {missing}"):
+        SecondOrderParser.load(models["second"]).save(missing)
+
+    def full(*args, **kwargs):                       # the folder passed the probe, the write fails anyway
+        raise RuntimeError("[enforce fail at inline_container.cc:600] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", full)
+    out = tmp_path / "m.pt"
+    assert main(["train", "--train", str(models["train"]), "--bits", "10", "--epochs", "1", "--quiet",
+                 "--model", str(out)]) == 2
+    assert f"error: cannot write {out} (" in _one_error_line(capsys)
+
+
 # ------------------------------------------------------------------------------------------- gold trees
 
 def _reference_is_tree(heads: list[int], single_root: bool) -> bool:

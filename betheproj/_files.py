@@ -1,0 +1,40 @@
+"""File helpers shared by the command line and the model writers: a folder's writability, probed before long work,
+and ``torch.save`` with its failures reported as an ``OSError`` naming the file.
+
+Imports nothing heavy at module level (the command line uses :func:`check_writable` before loading torch)."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+__all__ = ["check_writable", "torch_save"]
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """``ValueError`` naming ``what`` (an option, a file) when no file can be created in ``folder``: probed by
+    creating and deleting a file there, which also catches read-only mounts and full quotas that permission bits
+    do not show (and ``os.access`` does not see as root)."""
+    folder = Path(folder)
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".betheproj-write-test-")
+    except OSError as err:
+        raise ValueError(f"{what}: cannot write in the folder {folder} ({err.strerror or err})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def torch_save(obj: object, path: str | Path) -> None:
+    """``torch.save(obj, path)``; a file that cannot be written (``torch.save`` raises ``RuntimeError`` for a missing
+    or read-only folder, a full disk) is an ``OSError`` naming ``path``."""
+    import torch
+
+    try:
+        torch.save(obj, path)
+    except RuntimeError as err:
+        text = str(err)
+        found = re.search(r"strerror: (.+)", text)
+        reason = found.group(1).strip() if found else (text.strip().splitlines() or ["unknown error"])[-1]
+        raise OSError(f"cannot write {path} ({reason})") from None
