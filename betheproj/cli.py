@@ -82,9 +82,12 @@ def _int_list(text: str, name: str, low: int, high: int) -> list[int]:
     return sorted(set(values))
 
 
-def _out_folder(path: str, flag: str = "--out"):
-    """``path`` as a folder, created if missing (before any long work, so a bad path fails at once)."""
+def _out_folder(path: str, files: tuple[str, ...], flag: str = "--out"):
+    """``path`` as a folder, created if missing, that takes new files (probed) and where none of the ``files`` the
+    command will write is a folder: checked before any long work, so a bad path fails at once."""
     from pathlib import Path
+
+    from ._files import check_writable
 
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
@@ -93,6 +96,10 @@ def _out_folder(path: str, flag: str = "--out"):
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"{flag}: cannot create the folder {folder} ({err.strerror or err})") from None
+    check_writable(folder, flag)
+    for name in files:
+        if (folder / name).is_dir():
+            raise ValueError(f"{flag}: {folder / name} is a folder; the results are written to a file of that name")
     return folder
 
 
@@ -116,7 +123,7 @@ def _ocr(args: argparse.Namespace) -> None:
     data = load_ocr(args.data)
     if any(r in ocr.ENERGY_ROWS for r in rows):
         _need_matplotlib()
-    out = _out_folder(args.out)
+    out = _out_folder(args.out, ("results.json", "accuracy_vs_iterations.png", "iterations_histogram.png"))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     results = ocr.run(data, folds, rows, ocr.OCRConfig(seed=args.seed), progress=not args.quiet, log=log)
     print(ocr.format_table(results))
@@ -159,7 +166,7 @@ def _citations(args: argparse.Namespace) -> None:
 
     data = load_citations(args.data)
     _need_matplotlib()
-    out = _out_folder(args.out)
+    out = _out_folder(args.out, ("results.json", "f1_vs_iterations.png", "iterations_histogram.png", "model.pt"))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     config = citations.CitationConfig(seed=args.seed)
     results = citations.run(data, config, progress=not args.quiet, log=log, save=out / "model.pt")
@@ -201,7 +208,7 @@ def _run(args: argparse.Namespace) -> int:
             from .experiments import cgm
 
             _need_matplotlib()
-            _out_folder(args.out)
+            _out_folder(args.out, ("results.json", "flows.png"))
             cgm.run(args.grid, args.steps, args.population, args.rate, args.seasons, args.noise, args.seed,
                     args.compare, args.learn, args.out, args.schedule, progress=not args.quiet)
     except BrokenPipeError:                      # e.g. `betheproj citations --predict F | head`

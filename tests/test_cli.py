@@ -104,6 +104,52 @@ def test_an_out_path_that_is_a_file_fails_before_the_work(tmp_path):
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def _no_work(*args, **kwargs):
+    raise AssertionError("the work started although --out was bad")
+
+
+@pytest.fixture
+def runs_stubbed(tmp_path, monkeypatch):
+    """Each command's arguments (ocr and citations with loadable data) with the work itself stubbed out."""
+    import betheproj.data.citations
+    from betheproj.experiments import cgm, citations, ocr
+    from tests.experiments.test_ocr import write_synthetic_npz
+
+    for module in (cgm, citations, ocr):
+        monkeypatch.setattr(module, "run", _no_work)
+    splits = {"train": ["c"], "dev": ["c"], "test": ["c"]}
+    monkeypatch.setattr(betheproj.data.citations, "load_citations", lambda folder: splits)
+    write_synthetic_npz(tmp_path / "ocr_letters.npz")
+    return {"cgm": ["cgm", "--grid", "2", "--steps", "2"], "ocr": ["ocr", "--data", str(tmp_path)],
+            "citations": ["citations", "--data", str(tmp_path)]}
+
+
+@pytest.mark.parametrize("command, name", [("cgm", "results.json"), ("cgm", "flows.png"), ("ocr", "results.json"),
+                                           ("citations", "model.pt"), ("citations", "results.json")])
+def test_an_output_file_that_is_a_folder_fails_before_the_work(runs_stubbed, tmp_path, capsys, command, name):
+    (tmp_path / "out" / name).mkdir(parents=True)
+    assert main([*runs_stubbed[command], "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out: {tmp_path / 'out' / name} is a folder" in err
+
+
+@pytest.mark.parametrize("command", ["cgm", "ocr", "citations"])
+def test_an_out_folder_that_takes_no_file_fails_before_the_work(runs_stubbed, tmp_path, monkeypatch, capsys,
+                                                                command):
+    import errno
+    import os
+
+    from betheproj import _files
+
+    def read_only(*args, **kwargs):                  # root ignores chmod: fake a read-only mount
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(_files.tempfile, "mkstemp", read_only)
+    assert main([*runs_stubbed[command], "--out", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"betheproj {command}: error: --out: cannot write in the folder {tmp_path} (Read-only file system)\n"
+
+
 def test_corrupt_ocr_files_are_one_line_errors_naming_the_file(tmp_path):
     import numpy as np
 
