@@ -103,6 +103,38 @@ def _out_folder(path: str, files: tuple[str, ...], flag: str = "--out"):
     return folder
 
 
+def _physical_memory() -> int | None:
+    """Bytes of memory of this machine, or ``None`` where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_cgm_size(grid: int, steps: int, seasons: int) -> None:
+    """``ValueError`` naming ``--grid`` when the instance cannot fit in memory, before anything is allocated.
+
+    The transition model, the simulated counts and the solver hold about ``6 + 2 x seasons`` float64 arrays of
+    ``(steps - 1) x s`` entries, ``s = G^4`` (measured peak: 5.2 of them at G = 32, T = 10, one season, 392 MB)."""
+    if grid < 1 or steps < 2 or seasons < 1:
+        return                                   # out of range: the library names the argument
+    s = grid ** 4
+    need = 8 * s * (steps - 1) * (6 + 2 * seasons)
+    have = _physical_memory() or 64 * 2 ** 30
+    if need > have:
+        raise ValueError(f"--grid {grid}: a {grid} x {grid} grid has s = G^4 = {s:,} pairs of cells per step, and "
+                         f"with --steps {steps} and --seasons {seasons} the run needs about {_bytes(need)} of memory, "
+                         f"more than this machine's {_bytes(have)}; use a smaller --grid")
+
+
+def _bytes(n: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1000
+    raise AssertionError  # pragma: no cover
+
+
 def _need_matplotlib() -> None:
     """Fail before the work, not after it, when the figures cannot be drawn."""
     try:
@@ -205,6 +237,7 @@ def _run(args: argparse.Namespace) -> int:
 
             run_parse(args)
         elif args.command == "cgm":
+            _check_cgm_size(args.grid, args.steps, args.seasons)
             from .experiments import cgm
 
             _need_matplotlib()

@@ -93,6 +93,22 @@ def test_cgm_bad_arguments_are_one_line():
         assert proc.returncode == 2 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, args
 
 
+def test_a_cgm_grid_too_large_for_memory_is_refused_before_the_work(tmp_path, monkeypatch, capsys):
+    import betheproj.cli
+    from betheproj.experiments import cgm
+
+    monkeypatch.setattr(cgm, "run", _no_work)
+    assert main(["cgm", "--grid", "1000", "--steps", "2", "--out", str(tmp_path / "out")]) == 2   # s = 10^12
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("betheproj cgm: error: --grid 1000: ") and "64.0 TB" in err
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: 2 ** 30)
+    betheproj.cli._check_cgm_size(5, 10, 3)          # the README's command
+    betheproj.cli._check_cgm_size(32, 10, 1)         # the README's largest benchmark (s = 1,048,576): ~0.6 GB
+    with pytest.raises(ValueError, match="--grid 40: .* more than this machine's 1.1 GB; use a smaller --grid"):
+        betheproj.cli._check_cgm_size(40, 10, 1)
+
+
 def test_an_out_path_that_is_a_file_fails_before_the_work(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
