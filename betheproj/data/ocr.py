@@ -38,31 +38,89 @@ class OCRData:
 
 
 def load_ocr(path: str | Path, dtype: torch.dtype = torch.float32) -> OCRData:
-    """Load ``ocr_letters.npz`` from ``path`` (the file itself or the folder holding it)."""
+    """Load ``ocr_letters.npz`` from ``path`` (the file itself or the folder holding it).
+
+    The arrays are checked to describe padded words consistently (shapes, integer types, ``y`` in 0..25, every
+    letter's ``word_id`` and ``position`` inside its word, each position of each word given once); a file that is
+    not such an archive is a ``ValueError`` naming it (and the array at fault)."""
     path = Path(path)
     file = path / OCR_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"expected the OCR data file {OCR_FILE} at {file}")
+    with open(file, "rb") as handle:
+        magic = handle.read(6)
+    if magic.startswith(b"\x93NUMPY"):
+        raise ValueError(f"{file} is a single NumPy array, not the .npz archive {OCR_FILE}")
+    if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06")):          # an .npz is a zip archive
+        kind = " (it is gzip-compressed)" if magic.startswith(b"\x1f\x8b") else ""
+        raise ValueError(f"cannot read {file} as a NumPy .npz archive: not a zip file{kind}; is it {OCR_FILE}?")
     try:
         data = np.load(file)
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
         raise ValueError(f"cannot read {file} as a NumPy .npz archive ({err}); is it {OCR_FILE}?") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):
+    if not isinstance(data, np.lib.npyio.NpzFile):       # pragma: no cover - the magic check above
         raise ValueError(f"{file} is a single NumPy array, not the .npz archive {OCR_FILE}")
     with data:
         for key in ("X", "y", "word_id", "position", "word", "word_fold", "word_len"):
             if key not in data.files:
                 raise ValueError(f"{file} lacks the array {key!r}; is it {OCR_FILE}?")
         try:
-            x, y = data["X"], data["y"].astype(np.int64)
-            word_id, position = data["word_id"].astype(np.int64), data["position"].astype(np.int64)
-            words, folds = data["word"], data["word_fold"].astype(np.int64)
-            lengths = data["word_len"].astype(np.int64)
+            arrays = {key: data[key] for key in ("X", "y", "word_id", "position", "word", "word_fold", "word_len")}
         except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
             raise ValueError(f"cannot read the arrays of {file} ({err}); is it {OCR_FILE}?") from None
+    x, y, word_id, position, words, folds, lengths = _checked(file, arrays)
     n_words, n_max = len(words), int(lengths.max())
     pixels = torch.zeros(n_words, n_max, x.shape[1], dtype=dtype)
     labels = torch.full((n_words, n_max), -1, dtype=torch.long)
     pixels[word_id, position] = torch.from_numpy(x).to(dtype)
     labels[word_id, position] = torch.from_numpy(y)
     return OCRData(pixels, labels, torch.from_numpy(lengths), torch.from_numpy(folds), [str(w) for w in words])
+
+
+def _checked(file: Path, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    """The arrays of ``file`` (integers as int64), or a ``ValueError`` naming the file and the array at fault."""
+
+    def bad(key: str, problem: str) -> ValueError:
+        return ValueError(f"{file}: array {key!r} {problem}")
+
+    x = arrays["X"]
+    if x.ndim != 2 or x.dtype.kind not in "biuf":
+        raise bad("X", f"must be a 2-D numeric array of letter images (letters x pixels), got {x.ndim}-D {x.dtype}")
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise bad("X", f"is empty (shape {x.shape})")
+    ints = {}
+    for key, size in (("y", x.shape[0]), ("word_id", x.shape[0]), ("position", x.shape[0]),
+                      ("word_fold", None), ("word_len", None)):
+        a = arrays[key]
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise bad(key, f"must be a 1-D integer array, got {a.ndim}-D {a.dtype}")
+        if size is not None and len(a) != size:
+            raise bad(key, f"has {len(a)} entries, expected one per letter (the {size} rows of 'X')")
+        ints[key] = a.astype(np.int64)
+    words = arrays["word"]
+    if words.ndim != 1 or words.dtype.kind not in "US":
+        raise bad("word", f"must be a 1-D array of strings, got {words.ndim}-D {words.dtype}")
+    if len(words) == 0:
+        raise bad("word", "is empty")
+    for key in ("word_fold", "word_len"):
+        if len(ints[key]) != len(words):
+            raise bad(key, f"has {len(ints[key])} entries, expected one per word (the {len(words)} of 'word')")
+    y, word_id, position, folds, lengths = (ints[k] for k in ("y", "word_id", "position", "word_fold", "word_len"))
+    if y.min() < 0 or y.max() > 25:
+        raise bad("y", f"must hold letters 0..25, got values in {y.min()}..{y.max()}")
+    if lengths.min() < 1:
+        raise bad("word_len", f"must be >= 1, got {lengths.min()}")
+    if folds.min() < 0 or folds.max() > 9:
+        raise bad("word_fold", f"must hold folds 0..9, got values in {folds.min()}..{folds.max()}")
+    if word_id.min() < 0 or word_id.max() >= len(words):
+        raise bad("word_id", f"must index the {len(words)} words (0..{len(words) - 1}), got values in "
+                             f"{word_id.min()}..{word_id.max()}")
+    outside = (position < 0) | (position >= lengths[word_id])
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise bad("position", f"must lie inside its word (0..word_len - 1): letter {i} has position {position[i]} "
+                              f"in word {word_id[i]} of length {lengths[word_id[i]]}")
+    if int(lengths.sum()) != len(y) or len(np.unique(word_id * int(lengths.max()) + position)) != len(y):
+        raise bad("position", "must give each position of each word exactly once (the 'word_len' letters of every "
+                              f"word; {len(y)} letters for {int(lengths.sum())} positions)")
+    return x, y, word_id, position, words, folds, lengths

@@ -46,3 +46,53 @@ def test_files_that_are_not_the_archive_are_named(tmp_path):
     np.savez(partial, X=np.zeros((2, 128)), y=np.zeros(2))
     with pytest.raises(ValueError, match="lacks the array 'word_id'"):
         load_ocr(partial)
+
+
+def _tiny(**changes) -> dict:
+    """Two words, 'ab' (fold 0) and 'c' (fold 1), in the layout of ocr_letters.npz, with ``changes`` applied."""
+    arrays = {"X": np.eye(3, 4, dtype=np.uint8), "y": np.array([0, 1, 2]), "word_id": np.array([0, 0, 1]),
+              "position": np.array([0, 1, 0]), "word": np.array(["ab", "c"]), "word_fold": np.array([0, 1]),
+              "word_len": np.array([2, 1])}
+    return {**arrays, **changes}
+
+
+def test_a_consistent_tiny_archive_loads(tmp_path):
+    np.savez(tmp_path / "ocr_letters.npz", **_tiny())
+    data = load_ocr(tmp_path)
+    assert data.words == ["ab", "c"] and data.labels.tolist() == [[0, 1], [2, -1]]
+    assert data.pixels.shape == (2, 2, 4) and data.pixels[1, 0].tolist() == [0, 0, 1, 0]
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"word_id": np.array([0, 0, 7])}, r"'word_id' must index the 2 words \(0..1\), got values in 0..7"),
+    ({"word_len": np.array([1, 1])}, r"'position' must lie inside its word .* letter 1 has position 1 in word 0"),
+    ({"position": np.array([0, 0, 0])}, "'position' must give each position of each word exactly once"),
+    ({"word_len": np.array([3, 1])}, "'position' must give each position of each word exactly once"),
+    ({"X": np.zeros(12, dtype=np.uint8)}, "'X' must be a 2-D numeric array"),
+    ({"y": np.array([0, 1, 200])}, r"'y' must hold letters 0..25, got values in 0..200"),
+    ({"y": np.array([0.0, 1.0, 2.0])}, "'y' must be a 1-D integer array, got 1-D float64"),
+    ({"y": np.array([0, 1])}, r"'y' has 2 entries, expected one per letter \(the 3 rows of 'X'\)"),
+    ({"word_fold": np.array([0])}, "'word_fold' has 1 entries, expected one per word"),
+    ({"word_fold": np.array([0, 10])}, "'word_fold' must hold folds 0..9"),
+    ({k: np.zeros((0,) * (2 if k == "X" else 1), dtype=np.uint8 if k == "X" else np.int64)
+      for k in ("X", "y", "word_id", "position", "word_fold", "word_len")} | {"word": np.array([], dtype="<U1")},
+     r"'X' is empty"),
+])
+def test_inconsistent_arrays_are_named(tmp_path, changes, match):
+    file = tmp_path / "bad.npz"
+    np.savez(file, **_tiny(**changes))
+    with pytest.raises(ValueError, match=f"bad.npz: array {match}"):
+        load_ocr(file)
+
+
+def test_a_file_that_is_not_a_zip_archive_says_so(tmp_path):
+    import gzip
+
+    file = tmp_path / "letter.data.gz"                       # like ../shared/data/ocr/letter.data.reconstructed.gz
+    file.write_bytes(gzip.compress(b"1\ta\t1\t2\t0\t0\n"))
+    with pytest.raises(ValueError, match=r"letter.data.gz as a NumPy .npz archive: not a zip file \(it is gzip"):
+        load_ocr(file)
+    pickled = tmp_path / "pickled.npz"                       # np.load would talk about allow_pickle here
+    pickled.write_bytes(b"\x80\x04K\x01.")
+    with pytest.raises(ValueError, match=r"pickled.npz as a NumPy .npz archive: not a zip file; is it ocr_letters"):
+        load_ocr(pickled)
