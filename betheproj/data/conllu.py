@@ -4,7 +4,7 @@ A sentence is a block of lines ended by a blank line: ``#`` comments, then one l
 columns ``ID FORM LEMMA UPOS XPOS FEATS HEAD DEPREL DEPS MISC``.  Multi-word token lines (ID ``1-2``) and empty
 nodes of the enhanced graph (ID ``8.1``) are not words of the basic tree: they are skipped for parsing but kept,
 in place, so that writing a sentence back reproduces the input (with the predicted ``HEAD`` when one is given).
-Files may be gzip-compressed (``.gz``).
+Files may be gzip-compressed (``.gz``) and may start with a UTF-8 byte-order mark.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _lines(source: str | Path | TextIO) -> Iterator[str]:
         path = Path(source)
         opener = gzip.open if path.suffix == ".gz" else open
         try:
-            with opener(path, "rt", encoding="utf-8") as f:
+            with opener(path, "rt", encoding="utf-8-sig") as f:        # -sig: a byte-order mark is not text
                 yield from f
         except (gzip.BadGzipFile, EOFError, zlib.error) as err:
             raise ValueError(f"{path}: not a valid gzip file (expected gzip-compressed CoNLL-U for a .gz name): "
@@ -143,6 +143,8 @@ def _read(lines: Iterable[str], name: str) -> list[Sentence]:
     lineno = 0
     for lineno, raw in enumerate(lines, 1):
         line = raw.rstrip("\r\n")
+        if lineno == 1:
+            line = line.removeprefix("\ufeff")                 # a byte-order mark in a stream or string
         if not line.strip():
             finish(lineno)
             start = lineno + 1

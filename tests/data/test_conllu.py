@@ -137,3 +137,15 @@ def test_corrupt_gzip_and_non_utf8_files_name_the_file(tmp_path):
     _fails(tmp_path / "packed.conllu", r":1: not UTF-8 text .*it looks gzip-compressed: name it .gz")
     with pytest.raises(ValueError, match=r"^<stream>: not UTF-8 text .*expected a UTF-8 CoNLL-U stream$"):
         read_conllu(io.TextIOWrapper(io.BytesIO(b"\xff\n"), encoding="utf-8"))
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
+    plain = parse_conllu(SAMPLE)
+    bom = "\ufeff" + SAMPLE
+    (tmp_path / "bom.conllu").write_text(bom, encoding="utf-8")
+    (tmp_path / "bom.conllu.gz").write_bytes(gzip.compress(bom.encode("utf-8")))
+    (tmp_path / "word.conllu").write_text("\ufeff" + SAMPLE.split("\n", 3)[3], encoding="utf-8")   # BOM on a word line
+    assert load_conllu(tmp_path / "bom.conllu") == plain
+    assert load_conllu(tmp_path / "bom.conllu.gz") == plain
+    assert parse_conllu(bom) == plain and read_conllu(io.StringIO(bom)) == plain
+    assert load_conllu(tmp_path / "word.conllu")[0].words == plain[0].words
