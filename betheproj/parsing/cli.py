@@ -16,6 +16,10 @@ __all__ = ["register", "run", "main"]
 
 LOSS_NAMES = ("crf", "svm", "softmax_margin", "perceptron")
 DECODERS = ("mean_field", "loopy_bp")
+DEFAULT_LOSS, DEFAULT_LAM = "crf", 1e-4
+FIRST_ORDER_ONLY = ("loss", "lam", "projective", "single_root", "xpos")
+"""``parse train`` options of arc-factored training only: their defaults are ``None`` so that giving them with
+``--second-order`` is an error (the stated defaults are applied in :func:`run`)."""
 _DECODING = {"mean_field": {"max_iter": 10}, "loopy_bp": {"max_iter": 20, "damping": 0.3}}   # chosen on dev
 
 
@@ -29,19 +33,27 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--train", required=True, metavar="FILE", help="training treebank (.conllu or .conllu.gz)")
     train.add_argument("--dev", metavar="FILE", help="development treebank: UAS after every epoch")
     train.add_argument("--model", required=True, metavar="OUT", help="where to write the model")
-    train.add_argument("--loss", choices=LOSS_NAMES, default="crf",
-                       help="member of the loss family L_{beta,gamma} (Figure 4; default crf)")
+    train.add_argument("--loss", choices=LOSS_NAMES, default=None,
+                       help=f"member of the loss family L_{{beta,gamma}} (Figure 4; default {DEFAULT_LOSS}; not with "
+                            "--second-order)")
     train.add_argument("--epochs", type=int, default=None,
                        help="passes over the data (default 10; 3 with --second-order)")
     train.add_argument("--second-order", metavar="FIRST",
                        help="train a second-order (sibling + grandparent) model by Algorithm 3 with the mean-field "
                             "energy on top of the arc-factored model FIRST (which also prunes arcs)")
-    train.add_argument("--lam", type=float, default=1e-4,
-                       help="regularisation lambda: steps are capped at 1/(lambda m) (default 1e-4)")
+    train.add_argument("--lam", type=float, default=None,
+                       help="regularisation lambda: steps are capped at 1/(lambda m) (default 1e-4; not with "
+                            "--second-order)")
     train.add_argument("--bits", type=int, default=22, help="hashed weight vector of 2^bits entries (default 22)")
-    train.add_argument("--projective", action="store_true", help="projective trees (Eisner) instead of CLE")
-    train.add_argument("--single-root", action="store_true", help="exactly one word attaches to the root")
-    train.add_argument("--xpos", action="store_true", help="also use feature templates over the XPOS column")
+    train.add_argument("--projective", action="store_true", default=None,
+                       help="projective trees (Eisner) instead of CLE (not with --second-order, which is "
+                            "non-projective)")
+    train.add_argument("--single-root", action="store_true", default=None,
+                       help="exactly one word attaches to the root (not with --second-order, which keeps FIRST's "
+                            "setting)")
+    train.add_argument("--xpos", action="store_true", default=None,
+                       help="also use feature templates over the XPOS column (not with --second-order, which keeps "
+                            "FIRST's setting)")
     train.add_argument("--no-context", action="store_true",
                        help="leave out the context templates (first order: neighbouring words, three-tag "
                             "back-offs; second order: word-tag back-offs, neighbouring tags)")
@@ -137,15 +149,23 @@ def run(args: argparse.Namespace) -> None:
             _positive(args.epochs, "--epochs")
         if not 8 <= args.bits <= 30:
             raise ValueError(f"--bits must lie in 8..30, got {args.bits}")
-        if not args.lam > 0:
+        if args.lam is not None and not args.lam > 0:
             raise ValueError(f"--lam must be > 0, got {args.lam}")
+        if args.second_order:
+            given = ["--" + name.replace("_", "-") for name in FIRST_ORDER_ONLY if getattr(args, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} cannot be given with --second-order: the second-order model is "
+                                 "trained by Algorithm 3 (no --loss or --lam), is non-projective, and keeps the "
+                                 "--single-root and --xpos settings of FIRST")
+        loss = DEFAULT_LOSS if args.loss is None else args.loss
+        lam = DEFAULT_LAM if args.lam is None else args.lam
         out = _output_path(args.model, "--model")
         first = DependencyParser.load(args.second_order) if args.second_order else None
         train = load_conllu(args.train)
         dev = load_conllu(args.dev) if args.dev else None
         if dev is not None:
             _require_scorable(dev, "--dev", args.dev)
-        single_root = first.single_root if first is not None else args.single_root
+        single_root = first.single_root if first is not None else bool(args.single_root)
         check_gold_trees(train, single_root, name=args.train)
         log = _log(args.quiet)
         start = time.perf_counter()
@@ -158,11 +178,11 @@ def run(args: argparse.Namespace) -> None:
             kind = "second order"
         else:
             epochs = 10 if args.epochs is None else args.epochs
-            parser = DependencyParser(bits=args.bits, projective=args.projective, single_root=args.single_root,
-                                      xpos=args.xpos, context=not args.no_context)
-            parser.fit(train, loss=args.loss, epochs=epochs, lam=args.lam, seed=args.seed, dev=dev,
-                       progress=not args.quiet, log=log)
-            kind = args.loss
+            parser = DependencyParser(bits=args.bits, projective=bool(args.projective), single_root=single_root,
+                                      xpos=bool(args.xpos), context=not args.no_context)
+            parser.fit(train, loss=loss, epochs=epochs, lam=lam, seed=args.seed, dev=dev, progress=not args.quiet,
+                       log=log)
+            kind = loss
         seconds = time.perf_counter() - start
         parser.save(out)
         line = f"trained on {len(train)} sentences in {seconds:.1f}s ({kind}, {epochs} epochs)"

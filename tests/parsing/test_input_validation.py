@@ -119,6 +119,29 @@ def test_a_model_that_cannot_be_written_is_an_os_error_naming_it(models, tmp_pat
     assert f"error: cannot write {out} (" in _one_error_line(capsys)
 
 
+
+@pytest.mark.parametrize("option", [["--loss", "svm"], ["--loss", "crf"], ["--lam", "0.01"], ["--projective"],
+                                    ["--single-root"], ["--xpos"]])
+def test_first_order_options_are_refused_with_second_order(models, tmp_path, monkeypatch, capsys, option):
+    monkeypatch.setattr(SecondOrderParser, "fit", _no_training)
+    assert main(["train", "--train", str(models["train"]), "--second-order", str(models["first"]), "--quiet",
+                 "--model", str(tmp_path / "m.pt"), *option]) == 2
+    assert f"error: {option[0]} cannot be given with --second-order" in _one_error_line(capsys)
+
+
+def test_first_order_training_applies_the_stated_defaults(models, tmp_path, monkeypatch):
+    seen = {}
+
+    def fit(self, train, **options):
+        seen.update(options, **self.config())
+        raise KeyboardInterrupt                      # stop here: main reports it as an interrupt
+
+    monkeypatch.setattr(DependencyParser, "fit", fit)
+    assert main(["train", "--train", str(models["train"]), "--quiet", "--model", str(tmp_path / "m.pt")]) == 130
+    assert seen["loss"] == "crf" and seen["lam"] == 1e-4
+    assert seen["projective"] is False and seen["single_root"] is False and seen["xpos"] is False
+
+
 # ------------------------------------------------------------------------------------------- gold trees
 
 def _reference_is_tree(heads: list[int], single_root: bool) -> bool:
