@@ -17,6 +17,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+SEED_MAX = 2 ** 63 - 1
+
+
+def _seed(text: str) -> int:
+    """The argparse type of every ``--seed``: an int in ``[0, 2**63 - 1]`` (what NumPy and torch generators take)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63 - 1], got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="betheproj", description="Structured prediction with non-local "
                      "energies on marginals (Bethe projections).")
@@ -28,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     ocr.add_argument("--rows", default="all",
                      help="comma-separated rows among 2gram, Lu, Lu-mm, Lw, Lw-mm, 55class (default: all)")
     ocr.add_argument("--out", default="ocr-results", help="folder for results.json and the PNGs")
-    ocr.add_argument("--seed", type=int, default=0,
+    ocr.add_argument("--seed", type=_seed, default=0,
                      help="seed of the random Fourier features, the bandwidth sample and the minibatch order "
                           "(default 0)")
     ocr.add_argument("--quiet", action="store_true", help="no progress bars or per-fold lines")
@@ -37,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     cit.add_argument("--data", help="folder holding training.docs, dev.docs and testing.docs")
     cit.add_argument("--out", default="citations-results",
                      help="folder for results.json, the PNGs and model.pt (default citations-results)")
-    cit.add_argument("--seed", type=int, default=0,
+    cit.add_argument("--seed", type=_seed, default=0,
                      help="seed of Algorithm 3's minibatch order when learning the constraint weights (default 0)")
     cit.add_argument("--predict", metavar="FILE",
                      help="tag the raw citation strings of FILE (one a line) with the model in --out; prints "
@@ -51,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     cgm.add_argument("--seasons", type=int, default=1, help="independent seasons observed (default 1)")
     cgm.add_argument("--noise", type=float, default=0.0,
                      help="Gaussian noise on the true transition log-potentials (default 0)")
-    cgm.add_argument("--seed", type=int, default=0,
+    cgm.add_argument("--seed", type=_seed, default=0,
                      help="seed of the generated instance: attractiveness, start, noise and counts (default 0)")
     cgm.add_argument("--compare", action="store_true", help="also solve with CVXPY + Clarabel (the cgm extra)")
     cgm.add_argument("--learn", action="store_true", help="learn the transition model by hard EM from the counts")

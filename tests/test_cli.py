@@ -109,6 +109,24 @@ def test_a_cgm_grid_too_large_for_memory_is_refused_before_the_work(tmp_path, mo
         betheproj.cli._check_cgm_size(40, 10, 1)
 
 
+@pytest.mark.parametrize("command", [["cgm"], ["ocr", "--data", "x"], ["citations"],
+                                     ["parse", "train", "--train", "x", "--model", "y"]])
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 63), "1.5", "x"])
+def test_every_seed_is_an_integer_in_0_to_2_63_minus_1(command, seed, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--seed", seed])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert f"error: argument --seed: must be an integer in [0, 2**63 - 1], got '{seed}'" in err
+
+
+def test_the_largest_seed_is_accepted():
+    from betheproj.cli import _parser
+
+    assert _parser().parse_args(["cgm", "--seed", str(2 ** 63 - 1)]).seed == 2 ** 63 - 1
+    assert _parser().parse_args(["parse", "train", "--train", "x", "--model", "y", "--seed", "0"]).seed == 0
+
+
 def test_an_out_path_that_is_a_file_fails_before_the_work(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")

@@ -25,6 +25,8 @@ _DECODING = {"mean_field": {"max_iter": 10}, "loopy_bp": {"max_iter": 20, "dampi
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``parse {train,eval,predict}`` to ``subparsers`` (of the ``betheproj`` parser); returns its parser."""
+    from ..cli import _seed
+
     parse = subparsers.add_parser("parse", help="dependency parser (Turbo Parsers: arc-factored by Algorithm 1, or "
                                   "second-order) on CoNLL-U files: train, eval, predict")
     sub = parse.add_subparsers(dest="parse_command", required=True, parser_class=type(parse),
@@ -57,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--no-context", action="store_true",
                        help="leave out the context templates (first order: neighbouring words, three-tag "
                             "back-offs; second order: word-tag back-offs, neighbouring tags)")
-    train.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
+    train.add_argument("--seed", type=_seed, default=0, help="shuffling seed (default 0)")
     train.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
     ev = sub.add_parser("eval", help="UAS of a model on a treebank (punctuation excluded)")
     ev.add_argument("--model", required=True, metavar="M", help="a model written by 'parse train'")

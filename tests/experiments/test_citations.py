@@ -111,4 +111,4 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["citations", "--data", str(tmp_path / "nowhere")]) == 2
     with pytest.raises(SystemExit) as exit_:
         main(["citations", "--seed", "one"])
-    assert exit_.value.code == 2 and "invalid int value" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --seed: must be an integer" in capsys.readouterr().err
