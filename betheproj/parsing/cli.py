@@ -8,6 +8,7 @@ Hooked into the main command line by :func:`register` (adds the ``parse`` subcom
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -151,8 +152,8 @@ def run(args: argparse.Namespace) -> None:
             _positive(args.epochs, "--epochs")
         if not 8 <= args.bits <= 30:
             raise ValueError(f"--bits must lie in 8..30, got {args.bits}")
-        if args.lam is not None and not args.lam > 0:
-            raise ValueError(f"--lam must be > 0, got {args.lam}")
+        if args.lam is not None and not (math.isfinite(args.lam) and args.lam > 0):
+            raise ValueError(f"--lam must be a finite number > 0, got {args.lam}")
         if args.second_order:
             given = ["--" + name.replace("_", "-") for name in FIRST_ORDER_ONLY if getattr(args, name) is not None]
             if given:

@@ -129,6 +129,14 @@ def test_first_order_options_are_refused_with_second_order(models, tmp_path, mon
     assert f"error: {option[0]} cannot be given with --second-order" in _one_error_line(capsys)
 
 
+@pytest.mark.parametrize("lam", ["inf", "nan", "0", "-0.5"])
+def test_lam_must_be_finite_and_positive(models, tmp_path, monkeypatch, capsys, lam):
+    monkeypatch.setattr(DependencyParser, "fit", _no_training)
+    assert main(["train", "--train", str(models["train"]), "--quiet", "--model", str(tmp_path / "m.pt"),
+                 "--lam", lam]) == 2
+    assert f"betheproj parse: error: --lam must be a finite number > 0, got {float(lam)}" in _one_error_line(capsys)
+
+
 def test_first_order_training_applies_the_stated_defaults(models, tmp_path, monkeypatch):
     seen = {}
 
