@@ -208,9 +208,14 @@ def _citations(args: argparse.Namespace) -> None:
         return
     if args.data is None:
         raise ValueError("--data is required (or --predict FILE to tag with a trained model)")
-    from .data.citations import load_citations
+    from .data.citations import SPLITS, load_citations
 
     data = load_citations(args.data)
+    for split, name in SPLITS.items():
+        if not data[split]:
+            file = Path(args.data) / name
+            file = file if file.is_file() or not Path(f"{file}.gz").is_file() else Path(f"{file}.gz")
+            raise ValueError(f"--data: {file} holds no citations")
     _need_matplotlib()
     out = _out_folder(args.out, ("results.json", "f1_vs_iterations.png", "iterations_histogram.png", "model.pt"))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))

@@ -184,6 +184,19 @@ def test_an_out_folder_that_takes_no_file_fails_before_the_work(runs_stubbed, tm
     assert err == f"betheproj {command}: error: --out: cannot write in the folder {tmp_path} (Read-only file system)\n"
 
 
+@pytest.mark.parametrize("empty", ["dev.docs", "testing.docs.gz"])
+def test_an_empty_citation_split_is_named_before_out_is_created(tmp_path, capsys, empty):
+    import gzip
+
+    for name in ("training.docs", "dev.docs", "testing.docs"):
+        (tmp_path / name).write_text("<title> A title </title>\n")
+    (tmp_path / empty.removesuffix(".gz")).unlink()
+    (tmp_path / empty).write_bytes(gzip.compress(b"") if empty.endswith(".gz") else b"")
+    assert main(["citations", "--data", str(tmp_path), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert capsys.readouterr().err == f"betheproj citations: error: --data: {tmp_path / empty} holds no citations\n"
+    assert not (tmp_path / "out").exists()
+
+
 def test_corrupt_ocr_files_are_one_line_errors_naming_the_file(tmp_path):
     import numpy as np
 

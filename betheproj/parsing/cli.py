@@ -165,6 +165,8 @@ def run(args: argparse.Namespace) -> None:
         out = _output_path(args.model, "--model")
         first = DependencyParser.load(args.second_order) if args.second_order else None
         train = load_conllu(args.train)
+        if not train:
+            raise ValueError(f"--train {args.train} holds no sentences")
         dev = load_conllu(args.dev) if args.dev else None
         if dev is not None:
             _require_scorable(dev, "--dev", args.dev)

@@ -137,6 +137,15 @@ def test_lam_must_be_finite_and_positive(models, tmp_path, monkeypatch, capsys, 
     assert f"betheproj parse: error: --lam must be a finite number > 0, got {float(lam)}" in _one_error_line(capsys)
 
 
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_a_training_file_without_sentences_is_named(models, tmp_path, monkeypatch, capsys, text):
+    monkeypatch.setattr(DependencyParser, "fit", _no_training)
+    empty = tmp_path / "empty.conllu"
+    empty.write_text(text)
+    assert main(["train", "--train", str(empty), "--quiet", "--model", str(tmp_path / "m.pt")]) == 2
+    assert f"betheproj parse: error: --train {empty} holds no sentences" in _one_error_line(capsys)
+
+
 def test_first_order_training_applies_the_stated_defaults(models, tmp_path, monkeypatch):
     seen = {}
 
