@@ -134,6 +134,18 @@ def _load(path: str):
     return parser.DependencyParser.from_state(state, path)
 
 
+def _load_first(path: str):
+    """The arc-factored model ``--second-order`` builds on; a second-order model there is named as such."""
+    from . import parser, second_order
+
+    formats = {parser.FORMAT: parser.VERSION, second_order.FORMAT: second_order.VERSION}
+    state = parser.read_model(path, formats, "parser model file")
+    if state["format"] == second_order.FORMAT:
+        raise ValueError(f"--second-order {path} is a second-order model; --second-order needs an arc-factored one "
+                         "(written by 'parse train' without --second-order)")
+    return parser.DependencyParser.from_state(state, path)
+
+
 def _heads(parser, data, args: argparse.Namespace) -> list:
     from .second_order import SecondOrderParser
 
@@ -163,7 +175,7 @@ def run(args: argparse.Namespace) -> None:
         loss = DEFAULT_LOSS if args.loss is None else args.loss
         lam = DEFAULT_LAM if args.lam is None else args.lam
         out = _output_path(args.model, "--model")
-        first = DependencyParser.load(args.second_order) if args.second_order else None
+        first = _load_first(args.second_order) if args.second_order else None
         train = load_conllu(args.train)
         if not train:
             raise ValueError(f"--train {args.train} holds no sentences")

@@ -146,6 +146,18 @@ def test_a_training_file_without_sentences_is_named(models, tmp_path, monkeypatc
     assert f"betheproj parse: error: --train {empty} holds no sentences" in _one_error_line(capsys)
 
 
+def test_a_second_order_model_given_as_first_is_named(models, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(SecondOrderParser, "fit", _no_training)
+    assert main(["train", "--train", str(models["train"]), "--second-order", str(models["second"]), "--quiet",
+                 "--model", str(tmp_path / "m.pt")]) == 2
+    assert (f"error: --second-order {models['second']} is a second-order model; --second-order needs an "
+            "arc-factored one") in _one_error_line(capsys)
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    assert main(["train", "--train", str(models["train"]), "--second-order", str(tmp_path / "junk.pt"), "--quiet",
+                 "--model", str(tmp_path / "m.pt")]) == 2
+    assert "junk.pt is not a parser model file" in _one_error_line(capsys)
+
+
 def test_first_order_training_applies_the_stated_defaults(models, tmp_path, monkeypatch):
     seen = {}
 
