@@ -132,13 +132,15 @@ class GreedyFirst:
     def map(self, potentials: PairwisePotentials) -> Tensor:
         node, lengths = potentials.node, potentials.lengths
         b, n, c = node.shape
-        h = torch.arange(c)[None, None, :]
-        mods = torch.arange(1, n + 1)
+        device = node.device
+        h = torch.arange(c, device=device)[None, None, :]
+        mods = torch.arange(1, n + 1, device=device)
         usable = (h <= lengths[:, None, None]) & (h != mods[None, :, None])
         masked = node.masked_fill(~usable, -math.inf)
         best, heads = masked.max(-1)                                      # [B, N]
         word = mods[None, :] <= lengths[:, None]
-        parent = torch.cat([torch.zeros(b, 1, dtype=torch.long), torch.where(word, heads, 0)], 1)   # [B, N+1]
+        parent = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), torch.where(word, heads, 0)],
+                           1)                                             # [B, N+1]
         for _ in range(max(1, math.ceil(math.log2(n + 1))) + 1):
             parent = parent.gather(1, parent)                             # 2^k-th ancestor
         tree = (parent == 0).all(1) & (torch.isfinite(best) | ~word).all(1)

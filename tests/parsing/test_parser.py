@@ -226,3 +226,24 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the following arguments are required: --train" in err
+
+
+def test_greedy_first_decoding_stays_on_the_input_device(monkeypatch):
+    """No GPU in CI: the meta device, which like CUDA refuses to mix with CPU tensors, stands in for it."""
+    from types import SimpleNamespace
+
+    from betheproj.oracles.nonprojective import NonProjective
+    from betheproj.parsing.parser import GreedyFirst
+
+    # what map reads of arc potentials (PairwisePotentials validates values, which meta tensors do not have)
+    pot = SimpleNamespace(node=torch.zeros(4, 6, 7, device="meta"), lengths=torch.full((4,), 6, device="meta"))
+    real_nonzero = torch.nonzero
+
+    def nonzero(x, *args, **kwargs):                 # meta tensors hold no data: say every greedy guess is a tree
+        if x.device.type == "meta":
+            return torch.empty(0, x.dim(), dtype=torch.long, device="meta")
+        return real_nonzero(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "nonzero", nonzero)
+    heads = GreedyFirst(NonProjective()).map(pot)
+    assert heads.device.type == "meta" and heads.shape == (4, 6)
