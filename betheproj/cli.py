@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     ocr.add_argument("--folds", default="0-9", help="test folds, e.g. '0-9' (default) or '0,3'")
     ocr.add_argument("--rows", default="all",
                      help="comma-separated rows among 2gram, Lu, Lu-mm, Lw, Lw-mm, 55class (default: all)")
-    ocr.add_argument("--out", default="ocr-results", help="folder for results.json and the PNGs")
+    ocr.add_argument("--out", default="ocr-results", help="folder for results.json and the PNGs (default ocr-results)")
     ocr.add_argument("--seed", type=_seed, default=0,
                      help="seed of the random Fourier features, the bandwidth sample and the minibatch order "
                           "(default 0)")
@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     cgm.add_argument("--schedule", choices=("quasi_newton", "alternate"), default="quasi_newton",
                      help="hard EM: L-BFGS on the parameters with an E-step per evaluation (default), or "
                           "alternating E- and M-steps")
-    cgm.add_argument("--out", default="cgm-results", help="folder for results.json and flows.png")
+    cgm.add_argument("--out", default="cgm-results",
+                     help="folder for results.json and flows.png (default cgm-results)")
     cgm.add_argument("--quiet", action="store_true", help="no progress bars")
     from .parsing.cli import register as register_parse
 

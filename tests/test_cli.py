@@ -127,6 +127,15 @@ def test_the_largest_seed_is_accepted():
     assert _parser().parse_args(["parse", "train", "--train", "x", "--model", "y", "--seed", "0"]).seed == 0
 
 
+def test_every_out_option_states_its_default():
+    from betheproj.cli import _parser
+
+    commands = _parser()._subparsers._group_actions[0].choices
+    for name in ("ocr", "citations", "cgm"):
+        out = next(a for a in commands[name]._actions if a.dest == "out")
+        assert f"(default {out.default})" in out.help, name
+
+
 def test_an_out_path_that_is_a_file_fails_before_the_work(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
