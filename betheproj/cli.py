@@ -231,7 +231,12 @@ def _citations(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run ``betheproj ARGS``; returns the exit status (0, 1 on a closed pipe, 2 on an error, 130 on Ctrl-C)."""
+    try:
+        args = _parser().parse_args(argv)        # imports torch (through the parse subcommand): about 2 s
+    except KeyboardInterrupt:
+        print("betheproj: interrupted", file=sys.stderr)
+        return 130
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning
         return _run(args)

@@ -244,6 +244,30 @@ def test_interrupt_and_closed_pipe_end_quietly(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_interrupt_while_the_parser_loads_torch_is_one_line(monkeypatch, capsys):
+    import betheproj.cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(betheproj.cli, "_parser", interrupted)
+    assert main(["demo"]) == 130
+    assert capsys.readouterr().err == "betheproj: interrupted\n"
+
+
+def test_ctrl_c_during_start_up_is_one_line():
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "betheproj.cli", "cgm", "--grid", "2", "--steps", "2", "--out",
+                             "/tmp/never-written", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.5)                                  # Python is up; torch (~2.5 s) is loading
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate()
+    assert proc.returncode == 130 and err.count("\n") == 1 and err.endswith(": interrupted\n"), err
+
+
 def test_library_warnings_are_one_line(monkeypatch, capsys):
     import warnings
 
