@@ -61,12 +61,17 @@ class _Chain:
         return mu, float(top.sum()) + self.const + float(np.log(sums).sum())
 
 
-def _residual(delta: np.ndarray, grad: np.ndarray, mu: np.ndarray, log_mu: np.ndarray) -> float:
-    """The generic solver's stationarity residual (total-variation change of a node marginal)."""
+def _residual(delta: np.ndarray, grad: np.ndarray, mu: np.ndarray, log_mu: np.ndarray, kl: bool = False) -> float:
+    """The generic solver's stationarity residual (total-variation change of a node marginal; ``kl``: its
+    KL divergence, the tie-break where the total variation saturates at 2)."""
     logits = log_mu - (delta + grad)
     logits -= logits.max(axis=1, keepdims=True)
     q = np.exp(logits)
-    q /= q.sum(axis=1, keepdims=True)
+    total = q.sum(axis=1, keepdims=True)
+    q /= total
+    if kl:
+        terms = np.where(q > 0, q * (logits - np.log(total) - log_mu), 0.0)
+        return float(terms.sum(axis=1).max())
     q -= mu
     return float(np.abs(q).sum(axis=1).max())
 
@@ -119,7 +124,11 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             floor += 64 * _EPS * abs(f)
             ok = np.isfinite(fc) and fc <= f + floor
             if ok and abs(fc - f) <= floor:                 # rounding hides the change: the residual must fall
-                ok = _residual(cand, rate - weight / np.maximum(m, _TINY), m, log_m) < residual
+                g_cand = rate - weight / np.maximum(m, _TINY)
+                r_cand = _residual(cand, g_cand, m, log_m)
+                ok = r_cand < residual
+                if r_cand == residual:                      # saturated: compare KL divergences, as solve() does
+                    ok = _residual(cand, g_cand, m, log_m, kl=True) < _residual(delta, g, mu, log_mu, kl=True)
             change = float(np.abs(log_m - log_mu).max())
             ok = ok and change <= trust_region and not collapsed
             if attempt == max_backtracks:                  # any finite step that does not raise the objective

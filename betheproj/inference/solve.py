@@ -10,7 +10,10 @@ marginal polytope, so the solvers are anytime.  Because ``-H_B(mu) - <theta_t, m
 * ``"md"``: Bethe mirror descent (COMID), Algorithm 4: ``delta_t = (delta_{t-1} - eta_t grad L(mu_{t-1}))/(1+eta_t)``.
   The method for barrier-like energies (Poisson counts) where the base marginals are tiny (``e^-50`` and
   below under observed counts): its step floor is relative to the gradient, so it climbs out, where Bethe-RDA's
-  dual average of such gradients makes no progress.
+  dual average of such gradients makes no progress.  A label whose base marginal underflows to an exact 0
+  although theta allows it (log-potential gaps beyond ~87 nats in float32, ~745 in float64) still counts: the
+  stationarity test reads it as holding the smallest normal number, and a step may raise it from 0 (only
+  collapses to 0 are refused), so a strong pull on it is neither missed nor blocked.
 * ``"accelerated"``: accelerated Bethe-RDA, Algorithm 5, with the prox-function the Bregman divergence of
   ``-H_B`` centred at ``mu_0 = oracle(theta)`` (the prox-centre the algorithm starts from):
   ``nu_t = oracle(theta - g_t / (1 + 4L/(t(t+1))))``, ``mu_t = (1 - c_t) mu_{t-1} + c_t nu_t``.
@@ -127,10 +130,12 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             with ``max_backtracks=0`` it never grows beyond ``step``, since no rejected step can be taken back).
         lipschitz: the accelerated method's Lipschitz constant ``L`` of ``grad L`` (doubled when a step fails).
         max_backtracks: retries per iteration before the last finite candidate is taken as it is (and the
-            example counted as ``safeguarded``).
+            example counted as ``safeguarded``), unless it collapses a marginal to 0 or leaves the trust
+            region, or, for mirror descent (a descent method), raises the objective.
         trust_region: the most any node marginal may change in one step, in nats of ``log mu`` (``None``:
             no limit).  Steps beyond it are shrunk like steps that raise the objective: this is what keeps
             barrier-like energies (``-log mu``, Poisson with a small scale) from collapsing marginals to zero.
+            A marginal rising from below the smallest normal number is not limited (its log is not known).
         warm_start: a previous ``Solution.potentials`` to start mirror descent from (``method="md"`` only).
     """
     if tol is None and isinstance(potentials, PairwisePotentials):

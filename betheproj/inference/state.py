@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..energies.base import Energy, Gradient
-from ..oracles.base import Marginals, Oracle, PairwisePotentials
+from ..oracles.base import Marginals, Oracle, PairwisePotentials, _unchecked
 
 _MAX_STEP = 1e6
 _MIN_STEP = 1e-20   # bounds of the step-size control (eta for MD; 1/beta, 1/L for the others)
@@ -69,32 +69,45 @@ def _total_gradient(energy: Energy, mu: Marginals) -> Gradient:
     return Gradient(node, g.edge)
 
 
-def _residual(delta: Tensor, grad: Tensor, mu: Tensor, dims: int) -> Tensor:
+def _residual(delta: Tensor, grad: Tensor, mu: Tensor, dims: int, allowed: Tensor | None = None,
+              kl: bool = False) -> Tensor:
     """Stationarity residual of Proposition 1 for one part (node: ``dims=1``, edge: ``dims=2``) [B].
 
     At the optimum ``theta~ = theta - grad L(mu*)``, i.e. ``r = delta + grad L`` vanishes up to a constant per
     factor.  Moving the dual iterate by ``-r`` at one factor alone re-weights its marginal to
     ``q ∝ mu * exp(-r)``; the residual is the largest total-variation distance ``||q - mu||_1`` over the
-    factors.  Constants drop out, labels without mass stay without mass, and a label the energy pulls hard
-    on counts by the mass it would gain, not by its current (possibly tiny) mass.
+    factors (``kl``: the largest ``KL(q || mu)``, which does not saturate at 2).  Constants drop out, labels
+    without mass stay without mass, and a label the energy pulls hard on counts by the mass it would gain, not
+    by its current (possibly tiny) mass.  ``allowed`` marks labels that hold mass although it underflowed to
+    an exact 0 in ``mu``: they count as holding the smallest normal number, so that a pull on them is seen.
     """
     red = tuple(range(-dims, 0))
     if mu.numel() == 0:                            # no factors of this kind (a chain of length 1 has no edges)
         return mu.new_zeros(mu.shape[0])
-    logits = torch.log(mu) - (delta + grad)
+    log_mu = torch.log(mu)
+    if allowed is not None:
+        log_mu = torch.where((mu == 0) & allowed, torch.finfo(mu.dtype).tiny, mu).log()
+    logits = log_mu - (delta + grad)
     shape = logits.shape
-    q = torch.softmax(logits.reshape(*shape[: logits.dim() - dims], -1), -1).reshape(shape)
-    tv = (q - mu).abs().sum(red)
+    flat = logits.reshape(*shape[: logits.dim() - dims], -1)
+    q = torch.softmax(flat, -1).reshape(shape)
+    if kl:
+        log_ratio = (flat - torch.logsumexp(flat, -1, keepdim=True)).reshape(shape) - log_mu
+        dist = torch.where(q > 0, q * log_ratio, torch.zeros_like(q)).sum(red)
+    else:
+        dist = (q - mu).abs().sum(red)
     present = mu.sum(red) > 0                      # padding factors hold no mass
-    return torch.where(present, tv, torch.zeros_like(tv)).flatten(1).amax(-1)
+    return torch.where(present, dist, torch.zeros_like(dist)).flatten(1).amax(-1)
 
 
 def _log_change(old: Tensor, new: Tensor) -> Tensor:
-    """Largest change of a log-marginal between two oracle points [B] (entries tiny in both are ignored)."""
+    """Largest change of a log-marginal between two oracle points [B]: a marginal falling to an exact 0 is an
+    infinite change; one rising from below the smallest normal number (an underflowed label the energy pulls
+    up) is not limited, since its log could not be measured; entries tiny in both are ignored."""
     floor = torch.finfo(old.dtype).tiny
-    big = torch.maximum(old, new) > floor
+    big = old > floor
     diff = (torch.log(new.clamp_min(floor)) - torch.log(old.clamp_min(floor))).abs()
-    diff = torch.where((old == 0) ^ (new == 0), torch.full_like(diff, float("inf")), diff)
+    diff = torch.where((old > 0) & (new == 0), torch.full_like(diff, float("inf")), diff)
     return torch.where(big, diff, torch.zeros_like(diff)).flatten(1).amax(-1)
 
 
@@ -217,6 +230,7 @@ class SolverState:
         self.since = torch.zeros(b, dtype=torch.long, device=device)              # iterations since the centre
         self.log_z = mu0.log_partition.clone()
         self.support = base.node > 0                                               # where theta allows mass
+        self.allowed_node, self.allowed_edge = self._underflowed(oracle, potentials, base)
         self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
         f = -self.log_z + _inner(self.delta_node, mu_node) + energy.value(self._point(mu_node, mu_edge, lengths))
         if need_edges:
@@ -247,6 +261,28 @@ class SolverState:
         self.safeguarded = torch.zeros(b, dtype=torch.bool, device=device)
         self.active = torch.arange(b, device=device)
 
+    def _underflowed(self, oracle: Oracle, potentials: PairwisePotentials, base: Marginals
+                     ) -> tuple[Tensor | None, Tensor | None]:
+        """Where the potentials allow mass (node [B, N, C], edge like ``mu_edge``), if some of it underflowed
+        to an exact 0 in the base marginals (log-potential gaps beyond ~87 nats in float32, ~745 in float64);
+        ``(None, None)`` if none did.  Feasibility is read off the marginals of the potentials with every finite
+        entry set to 0 (the uniform distribution over the configurations theta allows), in float64."""
+        valid = base.node_mask()[..., None]
+        if not bool(((base.node == 0) & torch.isfinite(potentials.node) & valid).any()):
+            return None, None
+        def flat(x: Tensor) -> Tensor:
+            return torch.where(torch.isfinite(x), 0.0, -torch.inf).to(torch.float64)
+
+        uniform = oracle.marginals(_unchecked(PairwisePotentials, flat(potentials.node), flat(potentials.edge),
+                                              potentials.lengths))
+        self.calls += potentials.node.shape[0]
+        node = (base.node > 0) | (uniform.node > 0)
+        if not self.need_edges:
+            return node, None
+        if self.totals:
+            return node, (base.edge_total() > 0) | (uniform.edge_total() > 0)
+        return node, (base.edge > 0) | (uniform.edge > 0)
+
     # -- views of the state --------------------------------------------------------------------------------
     def _point(self, node: Tensor, edge: Tensor | None, lens: Tensor) -> Marginals:
         if self.totals:
@@ -276,20 +312,24 @@ class SolverState:
             ge = g.edge[rows] if g.edge is not None else torch.zeros_like(edge)
         return g.node[rows], ge
 
-    def _stationarity(self, delta_n: Tensor, delta_e: Tensor | None, g_n: Tensor, g_e: Tensor | None,
-                      node: Tensor, edge: Tensor | None) -> Tensor:
-        """The stationarity residual of rows with offsets ``delta``, gradients ``g`` at marginals ``node, edge``."""
-        res = _residual(delta_n, g_n, node, 1)
+    def _stationarity(self, rows: Tensor, delta_n: Tensor, delta_e: Tensor | None, g_n: Tensor,
+                      g_e: Tensor | None, node: Tensor, edge: Tensor | None, kl: bool = False) -> Tensor:
+        """The stationarity residual of ``rows`` with offsets ``delta``, gradients ``g`` at marginals ``node,
+        edge`` (``kl``: measured by KL divergence, see :func:`_residual`)."""
+        allowed_n = None if self.allowed_node is None else self.allowed_node[rows]
+        allowed_e = None if self.allowed_edge is None else self.allowed_edge[rows]
+        res = _residual(delta_n, g_n, node, 1, allowed_n, kl)
         if g_e is None or delta_e is None:
             return res
         if not self.totals:
-            return torch.maximum(res, _residual(delta_e, g_e, edge, 2))
+            return torch.maximum(res, _residual(delta_e, g_e, edge, 2, allowed_e, kl))
         # the residual of the position-averaged edge marginal: zero only if every position's residual is (the
         # offsets are the same at every position), and zero at a stationary point unless the positions' edge
         # supports split into groups that do not overlap
         mass = edge.sum((-1, -2), keepdim=True)
         mean = torch.where(mass > 0, edge / mass.clamp_min(torch.finfo(edge.dtype).tiny), 0.0)
-        return torch.maximum(res, _residual(delta_e[:, None], g_e[:, None], mean[:, None], 2))
+        return torch.maximum(res, _residual(delta_e[:, None], g_e[:, None], mean[:, None], 2,
+                                            None if allowed_e is None else allowed_e[:, None], kl))
 
     # -- one iteration -------------------------------------------------------------------------------------
     def iterate(self, it: int) -> bool:
@@ -315,7 +355,7 @@ class SolverState:
         # converged: the current point is stationary (Proposition 1); no oracle call is needed.  The accelerated
         # method tests its oracle point nu with the gradient at nu (and returns nu if it passes)
         r_n, r_e = (self._gradient_rows(a, point_node, point_edge) if self.method == "accelerated" else (g_n, g_e))
-        res = self._stationarity(self.delta_node[a], None if r_e is None else self.delta_edge[a], r_n, r_e,
+        res = self._stationarity(a, self.delta_node[a], None if r_e is None else self.delta_edge[a], r_n, r_e,
                                  point_node, point_edge)
         self.residual[a] = res
         keep = res > self.tol
@@ -432,10 +472,26 @@ class SolverState:
             # residual to fall instead, so that rounding noise cannot drive an endless random walk
             band = torch.isfinite(fc) & ((fc - f_prev).abs() <= floor)
             if band.any():
-                gb_n, gb_e = self._gradient_rows(rows[band], node[band], None if de is None else edge[band])
-                res_b = self._stationarity(dn[band], None if de is None else de[band], gb_n, gb_e, node[band],
-                                           None if de is None else edge[band])
-                ok[band] = res_b < self.residual[rows[band]]
+                rb = rows[band]
+                gb_n, gb_e = self._gradient_rows(rb, node[band], None if de is None else edge[band])
+                eb = None if de is None else edge[band]
+                res_b = self._stationarity(rb, dn[band], None if de is None else de[band], gb_n, gb_e, node[band], eb)
+                ok[band] = res_b < self.residual[rb]
+                # a residual saturated at its maximum, 2 (a label the energy pulls hard holds almost no mass,
+                # before and after a step the trust region keeps short): compare KL divergences, which do not
+                # saturate
+                tied = band.clone()
+                tied[band] = res_b == self.residual[rb]
+                if tied.any():
+                    rt, sub_t = rows[tied], pending[tied]
+                    g_cur_e = None if de is None else g_e[sub_t]
+                    gt_n, gt_e = self._gradient_rows(rt, node[tied], None if de is None else edge[tied])
+                    new = self._stationarity(rt, dn[tied], None if de is None else de[tied], gt_n, gt_e,
+                                             node[tied], None if de is None else edge[tied], kl=True)
+                    cur = self._stationarity(rt, self.delta_node[rt], None if de is None else self.delta_edge[rt],
+                                             g_n[sub_t], g_cur_e, self.mu_node[rt],
+                                             None if de is None else self.mu_edge[rt], kl=True)
+                    ok[tied] = new < cur
         # no marginal may collapse to an exact zero (the barrier energies' failure), nor, with a trust
         # region, move by more than ``trust_region`` nats
         change = _log_change(self.nu_node[rows] if self.method == "accelerated" else self.mu_node[rows], m.node)

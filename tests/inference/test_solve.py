@@ -1,5 +1,7 @@
 """Solvers: Proposition 1, robustness on stiff energies, batching, anytime iterates, decoding, errors."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -455,3 +457,55 @@ def test_gradient_beyond_float32_at_the_start_is_a_clear_error(method):
     theta64 = bp.ChainPotentials(node.double(), torch.zeros(2, 2, dtype=DT))
     sol = bp.solve(bp.LinearChain(), theta64, Poisson(counts.double(), 0.5, 1.0), method="md", max_iter=2000)
     assert bool(sol.converged)
+
+
+def test_a_label_whose_base_marginal_underflows_is_still_pulled_up():
+    """Scores [0, -800]: label 1's base marginal underflows to an exact 0 in float64, yet the energy
+    1000 (mu_1 - 1)^2 pulls it to 0.6.  The solvers used to read the 0 as "forbidden" and report the base
+    marginals as converged at iteration 0."""
+    theta = bp.PairwisePotentials(torch.tensor([[[0.0, -800.0]]], dtype=DT), torch.zeros(2, 2, dtype=DT))
+    energy = LinearMeasurements(node=torch.tensor([[0.0, 1.0]], dtype=DT), offset=1.0, loss="squared", psi=2000.0)
+    p = torch.linspace(0, 1, 200001, dtype=DT)[1:-1]
+    f = p * p.log() + (1 - p) * (1 - p).log() + 800.0 * p + 1000.0 * (p - 1) ** 2
+    for method in METHODS:
+        sol = bp.solve(bp.LinearChain(), theta, energy, method=method)
+        assert sol.iterations.item() > 0
+        if sol.converged.item():
+            assert sol.objective.item() == pytest.approx(f.min().item(), rel=1e-9)
+    md = bp.solve(bp.LinearChain(), theta, energy, method="md")
+    assert md.converged.item() and md.marginals.node[0, 0, 1].item() == pytest.approx(p[f.argmin()].item(), abs=1e-4)
+
+
+def test_an_impossible_label_is_not_taken_for_an_underflowed_one():
+    """No transition leads into label 2, so it is impossible after position 0 whatever its (finite) node score;
+    at position 0 its marginal only underflows.  The energy pulls label 2 everywhere: mirror descent must give
+    position 0 its mass and still converge, the impossible labels staying at 0."""
+    node = torch.zeros(1, 3, 3, dtype=DT)
+    node[0, 0, 2] = -800.0
+    edge = torch.zeros(3, 3, dtype=DT)
+    edge[:, 2] = -math.inf
+    theta = bp.PairwisePotentials(node, edge)
+    a = torch.zeros(1, 3, dtype=DT)
+    a[0, 2] = -1.0                                                     # "label 2 at least twice"
+    energy = LinearMeasurements(node=a, offset=-2.0, loss="squared_hinge", psi=1000.0)
+    sol = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=500)
+    assert sol.converged.item()
+    assert sol.marginals.node[0, 0, 2].item() > 0.9
+    assert torch.equal(sol.marginals.node[0, 1:, 2], torch.zeros(2, dtype=DT))
+
+
+def test_mirror_descent_climbs_out_of_a_tiny_base_marginal_within_its_trust_region():
+    """Label 2 starts at e^-120 and the energy wants it twice among 4 positions: every step the trust region
+    allows moves a total-variation residual saturated at 2, which used to stop mirror descent at its step floor
+    after 2 iterations; the KL divergence tie-break lets it climb to the optimum (brute force per position)."""
+    node = torch.zeros(1, 4, 3, dtype=DT)
+    node[..., 2] = -120.0
+    theta = bp.PairwisePotentials(node, torch.zeros(3, 3, dtype=DT))
+    a = torch.zeros(1, 3, dtype=DT)
+    a[0, 2] = -1.0
+    energy = LinearMeasurements(node=a, offset=-2.0, loss="squared_hinge", psi=500.0)
+    p = torch.linspace(1e-12, 1 - 1e-12, 2000001, dtype=DT)
+    f = 4 * (p * p.log() + (1 - p) * ((1 - p) / 2).log() + 120 * p) + 250 * (2 - 4 * p).clamp_min(0) ** 2
+    for method in ("md", "accelerated"):
+        sol = bp.solve(bp.LinearChain(), theta, energy, method=method)
+        assert sol.objective.item() == pytest.approx(f.min().item(), rel=1e-8)

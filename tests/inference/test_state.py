@@ -37,10 +37,12 @@ def test_residual_ignores_padding_and_counts_mass_a_label_would_gain():
     assert _residual(r, torch.zeros_like(r), mu, 1).item() > 0.99
 
 
-def test_log_change_is_infinite_when_support_changes_and_ignores_tiny_entries():
+def test_log_change_is_infinite_when_a_marginal_collapses_and_ignores_tiny_entries():
     old, new = _d([[0.5, 0.5]]), _d([[0.25, 0.75]])
     assert _log_change(old, new).item() == pytest.approx(math.log(2.0))
-    assert _log_change(_d([[1.0, 0.0]]), _d([[0.5, 0.5]])).item() == math.inf
+    assert _log_change(_d([[0.5, 0.5]]), _d([[1.0, 0.0]])).item() == math.inf
+    # rising from an underflowed 0 is not limited: its log could not be measured
+    assert _log_change(_d([[1.0, 0.0]]), _d([[0.5, 0.5]])).item() == pytest.approx(math.log(2.0))
     tiny = torch.finfo(torch.float64).tiny
     assert _log_change(_d([[1.0, tiny / 4]]), _d([[1.0, tiny / 8]])).item() == 0.0
 
