@@ -65,16 +65,20 @@ class CGMResult:
     potentials: ChainPotentials
     population: float
     _solution: Solution | None = None
+    _residual: Tensor | None = None       # the NumPy path's stationarity residuals
 
     @property
     def solution(self) -> Solution:
-        """The full :class:`~betheproj.inference.Solution` (marginals with edges on demand)."""
+        """The full :class:`~betheproj.inference.Solution` (marginals with edges on demand).  From the NumPy
+        small-problem path it holds the final objective alone as ``objectives`` and no oracle-call count, and
+        ``safeguarded`` is all False (that path does not track it)."""
         if self._solution is None:
             marginals = LinearChain().marginals(self.potentials)
             b = self.counts.shape[0]
+            like = self.objective
             self._solution = Solution(marginals, self.potentials, self.iterations, self.converged, self.objective,
-                                      self.objective[:, None], torch.zeros(b, dtype=torch.bool), torch.zeros(b),
-                                      0, "md")
+                                      self.objective[:, None], torch.zeros(b, dtype=torch.bool, device=like.device),
+                                      self._residual, 0, "md")
         return self._solution
 
     def flows(self) -> Tensor:
@@ -106,7 +110,7 @@ def _fast(potentials: ChainPotentials, observed: Tensor, rate: float, population
     tilde = potentials.shifted(offset, None)
     as_tensor = lambda i, kind: torch.tensor([r[i] for r in rows], dtype=kind)  # noqa: E731
     return CGMResult(population * mu, as_tensor(2, dtype), as_tensor(3, torch.long), as_tensor(4, torch.bool), 0.0,
-                     tilde, float(population))
+                     tilde, float(population), _residual=as_tensor(5, dtype))
 
 
 def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, population: float, method: str = "md",

@@ -100,5 +100,6 @@ def interior_point(potentials: ChainPotentials, observed: Tensor, rate: float, p
         status.append(stat)
         solve_seconds += secs
     seconds = time.perf_counter() - start
-    return IPResult(torch.tensor(values, dtype=potentials.node.dtype), torch.tensor(np.stack(nodes)), seconds,
+    dtype = potentials.node.dtype
+    return IPResult(torch.tensor(values, dtype=dtype), torch.tensor(np.stack(nodes), dtype=dtype), seconds,
                     solve_seconds, status)

@@ -244,3 +244,27 @@ def test_interior_point_bad_scale_and_tol(kwargs, name):
     inst = _small_instance()    # checked before cvxpy is imported: no need to skip without it
     with pytest.raises(ValueError, match=name):
         interior_point(inst.potentials, inst.observed, 0.5, 100, **kwargs)
+
+
+def test_the_fast_path_reports_its_residual_like_solve():
+    """The NumPy path's Solution carries its stationarity residuals (it reported 0 for unconverged examples)."""
+    from betheproj.energies import Poisson
+    from betheproj.inference import solve
+    from betheproj.oracles import LinearChain
+
+    inst = simulate(default_model(3, 4), population=200, rate=0.5, seasons=2)
+    fast = map_counts(inst.potentials, inst.observed, 0.5, 200, max_iter=2)
+    generic = solve(LinearChain(), inst.potentials, Poisson(inst.observed, rate=0.5, scale=200.0), method="md",
+                    max_iter=2)
+    assert not fast.converged.any()
+    assert fast.solution.residual.dtype == inst.potentials.node.dtype
+    assert torch.allclose(fast.solution.residual, generic.residual, rtol=1e-9)
+
+
+def test_interior_point_keeps_the_dtype():
+    pytest.importorskip("cvxpy")
+    inst = simulate(default_model(2, 3), population=100, rate=0.5, seed=0)
+    pot = inst.potentials
+    pot32 = type(pot)(pot.node.float(), pot.edge.float(), pot.lengths)
+    ip = interior_point(pot32, inst.observed, 0.5, 100)
+    assert ip.node.dtype == torch.float32 and ip.objective.dtype == torch.float32
