@@ -84,9 +84,7 @@ def _residual(delta: Tensor, grad: Tensor, mu: Tensor, dims: int, allowed: Tenso
     red = tuple(range(-dims, 0))
     if mu.numel() == 0:                            # no factors of this kind (a chain of length 1 has no edges)
         return mu.new_zeros(mu.shape[0])
-    log_mu = torch.log(mu)
-    if allowed is not None:
-        log_mu = torch.where((mu == 0) & allowed, torch.finfo(mu.dtype).tiny, mu).log()
+    log_mu = torch.log(mu if allowed is None else torch.where((mu == 0) & allowed, torch.finfo(mu.dtype).tiny, mu))
     logits = log_mu - (delta + grad)
     shape = logits.shape
     flat = logits.reshape(*shape[: logits.dim() - dims], -1)
@@ -472,25 +470,24 @@ class SolverState:
             # residual to fall instead, so that rounding noise cannot drive an endless random walk
             band = torch.isfinite(fc) & ((fc - f_prev).abs() <= floor)
             if band.any():
-                rb = rows[band]
-                gb_n, gb_e = self._gradient_rows(rb, node[band], None if de is None else edge[band])
-                eb = None if de is None else edge[band]
-                res_b = self._stationarity(rb, dn[band], None if de is None else de[band], gb_n, gb_e, node[band], eb)
+                rb, nb, db = rows[band], node[band], dn[band]
+                eb, deb = (None, None) if de is None else (edge[band], de[band])
+                gb_n, gb_e = self._gradient_rows(rb, nb, eb)
+                res_b = self._stationarity(rb, db, deb, gb_n, gb_e, nb, eb)
                 ok[band] = res_b < self.residual[rb]
                 # a residual saturated at its maximum, 2 (a label the energy pulls hard holds almost no mass,
                 # before and after a step the trust region keeps short): compare KL divergences, which do not
                 # saturate
-                tied = band.clone()
-                tied[band] = res_b == self.residual[rb]
-                if tied.any():
-                    rt, sub_t = rows[tied], pending[tied]
-                    g_cur_e = None if de is None else g_e[sub_t]
-                    gt_n, gt_e = self._gradient_rows(rt, node[tied], None if de is None else edge[tied])
-                    new = self._stationarity(rt, dn[tied], None if de is None else de[tied], gt_n, gt_e,
-                                             node[tied], None if de is None else edge[tied], kl=True)
+                t = res_b == self.residual[rb]
+                if t.any():
+                    rt, sub_t = rb[t], pending[band][t]
+                    pick = (lambda x: None) if de is None else (lambda x: x[t])       # noqa: E731
+                    new = self._stationarity(rt, db[t], pick(deb), gb_n[t], pick(gb_e), nb[t], pick(eb), kl=True)
                     cur = self._stationarity(rt, self.delta_node[rt], None if de is None else self.delta_edge[rt],
-                                             g_n[sub_t], g_cur_e, self.mu_node[rt],
+                                             g_n[sub_t], None if de is None else g_e[sub_t], self.mu_node[rt],
                                              None if de is None else self.mu_edge[rt], kl=True)
+                    tied = band.clone()
+                    tied[band] = t
                     ok[tied] = new < cur
         # no marginal may collapse to an exact zero (the barrier energies' failure), nor, with a trust
         # region, move by more than ``trust_region`` nats
