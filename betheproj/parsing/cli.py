@@ -120,13 +120,20 @@ def _require_scorable(data: list, option: str, path: str, punct: bool = False) -
         raise ValueError(f"{option} {path} has no words with a gold HEAD{scope}")
 
 
-def _load(path: str):
-    """An arc-factored or a second-order model, whichever ``path`` holds (the file is read once)."""
+def _read_state(path: str) -> dict:
+    """The saved state of an arc-factored or a second-order model, whichever ``path`` holds (read once)."""
     from . import parser, second_order
 
     formats = {parser.FORMAT: parser.VERSION, second_order.FORMAT: second_order.VERSION}
+    return parser.read_model(path, formats, "parser model file")
+
+
+def _load(path: str):
+    """An arc-factored or a second-order model, whichever ``path`` holds."""
+    from . import parser, second_order
+
     try:
-        state = parser.read_model(path, formats, "parser model file")
+        state = _read_state(path)
     except ValueError:
         raise ValueError(f"{path} is neither an arc-factored nor a second-order parser model") from None
     if state["format"] == second_order.FORMAT:
@@ -138,8 +145,7 @@ def _load_first(path: str):
     """The arc-factored model ``--second-order`` builds on; a second-order model there is named as such."""
     from . import parser, second_order
 
-    formats = {parser.FORMAT: parser.VERSION, second_order.FORMAT: second_order.VERSION}
-    state = parser.read_model(path, formats, "parser model file")
+    state = _read_state(path)
     if state["format"] == second_order.FORMAT:
         raise ValueError(f"--second-order {path} is a second-order model; --second-order needs an arc-factored one "
                          "(written by 'parse train' without --second-order)")
