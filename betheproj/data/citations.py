@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Citation", "parse_citation", "read_citations", "load_citations", "tokenize_citation", "escape_tags",
-           "SPLITS"]
+           "citation_file", "SPLITS"]
 
 SPLITS = {"train": "training.docs", "dev": "dev.docs", "test": "testing.docs"}
 _TAG = re.compile(r"(</?[A-Za-z][\w.-]*>)")
@@ -132,14 +132,19 @@ def tokenize_citation(line: str) -> list[str]:
     return tokens
 
 
+def citation_file(path: str | Path) -> Path:
+    """``path``, or ``path.gz`` where only the compressed file exists."""
+    path = Path(path)
+    gz = Path(f"{path}.gz")
+    return gz if not path.is_file() and gz.is_file() else path
+
+
 def read_citations(path: str | Path) -> list[Citation]:
     """Every line of a ``.docs`` file (or its ``.docs.gz``) that holds a token; lines of tags alone are skipped.
 
     ``ValueError`` (naming the file) if it cannot be read as UTF-8 (gzip) text or holds no tag at all, as
     files in another format (e.g. one ``token label`` pair a line) would otherwise read as unlabelled."""
-    path = Path(path)
-    if not path.is_file() and Path(str(path) + ".gz").is_file():
-        path = Path(str(path) + ".gz")
+    path = citation_file(path)
     if not path.is_file():
         raise FileNotFoundError(f"expected the citation file {path.name} (or {path.name}.gz) at {path}")
     opener = gzip.open if path.suffix == ".gz" else open
