@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import warnings
 
 __all__ = ["main"]
@@ -142,12 +145,14 @@ def _check_cgm_size(grid: int, steps: int, seasons: int) -> None:
                          f"more than this machine's {_bytes(have)}; use a smaller --grid")
 
 
-def _bytes(n: int) -> str:
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+def _bytes(n: float) -> str:
+    if n < 1000:
+        return f"{n:,.0f} bytes"
+    for unit in ("KB", "MB", "GB"):
         n /= 1000
-    raise AssertionError  # pragma: no cover
+        if n < 1000:
+            return f"{n:,.1f} {unit}"
+    return f"{n / 1000:,.1f} TB"
 
 
 def _need_matplotlib() -> None:
@@ -209,14 +214,12 @@ def _citations(args: argparse.Namespace) -> None:
         return
     if args.data is None:
         raise ValueError("--data is required (or --predict FILE to tag with a trained model)")
-    from .data.citations import SPLITS, load_citations
+    from .data.citations import SPLITS, citation_file, load_citations
 
     data = load_citations(args.data)
     for split, name in SPLITS.items():
         if not data[split]:
-            file = Path(args.data) / name
-            file = file if file.is_file() or not Path(f"{file}.gz").is_file() else Path(f"{file}.gz")
-            raise ValueError(f"--data: {file} holds no citations")
+            raise ValueError(f"--data: {citation_file(Path(args.data) / name)} holds no citations")
     _need_matplotlib()
     out = _out_folder(args.out, ("results.json", "f1_vs_iterations.png", "iterations_histogram.png", "model.pt"))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
@@ -230,11 +233,29 @@ def _citations(args: argparse.Namespace) -> None:
           f"{out / 'model.pt'}")
 
 
+@contextlib.contextmanager
+def _deferred_interrupt():
+    """Ctrl-C recorded, not raised, inside the block (in the main thread): a KeyboardInterrupt raised while torch's
+    native modules load can abort the interpreter (pybind11's ``terminate``) instead of reaching our handler."""
+    seen: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: seen.append(True))
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``betheproj ARGS``; returns the exit status (0, 1 on a closed pipe, 2 on an error, 130 on Ctrl-C)."""
     try:
-        args = _parser().parse_args(argv)        # imports torch (through the parse subcommand): about 2 s
+        with _deferred_interrupt() as interrupted:
+            args = _parser().parse_args(argv)    # imports torch (through the parse subcommand): about 2 s
     except KeyboardInterrupt:
+        interrupted = [True]
+    if interrupted:
         print("betheproj: interrupted", file=sys.stderr)
         return 130
     with warnings.catch_warnings():
