@@ -98,13 +98,13 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
         inner = float(np.vdot(d, m))
         val = rate * float(m.sum()) - offset - float(np.vdot(weight, log_m))
         floor = 64 * _EPS * (abs(lz) + abs(inner) + abs(val))
-        return m, log_m, -lz + inner + val, floor, bool((m == 0).any())
+        return m, log_m, -lz + inner + val, floor, bool((m == 0).any()), lz
 
     delta = np.zeros_like(node) if delta is None else delta.copy()
     out = oracle(delta)
     if out is None or out[4]:
         return None
-    mu, log_mu, f, _, _ = out
+    mu, log_mu, f, _, _, log_z = out
     eta, residual, iterations, converged = step, np.inf, 0, False
     for _ in range(max_iter):
         g = rate - weight / np.maximum(mu, _TINY)
@@ -120,10 +120,16 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             out = oracle(cand)
             if out is None:
                 return None
-            m, log_m, fc, floor, collapsed = out
+            m, log_m, fc, floor, collapsed, lz = out
             floor += 64 * _EPS * abs(f)
             ok = np.isfinite(fc) and fc <= f + floor
-            if ok and abs(fc - f) <= floor:                 # rounding hides the change: the residual must fall
+            # sufficient decrease, as in solve(): at least KL(mu || m), less its rounding error
+            old_in, new_in = float(np.vdot(delta, mu)), float(np.vdot(cand, mu))
+            kl = old_in - new_in - log_z + lz
+            err = 64 * _EPS * (abs(old_in) + abs(new_in) + abs(log_z) + abs(lz))
+            band = ok and abs(fc - f) <= floor
+            ok = ok and fc <= f - max(kl - err, 0.0) + floor
+            if band:                                        # rounding hides the change: the residual must fall
                 g_cand = rate - weight / np.maximum(m, _TINY)
                 r_cand = _residual(cand, g_cand, m, log_m)
                 ok = r_cand < residual
@@ -134,7 +140,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             if attempt == max_backtracks:                  # any finite step that does not raise the objective
                 ok = bool(np.isfinite(fc)) and np.isfinite(change) and not collapsed and fc <= f + floor
             if ok:
-                delta, mu, log_mu, f = cand, m, log_m, fc
+                delta, mu, log_mu, f, log_z = cand, m, log_m, fc, lz
                 iterations += 1
                 break
             clean = False
