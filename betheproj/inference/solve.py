@@ -21,7 +21,10 @@ marginal polytope, so the solvers are anytime.  Because ``-H_B(mu) - <theta_t, m
 Step-size control: a candidate whose objective is not finite, or rises by more than a tolerance over the
 previous iterate, is rejected and recomputed with a smaller step (``beta_t`` doubled for RDA, ``eta_t``
 halved for MD, ``L`` doubled for the accelerated method), up to ``max_backtracks`` times; the solution
-reports which examples needed it.  Converged examples drop out of the batch: they stop changing and stop
+reports which examples needed it.  Mirror descent asks for sufficient decrease, not only descent: the objective
+must fall by at least ``KL(mu_t || mu_{t+1})``, the divergence between the two oracle distributions (the part of
+a composite Bregman step's guarantee ``(1 + 1/eta) KL`` that holds for every ``eta``), so that a step which jumps
+across a valley is shrunk instead of being taken and doubled.  Converged examples drop out of the batch: they stop changing and stop
 costing oracle calls.
 
 Edge state is per position ([B, N-1, C, C]) in general.  When the energy reads edge marginals only through
