@@ -24,8 +24,8 @@ halved for MD, ``L`` doubled for the accelerated method), up to ``max_backtracks
 reports which examples needed it.  Mirror descent asks for sufficient decrease, not only descent: the objective
 must fall by at least ``KL(mu_t || mu_{t+1})``, the divergence between the two oracle distributions (the part of
 a composite Bregman step's guarantee ``(1 + 1/eta) KL`` that holds for every ``eta``), so that a step which jumps
-across a valley is shrunk instead of being taken and doubled.  Converged examples drop out of the batch: they stop changing and stop
-costing oracle calls.
+across a valley is shrunk instead of being taken and doubled.  Converged examples drop out of the batch: they
+stop changing and stop costing oracle calls.
 
 Edge state is per position ([B, N-1, C, C]) in general.  When the energy reads edge marginals only through
 per-example sums over positions (``Energy.edge_totals``), the transitions are shared and the oracle takes one
@@ -121,7 +121,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             descent meets them fastest.  Tolerances below about the square root of machine epsilon can be
             out of reach, since the objective cannot tell steps that small apart.  In float32, mirror descent on
             a stiff energy (large ``psi`` times counts over many positions) can stop at its step floor well above
-            ``tol`` (``benchmarks/solver_float32.py``: 95 of 480 random chains, median residual 6e-3), when progress
+            ``tol`` (``benchmarks/solver_float32.py``: 98 of 480 random chains, median residual 9e-3), when progress
             per step falls below the objective's rounding; ``converged`` reports it, and float64 or the accelerated
             method usually reach the tolerance there.
         beta: RDA's ``beta_t`` (constant; raised per example by step-size control, up to
