@@ -114,6 +114,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             break
         clean = True
         min_step = _MIN_STEP / max(1.0, float(np.abs(g + delta).max()))   # relative floor, as in solve()
+        old_in = float(np.vdot(delta, mu))                 # <delta, mu> of the iterate, for the KL of each candidate
         for attempt in range(max_backtracks + 1):
             w = eta / (1.0 + eta)
             cand = delta + w * (-g - delta)
@@ -124,7 +125,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             floor += 64 * _EPS * abs(f)
             ok = np.isfinite(fc) and fc <= f + floor
             # sufficient decrease, as in solve(): at least KL(mu || m), less its rounding error
-            old_in, new_in = float(np.vdot(delta, mu)), float(np.vdot(cand, mu))
+            new_in = float(np.vdot(cand, mu))
             kl = old_in - new_in - log_z + lz
             err = 64 * _EPS * (abs(old_in) + abs(new_in) + abs(log_z) + abs(lz))
             band = ok and abs(fc - f) <= floor

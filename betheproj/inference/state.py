@@ -474,10 +474,12 @@ class SolverState:
             # F(mu') <= F(mu) - KL(mu || mu') (1/eta would ask too much of the tiny steps barrier energies take),
             # with KL between the two oracle distributions, <delta - delta', mu> - log Z(theta + delta)
             # + log Z(theta + delta'), less its rounding error
-            old_in, new_in = _inner(self.delta_node[rows], self.mu_node[rows]), _inner(dn, self.mu_node[rows])
+            mu_n = self.mu_node[rows]
+            old_in, new_in = _inner(self.delta_node[rows], mu_n), _inner(dn, mu_n)
             if de is not None:
-                old_in = old_in + _inner(self.delta_edge[rows], self.mu_edge[rows])
-                new_in = new_in + _inner(de, self.mu_edge[rows])
+                mu_e = self.mu_edge[rows]
+                old_in = old_in + _inner(self.delta_edge[rows], mu_e)
+                new_in = new_in + _inner(de, mu_e)
             kl = old_in - new_in - self.log_z[rows] + m.log_partition
             err = self.noise * (old_in.abs() + new_in.abs() + self.log_z[rows].abs() + m.log_partition.abs())
             ok &= fc <= f_prev - (kl - err).clamp_min(0.0) + floor
@@ -536,8 +538,7 @@ class SolverState:
             self.gbar_node[r] = trial.gn[ok]
             if self.need_edges:
                 self.gbar_edge[r] = trial.ge[ok]
-        if self.method != "rda":
-            self.log_z[r] = m.log_partition[ok]
+        self.log_z[r] = m.log_partition[ok]         # log Z at the last accepted oracle point
         if self.method == "accelerated":
             self.nu_node[r] = m.node[ok]
             self.nu_f[r] = trial.f_nu[ok]
