@@ -98,13 +98,13 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
         inner = float(np.vdot(d, m))
         val = rate * float(m.sum()) - offset - float(np.vdot(weight, log_m))
         floor = 64 * _EPS * (abs(lz) + abs(inner) + abs(val))
-        return m, log_m, -lz + inner + val, floor, bool((m == 0).any()), lz
+        return m, log_m, -lz + inner + val, floor, bool((m == 0).any()), val
 
     delta = np.zeros_like(node) if delta is None else delta.copy()
     out = oracle(delta)
     if out is None or out[4]:
         return None
-    mu, log_mu, f, _, _, log_z = out
+    mu, log_mu, f, _, _, val = out
     eta, residual, iterations, converged = step, np.inf, 0, False
     for _ in range(max_iter):
         g = rate - weight / np.maximum(mu, _TINY)
@@ -114,34 +114,38 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             break
         clean = True
         min_step = _MIN_STEP / max(1.0, float(np.abs(g + delta).max()))   # relative floor, as in solve()
-        old_in = float(np.vdot(delta, mu))                 # <delta, mu> of the iterate, for the KL of each candidate
         for attempt in range(max_backtracks + 1):
             w = eta / (1.0 + eta)
             cand = delta + w * (-g - delta)
             out = oracle(cand)
             if out is None:
                 return None
-            m, log_m, fc, floor, collapsed, lz = out
+            m, log_m, fc, floor, collapsed, val_c = out
             floor += 64 * _EPS * abs(f)
             ok = np.isfinite(fc) and fc <= f + floor
-            # sufficient decrease, as in solve(): at least KL(mu || m), less its rounding error
-            new_in = float(np.vdot(cand, mu))
-            kl = old_in - new_in - log_z + lz
-            err = 64 * _EPS * (abs(old_in) + abs(new_in) + abs(log_z) + abs(lz))
-            band = ok and abs(fc - f) <= floor
-            ok = ok and fc <= f - max(kl - err, 0.0) + floor
-            if band:                                        # rounding hides the change: the residual must fall
+            # sufficient decrease, as in solve(): L(m) - L(mu) + <cand, m - mu> <= 0, less its rounding error
+            dmu = m - mu
+            d = val_c - val + float(np.vdot(cand, dmu))
+            err = 64 * _EPS * (float(np.vdot(np.abs(cand), m + mu)) + abs(val) + abs(val_c))
+            band = ok and abs(d) <= err
+            ok = ok and d <= err
+            if band:                                        # rounding hides D: the trapezoid rule, as solve() does
                 g_cand = rate - weight / np.maximum(m, _TINY)
-                r_cand = _residual(cand, g_cand, m, log_m)
-                ok = r_cand < residual
-                if r_cand == residual:                      # saturated: compare KL divergences, as solve() does
-                    ok = _residual(cand, g_cand, m, log_m, kl=True) < _residual(delta, g, mu, log_mu, kl=True)
+                slope = 0.5 * (g + g_cand) + cand
+                trap = float(np.vdot(slope, dmu))
+                if np.isfinite(trap) and abs(trap) > 2 * _EPS * float(np.vdot(np.abs(slope), m + mu)):
+                    ok = trap <= 0
+                else:                                       # rounding hides that too: the residual must fall
+                    r_cand = _residual(cand, g_cand, m, log_m)
+                    ok = r_cand < residual
+                    if r_cand == residual:                  # saturated: compare KL divergences, as solve() does
+                        ok = _residual(cand, g_cand, m, log_m, kl=True) < _residual(delta, g, mu, log_mu, kl=True)
             change = float(np.abs(log_m - log_mu).max())
             ok = ok and change <= trust_region and not collapsed
             if attempt == max_backtracks:                  # any finite step that does not raise the objective
                 ok = bool(np.isfinite(fc)) and np.isfinite(change) and not collapsed and fc <= f + floor
             if ok:
-                delta, mu, log_mu, f, log_z = cand, m, log_m, fc, lz
+                delta, mu, log_mu, f, val = cand, m, log_m, fc, val_c
                 iterations += 1
                 break
             clean = False

@@ -170,6 +170,7 @@ class _Trial:
     edge: Tensor | None
     f: Tensor                   # its objective (inf for a step too large to represent)
     f_nu: Tensor | None         # accelerated: the oracle point's own objective
+    val: Tensor                 # the energy's value at the candidate
     floor: Tensor               # rounding error of the objective
     change: Tensor              # largest change of a log-marginal
     collapsed: Tensor           # whether a supported marginal fell to an exact 0
@@ -230,7 +231,8 @@ class SolverState:
         self.support = base.node > 0                                               # where theta allows mass
         self.allowed_node, self.allowed_edge = self._underflowed(oracle, potentials, base)
         self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
-        f = -self.log_z + _inner(self.delta_node, mu_node) + energy.value(self._point(mu_node, mu_edge, lengths))
+        self.val = energy.value(self._point(mu_node, mu_edge, lengths))     # the energy at the iterate
+        f = -self.log_z + _inner(self.delta_node, mu_node) + self.val
         if need_edges:
             f = f + _inner(self.delta_edge, mu_edge)
         self.f = f
@@ -471,47 +473,74 @@ class SolverState:
             # step made the method zigzag for hundreds of iterations (mirror descent on dependency trees).  Within
             # the energy's relative smoothness a composite Bregman step guarantees F(mu') <= F(mu) - (1 + 1/eta)
             # KL(mu || mu') (its three-point property); the test asks for the part that holds for every eta,
-            # F(mu') <= F(mu) - KL(mu || mu') (1/eta would ask too much of the tiny steps barrier energies take),
-            # with KL between the two oracle distributions, <delta - delta', mu> - log Z(theta + delta)
-            # + log Z(theta + delta'), less its rounding error
-            mu_n = self.mu_node[rows]
-            old_in, new_in = _inner(self.delta_node[rows], mu_n), _inner(dn, mu_n)
+            # F(mu') <= F(mu) - KL(mu || mu') (1/eta would ask too much of the tiny steps barrier energies take).
+            # Both points are oracle points, mu = oracle(theta + delta), so -H(mu) - <theta, mu> = <delta, mu>
+            # - log Z(theta + delta), and the KL cancels: the test is exactly
+            #     D = L(mu') - L(mu) + <delta', mu' - mu> <= 0,
+            # which reads no log-partition, so its rounding error (that of the energy's values and of the marginals,
+            # relative to the marginals, not to their change) is below the objective's (in float32 the objective's
+            # rounding hid the progress of ill-conditioned problems 1e-2 above their optimum)
+            dmu = node - self.mu_node[rows]
+            d = val - self.val[rows] + _inner(dn, dmu)
+            err = _inner(dn.abs(), node + self.mu_node[rows])
             if de is not None:
-                mu_e = self.mu_edge[rows]
-                old_in = old_in + _inner(self.delta_edge[rows], mu_e)
-                new_in = new_in + _inner(de, mu_e)
-            kl = old_in - new_in - self.log_z[rows] + m.log_partition
-            err = self.noise * (old_in.abs() + new_in.abs() + self.log_z[rows].abs() + m.log_partition.abs())
-            ok &= fc <= f_prev - (kl - err).clamp_min(0.0) + floor
-            # where the objective cannot tell the candidate from the iterate, require the stationarity
-            # residual to fall instead, so that rounding noise cannot drive an endless random walk
-            band = torch.isfinite(fc) & ((fc - f_prev).abs() <= floor)
+                dmu_e = edge - self.mu_edge[rows]
+                d = d + _inner(de, dmu_e)
+                err = err + _inner(de.abs(), edge + self.mu_edge[rows])
+            err = self.noise * (err + val.abs() + self.val[rows].abs())
+            band = ok & (d.abs() <= err)
+            ok &= d <= err
+            # where D is within its rounding error (the energy's values agree to their last digits), estimate it
+            # by the trapezoid rule, L(mu') - L(mu) ~ <(g + g') / 2, mu' - mu> (exact for a quadratic energy,
+            # third order in the step otherwise): D ~ <(g + g') / 2 + delta', mu' - mu>, where the slope is small
+            # near a stationary point, so its rounding error is small too.  Where even that one is within a
+            # rounding unit of the marginals (a wrong call there moves the objective by rounding alone), require
+            # the stationarity residual to fall, so that rounding noise cannot drive an endless random walk
             if band.any():
-                rb, nb, db = rows[band], node[band], dn[band]
+                rb, nb, db, sb = rows[band], node[band], dn[band], pending[band]
                 eb, deb = (None, None) if de is None else (edge[band], de[band])
                 gb_n, gb_e = self._gradient_rows(rb, nb, eb)
-                res_b = self._stationarity(rb, db, deb, gb_n, gb_e, nb, eb)
-                ok[band] = res_b < self.residual[rb]
-                # a residual saturated at its maximum, 2 (a label the energy pulls hard holds almost no mass,
-                # before and after a step the trust region keeps short): compare KL divergences, which do not
-                # saturate
-                t = res_b == self.residual[rb]
-                if t.any():
-                    rt, sub_t = rb[t], pending[band][t]
-                    pick = (lambda x: None) if de is None else (lambda x: x[t])       # noqa: E731
-                    new = self._stationarity(rt, db[t], pick(deb), gb_n[t], pick(gb_e), nb[t], pick(eb), kl=True)
-                    cur = self._stationarity(rt, self.delta_node[rt], None if de is None else self.delta_edge[rt],
-                                             g_n[sub_t], None if de is None else g_e[sub_t], self.mu_node[rt],
-                                             None if de is None else self.mu_edge[rt], kl=True)
-                    tied = band.clone()
-                    tied[band] = t
-                    ok[tied] = new < cur
+                slope = 0.5 * (g_n[sb] + gb_n) + db
+                trap, trap_err = _inner(slope, dmu[band]), _inner(slope.abs(), nb + self.mu_node[rb])
+                if de is not None:
+                    slope_e = 0.5 * (g_e[sb] + gb_e) + deb
+                    trap = trap + _inner(slope_e, dmu_e[band])
+                    trap_err = trap_err + _inner(slope_e.abs(), eb + self.mu_edge[rb])
+                decided = torch.isfinite(trap) & (trap.abs() > 2 * torch.finfo(self.dtype).eps * trap_err)
+                ok[band] = decided & (trap <= 0)
+                undecided = band.clone()
+                undecided[band] = ~decided
+                if undecided.any():
+                    self._residual_falls(ok, undecided, rows, pending, node, edge, dn, de, g_n, g_e)
         # no marginal may collapse to an exact zero (the barrier energies' failure), nor, with a trust
         # region, move by more than ``trust_region`` nats
         change = _log_change(self.nu_node[rows] if self.method == "accelerated" else self.mu_node[rows], m.node)
         collapsed = ((m.node == 0) & self.support[rows]).flatten(1).any(-1)
         ok &= (change <= (self.trust_region if self.trust_region is not None else float("inf"))) & ~collapsed
-        return _Trial(rows, dn, de, gn, ge, m, node, edge, fc, f_nu, floor, change, collapsed, ok)
+        return _Trial(rows, dn, de, gn, ge, m, node, edge, fc, f_nu, val, floor, change, collapsed, ok)
+
+    def _residual_falls(self, ok: Tensor, where: Tensor, rows: Tensor, pending: Tensor, node: Tensor,
+                        edge: Tensor | None, dn: Tensor, de: Tensor | None, g_n: Tensor, g_e: Tensor | None) -> None:
+        """Mirror descent's test where rounding hides the objective's change: ``ok[where]`` set to whether the
+        candidate's stationarity residual is below the iterate's."""
+        rb, nb, db = rows[where], node[where], dn[where]
+        eb, deb = (None, None) if de is None else (edge[where], de[where])
+        gb_n, gb_e = self._gradient_rows(rb, nb, eb)
+        res_b = self._stationarity(rb, db, deb, gb_n, gb_e, nb, eb)
+        ok[where] = res_b < self.residual[rb]
+        # a residual saturated at its maximum, 2 (a label the energy pulls hard holds almost no mass, before and
+        # after a step the trust region keeps short): compare KL divergences, which do not saturate
+        t = res_b == self.residual[rb]
+        if t.any():
+            rt, sub_t = rb[t], pending[where][t]
+            pick = (lambda x: None) if de is None else (lambda x: x[t])       # noqa: E731
+            new = self._stationarity(rt, db[t], pick(deb), gb_n[t], pick(gb_e), nb[t], pick(eb), kl=True)
+            cur = self._stationarity(rt, self.delta_node[rt], None if de is None else self.delta_edge[rt],
+                                     g_n[sub_t], None if de is None else g_e[sub_t], self.mu_node[rt],
+                                     None if de is None else self.mu_edge[rt], kl=True)
+            tied = where.clone()
+            tied[where] = t
+            ok[tied] = new < cur
 
     def _force(self, trial: _Trial, pending: Tensor) -> Tensor:
         """Out of backtracks: take any finite step, but as a failed one (for a descent method, not one that
@@ -531,6 +560,7 @@ class SolverState:
         r = trial.rows[ok]
         m = trial.oracle
         self.f[r], self.delta_node[r], self.mu_node[r] = trial.f[ok], trial.dn[ok], trial.node[ok]
+        self.val[r] = trial.val[ok]
         if self.need_edges:
             self.delta_edge[r], self.mu_edge[r] = trial.de[ok], trial.edge[ok]
         if self.method != "md":
