@@ -24,8 +24,10 @@ halved for MD, ``L`` doubled for the accelerated method), up to ``max_backtracks
 reports which examples needed it.  Mirror descent asks for sufficient decrease, not only descent: the objective
 must fall by at least ``KL(mu_t || mu_{t+1})``, the divergence between the two oracle distributions (the part of
 a composite Bregman step's guarantee ``(1 + 1/eta) KL`` that holds for every ``eta``), so that a step which jumps
-across a valley is shrunk instead of being taken and doubled.  Converged examples drop out of the batch: they
-stop changing and stop costing oracle calls.
+across a valley is shrunk instead of being taken and doubled.  Between two oracle points the KL cancels, and the
+test is decided as ``L(mu_{t+1}) - L(mu_t) + <delta_{t+1}, mu_{t+1} - mu_t> <= 0`` (by its trapezoid estimate
+where the energy's values agree to rounding), far below the objective's own rounding error.  Converged examples
+drop out of the batch: they stop changing and stop costing oracle calls.
 
 Edge state is per position ([B, N-1, C, C]) in general.  When the energy reads edge marginals only through
 per-example sums over positions (``Energy.edge_totals``), the transitions are shared and the oracle takes one
@@ -119,11 +121,10 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             (Proposition 1's fixed point; see ``state._residual``).  Default: 1e-6 in float64, 1e-4 in float32.
             Bethe-RDA's dual average converges like O(1/t), so it meets tight tolerances slowly; mirror
             descent meets them fastest.  Tolerances below about the square root of machine epsilon can be
-            out of reach, since the objective cannot tell steps that small apart.  In float32, mirror descent on
-            a stiff energy (large ``psi`` times counts over many positions) can stop at its step floor well above
-            ``tol`` (``benchmarks/solver_float32.py``: 98 of 480 random chains, median residual 9e-3), when progress
-            per step falls below the objective's rounding; ``converged`` reports it, and float64 or the accelerated
-            method usually reach the tolerance there.
+            out of reach, since steps that small cannot be told apart.  Mirror descent decides its steps
+            below the objective's rounding, so it meets the float32 tolerance on ill-conditioned problems too
+            (``benchmarks/solver_float32.py``: 472 of 480 random chains; 1 stopped at its step floor); an example
+            it cannot finish reports ``converged`` False.
         beta: RDA's ``beta_t`` (constant; raised per example by step-size control, up to
             ``1e20 max(1, max |g + delta|)``, relative like mirror descent's step floor).
         step: mirror descent's initial step ``eta`` (adapted per example: doubled after a successful step,
