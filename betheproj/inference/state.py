@@ -511,7 +511,9 @@ class SolverState:
                 undecided = band.clone()
                 undecided[band] = ~decided
                 if undecided.any():
-                    self._residual_falls(ok, undecided, rows, pending, node, edge, dn, de, g_n, g_e)
+                    u = ~decided
+                    self._residual_falls(ok, undecided, rows, pending, node, edge, dn, de, g_n, g_e, gb_n[u],
+                                         None if gb_e is None else gb_e[u])
         # no marginal may collapse to an exact zero (the barrier energies' failure), nor, with a trust
         # region, move by more than ``trust_region`` nats
         change = _log_change(self.nu_node[rows] if self.method == "accelerated" else self.mu_node[rows], m.node)
@@ -520,12 +522,13 @@ class SolverState:
         return _Trial(rows, dn, de, gn, ge, m, node, edge, fc, f_nu, val, floor, change, collapsed, ok)
 
     def _residual_falls(self, ok: Tensor, where: Tensor, rows: Tensor, pending: Tensor, node: Tensor,
-                        edge: Tensor | None, dn: Tensor, de: Tensor | None, g_n: Tensor, g_e: Tensor | None) -> None:
-        """Mirror descent's test where rounding hides the objective's change: ``ok[where]`` set to whether the
-        candidate's stationarity residual is below the iterate's."""
+                        edge: Tensor | None, dn: Tensor, de: Tensor | None, g_n: Tensor, g_e: Tensor | None,
+                        gb_n: Tensor, gb_e: Tensor | None) -> None:
+        """Mirror descent's test where rounding hides the change of the objective: ``ok[where]`` set to whether
+        the candidate's stationarity residual (with the gradients ``gb`` at the candidates ``where``) is below the
+        iterate's (with ``g``)."""
         rb, nb, db = rows[where], node[where], dn[where]
         eb, deb = (None, None) if de is None else (edge[where], de[where])
-        gb_n, gb_e = self._gradient_rows(rb, nb, eb)
         res_b = self._stationarity(rb, db, deb, gb_n, gb_e, nb, eb)
         ok[where] = res_b < self.residual[rb]
         # a residual saturated at its maximum, 2 (a label the energy pulls hard holds almost no mass, before and
