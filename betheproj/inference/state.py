@@ -493,9 +493,10 @@ class SolverState:
             # where D is within its rounding error (the energy's values agree to their last digits), estimate it
             # by the trapezoid rule, L(mu') - L(mu) ~ <(g + g') / 2, mu' - mu> (exact for a quadratic energy,
             # third order in the step otherwise): D ~ <(g + g') / 2 + delta', mu' - mu>, where the slope is small
-            # near a stationary point, so its rounding error is small too.  Where even that one is within a
-            # rounding unit of the marginals (a wrong call there moves the objective by rounding alone), require
-            # the stationarity residual to fall, so that rounding noise cannot drive an endless random walk
+            # near a stationary point, so its rounding error is small too.  Where even that one is within two
+            # rounding units of the marginals (a wrong call there moves the objective by rounding alone; one unit
+            # let the NumPy cgm path and this one part ways), require the stationarity residual to fall, so that
+            # rounding noise cannot drive an endless random walk
             if band.any():
                 rb, nb, db, sb = rows[band], node[band], dn[band], pending[band]
                 eb, deb = (None, None) if de is None else (edge[band], de[band])
