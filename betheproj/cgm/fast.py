@@ -124,16 +124,16 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             floor += 64 * _EPS * abs(f)
             ok = np.isfinite(fc) and fc <= f + floor
             # sufficient decrease, as in solve(): L(m) - L(mu) + <cand, m - mu> <= 0, less its rounding error
-            dmu = m - mu
+            dmu, both = m - mu, m + mu                      # the change, and the scale of its rounding
             d = val_c - val + float(np.vdot(cand, dmu))
-            err = 64 * _EPS * (float(np.vdot(np.abs(cand), m + mu)) + abs(val) + abs(val_c))
+            err = 64 * _EPS * (float(np.vdot(np.abs(cand), both)) + abs(val) + abs(val_c))
             band = ok and abs(d) <= err
             ok = ok and d <= err
             if band:                                        # rounding hides D: the trapezoid rule, as solve() does
                 g_cand = rate - weight / np.maximum(m, _TINY)
                 slope = 0.5 * (g + g_cand) + cand
                 trap = float(np.vdot(slope, dmu))
-                if np.isfinite(trap) and abs(trap) > 2 * _EPS * float(np.vdot(np.abs(slope), m + mu)):
+                if np.isfinite(trap) and abs(trap) > 2 * _EPS * float(np.vdot(np.abs(slope), both)):
                     ok = trap <= 0
                 else:                                       # rounding hides that too: the residual must fall
                     r_cand = _residual(cand, g_cand, m, log_m)

@@ -231,7 +231,7 @@ class SolverState:
         self.support = base.node > 0                                               # where theta allows mass
         self.allowed_node, self.allowed_edge = self._underflowed(oracle, potentials, base)
         self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
-        self.val = energy.value(self._point(mu_node, mu_edge, lengths))     # the energy at the iterate
+        self.val = energy.value(self._point(mu_node, mu_edge, lengths))     # L at the iterate (MD step test)
         f = -self.log_z + _inner(self.delta_node, mu_node) + self.val
         if need_edges:
             f = f + _inner(self.delta_edge, mu_edge)
@@ -480,13 +480,15 @@ class SolverState:
             # which reads no log-partition, so its rounding error (that of the energy's values and of the marginals,
             # relative to the marginals, not to their change) is below the objective's (in float32 the objective's
             # rounding hid the progress of ill-conditioned problems 1e-2 above their optimum)
-            dmu = node - self.mu_node[rows]
+            mu_n = self.mu_node[rows]
+            dmu, both = node - mu_n, node + mu_n              # the change, and the scale of its rounding
             d = val - self.val[rows] + _inner(dn, dmu)
-            err = _inner(dn.abs(), node + self.mu_node[rows])
+            err = _inner(dn.abs(), both)
             if de is not None:
-                dmu_e = edge - self.mu_edge[rows]
+                mu_e = self.mu_edge[rows]
+                dmu_e, both_e = edge - mu_e, edge + mu_e
                 d = d + _inner(de, dmu_e)
-                err = err + _inner(de.abs(), edge + self.mu_edge[rows])
+                err = err + _inner(de.abs(), both_e)
             err = self.noise * (err + val.abs() + self.val[rows].abs())
             band = ok & (d.abs() <= err)
             ok &= d <= err
@@ -502,11 +504,11 @@ class SolverState:
                 eb, deb = (None, None) if de is None else (edge[band], de[band])
                 gb_n, gb_e = self._gradient_rows(rb, nb, eb)
                 slope = 0.5 * (g_n[sb] + gb_n) + db
-                trap, trap_err = _inner(slope, dmu[band]), _inner(slope.abs(), nb + self.mu_node[rb])
+                trap, trap_err = _inner(slope, dmu[band]), _inner(slope.abs(), both[band])
                 if de is not None:
                     slope_e = 0.5 * (g_e[sb] + gb_e) + deb
                     trap = trap + _inner(slope_e, dmu_e[band])
-                    trap_err = trap_err + _inner(slope_e.abs(), eb + self.mu_edge[rb])
+                    trap_err = trap_err + _inner(slope_e.abs(), both_e[band])
                 decided = torch.isfinite(trap) & (trap.abs() > 2 * torch.finfo(self.dtype).eps * trap_err)
                 ok[band] = decided & (trap <= 0)
                 undecided = band.clone()
