@@ -169,9 +169,9 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                    objective=state.f, objectives=objectives, safeguarded=state.safeguarded,
                    residual=state.residual, oracle_calls=calls, method=method)
     if method == "accelerated":
-        # last resort: an example whose L had to grow past _STALL_L, or that needed step-size control and
-        # did not converge, is finished by backtracked mirror descent from the best oracle point found
-        stalled = ((state.stall | state.safeguarded) & ~state.converged).nonzero().flatten()
+        # last resort: an example that did not converge (its L grew past _STALL_L, it needed step-size control,
+        # or max_iter ran out) is finished by backtracked mirror descent from the best oracle point found
+        stalled = (~state.converged).nonzero().flatten()
         if stalled.numel():
             best = state.theta.shifted(state.best_dn, state.best_de)
             rescue = solve(oracle, potentials, energy, method="md", max_iter=max_iter, tol=tol,
