@@ -80,8 +80,9 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
                    tol: float, max_iter: int, delta: np.ndarray | None = None, step: float = 1.0,
                    trust_region: float = 10.0, max_backtracks: int = 40):
     """Minimise ``-H_B(mu) - <theta, mu> + L(mu)`` (the Poisson ``L``) for one chain: ``node`` [T, L], ``edge``
-    [T-1, L, L], ``observed`` [T, L].  Returns ``(mu, delta, objective, iterations, converged, residual)``
-    with the dual iterate ``theta + delta``, or ``None`` where the generic solver must take over."""
+    [T-1, L, L], ``observed`` [T, L].  Returns ``(mu, delta, objective, iterations, converged, residual,
+    safeguarded)`` with the dual iterate ``theta + delta`` (``safeguarded``: some step was rejected, as
+    ``Solution.safeguarded``), or ``None`` where the generic solver must take over."""
     if not (np.isfinite(node).all() and np.isfinite(edge).all()):
         return None
     chain = _Chain(node, edge)
@@ -105,7 +106,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
     if out is None or out[4]:
         return None
     mu, log_mu, f, _, _, val = out
-    eta, residual, iterations, converged = step, np.inf, 0, False
+    eta, residual, iterations, converged, safeguarded = step, np.inf, 0, False, False
     for _ in range(max_iter):
         g = rate - weight / np.maximum(mu, _TINY)
         residual = _residual(delta, g, mu, log_mu)
@@ -142,16 +143,17 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
                         ok = _residual(cand, g_cand, m, log_m, kl=True) < _residual(delta, g, mu, log_mu, kl=True)
             change = float(np.abs(log_m - log_mu).max())
             ok = ok and change <= trust_region and not collapsed
-            if attempt == max_backtracks:                  # any finite step that does not raise the objective
+            if attempt == max_backtracks and not ok:       # any finite step that does not raise the objective
                 ok = bool(np.isfinite(fc)) and np.isfinite(change) and not collapsed and fc <= f + floor
+                safeguarded = safeguarded or ok
             if ok:
                 delta, mu, log_mu, f, val = cand, m, log_m, fc, val_c
                 iterations += 1
                 break
-            clean = False
+            clean, safeguarded = False, True
             eta = max(eta / 2, min_step)
         if clean:
             eta = min(eta * 2, _MAX_STEP)
         if eta <= 1e4 * min_step:    # steps shrunk to nothing (a failed iteration goes on from the halved step)
             break
-    return mu, delta, f, iterations, converged, residual
+    return mu, delta, f, iterations, converged, residual, safeguarded

@@ -66,19 +66,16 @@ class CGMResult:
     population: float
     _solution: Solution | None = None
     _residual: Tensor | None = None       # the NumPy path's stationarity residuals
+    _safeguarded: Tensor | None = None    # and which of its examples had a step rejected
 
     @property
     def solution(self) -> Solution:
         """The full :class:`~betheproj.inference.Solution` (marginals with edges on demand).  From the NumPy
-        small-problem path it holds the final objective alone as ``objectives`` and no oracle-call count, and
-        ``safeguarded`` is all False (that path does not track it)."""
+        small-problem path it holds the final objective alone as ``objectives`` and no oracle-call count."""
         if self._solution is None:
             marginals = LinearChain().marginals(self.potentials)
-            b = self.counts.shape[0]
-            like = self.objective
             self._solution = Solution(marginals, self.potentials, self.iterations, self.converged, self.objective,
-                                      self.objective[:, None], torch.zeros(b, dtype=torch.bool, device=like.device),
-                                      self._residual, 0, "md")
+                                      self.objective[:, None], self._safeguarded, self._residual, 0, "md")
         return self._solution
 
     def flows(self) -> Tensor:
@@ -110,7 +107,7 @@ def _fast(potentials: ChainPotentials, observed: Tensor, rate: float, population
     tilde = potentials.shifted(offset, None)
     as_tensor = lambda i, kind: torch.tensor([r[i] for r in rows], dtype=kind)  # noqa: E731
     return CGMResult(population * mu, as_tensor(2, dtype), as_tensor(3, torch.long), as_tensor(4, torch.bool), 0.0,
-                     tilde, float(population), _residual=as_tensor(5, dtype))
+                     tilde, float(population), _residual=as_tensor(5, dtype), _safeguarded=as_tensor(6, torch.bool))
 
 
 def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, population: float, method: str = "md",

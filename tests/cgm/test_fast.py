@@ -30,6 +30,16 @@ def test_same_iterates_as_the_generic_mirror_descent():
     assert torch.allclose(fast.flows().sum(-1)[0], fast.counts[0, :-1], atol=1e-6)
 
 
+
+def test_reports_which_examples_needed_step_size_control():
+    """The NumPy path says which examples had a step rejected, as the generic solver does (here two of four)."""
+    inst = simulate(default_model(3, 5, seed=1), population=100, rate=0.05, seasons=4, seed=1)
+    fast = map_counts(inst.potentials, inst.observed, 0.05, 100)
+    ref = _generic(inst.potentials, inst.observed, 0.05, 100)
+    assert torch.equal(fast.iterations, ref.iterations)
+    assert torch.equal(fast.solution.safeguarded, ref.safeguarded)
+    assert fast.solution.safeguarded.tolist() == [True, False, True, False]
+
 def test_forbidden_moves_fall_back_to_the_generic_solver():
     inst = simulate(default_model(3, 5, seed=1), population=5_000, rate=0.5, seed=1)
     edge = inst.potentials.full_edge().clone()
