@@ -84,7 +84,8 @@ def run_demo(echo=print) -> dict:
                            "relative_count_error": err}
         done = int(sol.iterations.item())
         # the accelerated method hands an example it has not finished in max_iter to mirror descent
-        iterations = f"{max_iter}+{done - max_iter}" if done > max_iter else f"{done}{'' if converged else '*'}"
+        iterations = f"{max_iter}+{done - max_iter}" if done > max_iter else f"{done}"
+        iterations += "" if converged else "*"
         echo(f"   {method:<12}{sol.objective.item():>16.8f}{iterations:>12}{sol.residual.item():>10.1e}"
              f"{elapsed:>10.3f}{err:>13.4f}")
     values = [r["objective"] for r in results.values()]

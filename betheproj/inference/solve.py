@@ -115,7 +115,8 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         energy: the non-local energy ``L``; ``L(mu)[b]`` must depend on example ``b`` alone.
         method: ``"rda"`` (Algorithm 1), ``"md"`` (Algorithm 4) or ``"accelerated"`` (Algorithm 5).
         max_iter: iterations per example (the accelerated method hands an example it cannot finish to
-            mirror descent, which gets ``max_iter`` more: up to twice as many in all).
+            mirror descent, which gets ``max_iter`` more: up to twice as many in all; its result is kept
+            where it converged or is no higher).
         tol: an example has converged when its stationarity residual is at most ``tol``: the total-variation
             change of any node marginal if the dual iterate moved to ``theta - grad L(mu_t)`` at that node
             (Proposition 1's fixed point; see ``state._residual``).  Default: 1e-6 in float64, 1e-4 in float32.
@@ -170,13 +171,16 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
                    residual=state.residual, oracle_calls=calls, method=method)
     if method == "accelerated":
         # last resort: an example that did not converge (its L grew past _STALL_L, it needed step-size control,
-        # or max_iter ran out) is finished by backtracked mirror descent from the best oracle point found
+        # or max_iter ran out) is finished by backtracked mirror descent from the best oracle point found; its
+        # result replaces the accelerated one where it converged or is no worse (the average mu_t the
+        # accelerated method returns can lie below every oracle point it has seen)
         stalled = (~state.converged).nonzero().flatten()
         if stalled.numel():
             best = state.theta.shifted(state.best_dn, state.best_de)
             rescue = solve(oracle, potentials, energy, method="md", max_iter=max_iter, tol=tol,
                            max_backtracks=max_backtracks, trust_region=trust_region, warm_start=best)
-            sol = _merge(sol, rescue, stalled)
+            better = rescue.converged | (rescue.objective <= sol.objective) | ~torch.isfinite(sol.objective)
+            sol = _merge(sol, rescue, stalled[better[stalled]])
     return sol
 
 
