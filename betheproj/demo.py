@@ -78,11 +78,10 @@ def run_demo(echo=print) -> dict:
         sol = solve(chain, theta, energy, method=method, max_iter=max_iter, tol=1e-6)
         elapsed = time.perf_counter() - start
         err = (sol.marginals.node * 500 - truth).abs().sum().item() / truth.sum().item()
-        converged = bool(sol.converged.item())
-        results[method] = {"objective": sol.objective.item(), "iterations": int(sol.iterations.item()),
+        converged, done = bool(sol.converged.item()), int(sol.iterations.item())
+        results[method] = {"objective": sol.objective.item(), "iterations": done,
                            "converged": converged, "residual": sol.residual.item(), "seconds": elapsed,
                            "relative_count_error": err}
-        done = int(sol.iterations.item())
         # the accelerated method hands an example it has not finished in max_iter to mirror descent
         iterations = f"{max_iter}+{done - max_iter}" if done > max_iter else f"{done}"
         iterations += "" if converged else "*"

@@ -30,7 +30,6 @@ def test_same_iterates_as_the_generic_mirror_descent():
     assert torch.allclose(fast.flows().sum(-1)[0], fast.counts[0, :-1], atol=1e-6)
 
 
-
 def test_reports_which_examples_needed_step_size_control():
     """The NumPy path says which examples had a step rejected, as the generic solver does (here two of four)."""
     inst = simulate(default_model(3, 5, seed=1), population=100, rate=0.05, seasons=4, seed=1)
@@ -39,6 +38,7 @@ def test_reports_which_examples_needed_step_size_control():
     assert torch.equal(fast.iterations, ref.iterations)
     assert torch.equal(fast.solution.safeguarded, ref.safeguarded)
     assert fast.solution.safeguarded.tolist() == [True, False, True, False]
+
 
 def test_forbidden_moves_fall_back_to_the_generic_solver():
     inst = simulate(default_model(3, 5, seed=1), population=5_000, rate=0.5, seed=1)

@@ -554,20 +554,27 @@ def test_md_decides_steps_below_the_objectives_rounding():
     assert float(sol.residual.max()) < 1e-3
 
 
+
+def _hinge_and_barrier(seed, label):
+    """8 random chains (float64) with "at least 2 of ``label``" as a smoothed hinge plus a log barrier on label 0:
+    ``benchmarks/solver_float32.py``'s problems of its first kind."""
+    torch.manual_seed(seed)
+    b, n, c = 8, 12, 5
+    theta = bp.ChainPotentials(torch.randn(b, n, c, dtype=DT), torch.randn(c, c, dtype=DT),
+                               lengths=torch.randint(6, n + 1, (b,)))
+    a = torch.zeros(1, c, dtype=DT)
+    a[0, label] = -1.0
+    energy = LinearMeasurements(node=a, offset=-2.0, loss="smoothed_hinge", psi=8.0) + FunctionEnergy(
+        lambda m: -0.1 * torch.log(m.node[:, 0]).sum(-1))
+    return theta, energy
+
 def test_accelerated_hands_every_unfinished_example_to_mirror_descent():
     """A hinge on a label count plus a log barrier, in float64 (``benchmarks/solver_float32.py``'s first problem):
     after 200 accelerated iterations none of these 8 chains meets the default tolerance (1e-6).  Only those that
     had needed step-size control used to go on to mirror descent (one here); the other 7 were returned
     unfinished at residuals 3e-6 to 1.4e-5.  Every unfinished example now goes on from the best oracle point
     found, and its result says so (``safeguarded``)."""
-    torch.manual_seed(0)
-    b, n, c = 8, 12, 5
-    theta = bp.ChainPotentials(torch.randn(b, n, c, dtype=DT), torch.randn(c, c, dtype=DT),
-                               lengths=torch.randint(6, n + 1, (b,)))
-    a = torch.zeros(1, c, dtype=DT)
-    a[0, 0] = -1.0
-    energy = LinearMeasurements(node=a, offset=-2.0, loss="smoothed_hinge", psi=8.0) + FunctionEnergy(
-        lambda m: -0.1 * torch.log(m.node[:, 0]).sum(-1))
+    theta, energy = _hinge_and_barrier(seed=0, label=0)
     sol = bp.solve(bp.LinearChain(), theta, energy, method="accelerated")
     assert bool(sol.converged.all()) and float(sol.residual.max()) <= 1e-6
     assert bool(sol.safeguarded[sol.iterations > 200].all())
@@ -589,14 +596,7 @@ def test_accelerated_keeps_its_own_result_where_mirror_descent_ends_higher(monke
 
     merge = module._merge
     monkeypatch.setattr(module, "_merge", spy)
-    torch.manual_seed(6)
-    b, n, c = 8, 12, 5
-    theta = bp.ChainPotentials(torch.randn(b, n, c, dtype=DT), torch.randn(c, c, dtype=DT),
-                               lengths=torch.randint(6, n + 1, (b,)))
-    a = torch.zeros(1, c, dtype=DT)
-    a[0, 1] = -1.0
-    energy = LinearMeasurements(node=a, offset=-2.0, loss="smoothed_hinge", psi=8.0) + FunctionEnergy(
-        lambda m: -0.1 * torch.log(m.node[:, 0]).sum(-1))
+    theta, energy = _hinge_and_barrier(seed=6, label=1)
     sol = bp.solve(bp.LinearChain(), theta, energy, method="accelerated", max_iter=2)
     (accelerated, md, md_converged), = seen
     assert not bool(md_converged.any()) and float(md[5] - accelerated[5]) > 1e-3
