@@ -21,7 +21,11 @@ below ``tol``).  Defaults: ``"sum"`` for sum-product and ``"max"`` for max-produ
 change the beliefs.
 
 Damping ``d`` mixes each new factor-to-variable message with the previous one in probability space,
-``M <- (1 - d) M_new + d M_old`` (both normalised first; computed stably in log space).  Convergence: the
+``M <- (1 - d) M_new + d M_old`` (both normalised first; computed stably in log space).  An entry that falls
+by ``D`` nats from one iteration to the next (large scores) shrinks only by the factor ``d`` per iteration, so
+its log-message settles after about ``D / log(1/d)`` iterations (1,000 nats at ``d = 0.5``: ~1,450); until
+then the beliefs can be far from the fixed point, and the result says ``converged=False``.  Exact zeros (a
+hard constraint's verdict, ``-inf``) are not mixed.  Convergence: the
 largest absolute change of a factor-to-variable log-message entry within one iteration (entries that are
 ``-inf`` in both count 0, in one only count ``inf``) drops below ``tol``.
 """
@@ -196,14 +200,21 @@ def _init_messages(factors: Sequence[Factor], cards: Sequence[int], init: object
         raise ValueError(f"init_messages must hold one list of messages per factor ({len(factors)})")
     out = []
     for f, (factor, msgs) in enumerate(zip(factors, init, strict=True)):
+        if not isinstance(msgs, (Sequence, np.ndarray)):
+            raise TypeError(f"init_messages[{f}] must be a list of {factor.arity} log-messages, got "
+                            f"{type(msgs).__name__}")
         if len(msgs) != factor.arity:
             raise ValueError(f"init_messages[{f}] must hold {factor.arity} messages, got {len(msgs)}")
         row = []
         for k, (v, m) in enumerate(zip(factor.variables, msgs, strict=True)):
-            arr = np.asarray(m, dtype=np.float64)
-            if arr.shape != (cards[v],) or np.isnan(arr).any() or np.isposinf(arr).any():
+            try:
+                arr = np.asarray(m, dtype=np.float64)
+            except (TypeError, ValueError) as err:
+                raise TypeError(f"init_messages[{f}][{k}] must be a real log-message, got {type(m).__name__}") from err
+            if (arr.shape != (cards[v],) or np.isnan(arr).any() or np.isposinf(arr).any()
+                    or np.isneginf(arr).all()):
                 raise ValueError(f"init_messages[{f}][{k}] must be a log-message of shape ({cards[v]},) without "
-                                 "NaN or +inf")
+                                 "NaN or +inf and with a finite entry")
             row.append(normalise_log(arr, normalize)[0])
         out.append(row)
     return out

@@ -209,6 +209,37 @@ class Marginals:
         return f"Marginals(node={tuple(self.node.shape)}, dtype={self.node.dtype})"
 
 
+def check_potentials(potentials: object) -> PairwisePotentials:
+    """``potentials`` if it is a :class:`PairwisePotentials` (``ChainPotentials``), else a ``TypeError``."""
+    if not isinstance(potentials, PairwisePotentials):
+        raise TypeError(f"potentials must be PairwisePotentials/ChainPotentials, got {type(potentials).__name__}")
+    return potentials
+
+
+def check_marginals(marginals: object) -> Marginals:
+    """``marginals`` if it is a :class:`Marginals`, else a ``TypeError``."""
+    if not isinstance(marginals, Marginals):
+        raise TypeError(f"marginals must be Marginals (an oracle's output), got {type(marginals).__name__}")
+    return marginals
+
+
+NO_LABELLING = "potentials admit no labelling of finite score (every labelling has a -inf potential)"
+
+
+def raise_if_not_finite(score: Tensor, infeasible: str = NO_LABELLING, examples: Tensor | None = None) -> None:
+    """A ``ValueError`` naming the examples (``examples[b]``, default ``b``) whose ``score`` [B] (``log Z`` or a
+    best score) is not finite: ``infeasible`` where it is ``-inf``, an overflow message where it is ``+inf``."""
+    bad = ~torch.isfinite(score)
+    if not bad.any():
+        return
+    index = torch.arange(len(score), device=score.device) if examples is None else examples
+    neg = bad & (score == float("-inf"))
+    if neg.any():
+        raise ValueError(f"{infeasible} for examples {index[neg][:10].tolist()}")
+    raise ValueError(f"scores overflow {str(score.dtype).replace('torch.', '')} (log Z or a best score is not finite; "
+                     f"rescale them or use float64) for examples {index[bad][:10].tolist()}")
+
+
 def _plogp(p: Tensor) -> Tensor:
     return torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), torch.zeros_like(p))
 
@@ -259,4 +290,5 @@ class _LogPartition(torch.autograd.Function):
 def log_partition(oracle: Oracle, potentials: PairwisePotentials) -> Tensor:
     """Differentiable ``log Z`` [B]: autograd returns the node and edge marginals as its gradient, so a CRF
     likelihood ``<theta, S(y)> - log Z`` can be trained through any oracle."""
+    potentials = check_potentials(potentials)
     return _LogPartition.apply(oracle, potentials.node, potentials.edge, potentials.lengths)

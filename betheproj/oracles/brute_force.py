@@ -8,7 +8,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .base import Marginals, PairwisePotentials, bethe_entropy, log_partition
+from .base import (
+    Marginals,
+    PairwisePotentials,
+    bethe_entropy,
+    check_marginals,
+    check_potentials,
+    log_partition,
+    raise_if_not_finite,
+)
 from .tree import Tree, check_parents
 
 __all__ = ["BruteForce"]
@@ -46,7 +54,7 @@ class BruteForce:
         return ys, score
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
-        pot = potentials
+        pot = check_potentials(potentials)
         b, n, c = pot.node.shape
         node_m = torch.zeros_like(pot.node)
         edge_m = pot.node.new_zeros(b, n - 1, c, c)
@@ -62,8 +70,7 @@ class BruteForce:
             for t in range(1, length):
                 flat = ys[:, parents[t]] * c + ys[:, t]
                 edge_m[i, t - 1].view(-1).index_add_(0, flat, prob)
-        if not torch.isfinite(log_z).all():
-            raise ValueError("potentials admit no labelling of finite score")
+        raise_if_not_finite(log_z)
         return Marginals(node_m, edge_m, log_z, pot.lengths)
 
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
@@ -71,6 +78,7 @@ class BruteForce:
         return log_partition(self, potentials)
 
     def map(self, potentials: PairwisePotentials) -> Tensor:
+        potentials = check_potentials(potentials)
         b, n, _ = potentials.node.shape
         labels = torch.full((b, n), -1, dtype=torch.long, device=potentials.node.device)
         for i in range(b):
@@ -81,6 +89,7 @@ class BruteForce:
 
     def exact_entropy(self, potentials: PairwisePotentials) -> Tensor:
         """Entropy of the joint distribution, ``-sum_y p(y) log p(y)`` [B]."""
+        potentials = check_potentials(potentials)
         out = potentials.node.new_zeros(potentials.node.shape[0])
         for i in range(len(out)):
             _, score = self._joint(potentials, i)
@@ -94,6 +103,7 @@ class BruteForce:
         return Tree(self._parents(n)).degree(lengths, n)
 
     def entropy(self, marginals: Marginals) -> Tensor:
+        marginals = check_marginals(marginals)
         return bethe_entropy(marginals.node, marginals.edge, self.degree(marginals.lengths, marginals.node.shape[1]))
 
     def __repr__(self) -> str:
@@ -101,5 +111,4 @@ class BruteForce:
 
 
 def _raise_if_infeasible(score: Tensor, example: int) -> None:
-    if not torch.isfinite(score.max()):
-        raise ValueError(f"potentials admit no labelling of finite score for example {example}")
+    raise_if_not_finite(score.max()[None], examples=torch.tensor([example]))

@@ -21,22 +21,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Marginals, PairwisePotentials, _max_shifted, _valid_node, bethe_entropy, log_partition
+from .base import (
+    Marginals,
+    PairwisePotentials,
+    _max_shifted,
+    _valid_node,
+    bethe_entropy,
+    check_marginals,
+    check_potentials,
+    log_partition,
+    raise_if_not_finite,
+)
 
 __all__ = ["LinearChain"]
-
-
-def _check_potentials(potentials: object) -> PairwisePotentials:
-    if not isinstance(potentials, PairwisePotentials):
-        raise TypeError(f"potentials must be ChainPotentials, got {type(potentials).__name__}")
-    return potentials
-
-
-def _raise_infeasible(log_z: Tensor) -> None:
-    bad = torch.nonzero(~torch.isfinite(log_z)).flatten()
-    if bad.numel():
-        raise ValueError(f"potentials admit no labelling of finite score (all paths are -inf) for examples "
-                         f"{bad[:10].tolist()}")
 
 
 class LinearChain:
@@ -58,7 +55,7 @@ class LinearChain:
         The solvers call this with the same edge scores and shifted node scores; the exponentiated edge
         scores of the last call are kept beside a copy of the scores they came from, and reused only for
         scores equal to that copy (so no in-place change, even through ``.data``, is mistaken for them)."""
-        pot = _check_potentials(potentials)
+        pot = check_potentials(potentials)
         with torch.no_grad():
             return _forward_backward(pot, self)
 
@@ -80,11 +77,11 @@ class LinearChain:
 
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
         """``log Z`` [B], differentiable: its gradient is the marginals."""
-        return log_partition(self, _check_potentials(potentials))
+        return log_partition(self, check_potentials(potentials))
 
     def map(self, potentials: PairwisePotentials) -> Tensor:
         """Viterbi decoding (eq. 3): labels [B, N] (long), ``-1`` past each length."""
-        pot = _check_potentials(potentials)
+        pot = check_potentials(potentials)
         with torch.no_grad():
             return _viterbi(pot)
 
@@ -97,6 +94,7 @@ class LinearChain:
 
     def entropy(self, marginals: Marginals) -> Tensor:
         """Bethe entropy [B], equal to the exact entropy on a chain."""
+        marginals = check_marginals(marginals)
         return bethe_entropy(marginals.node, marginals.edge, self.degree(marginals.lengths, marginals.node.shape[1]))
 
     def __repr__(self) -> str:
@@ -190,7 +188,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         sub, shift = _max_shifted(pot.index(slow))
         la, lb, lz = _log_forward_backward(sub)
         lz = lz + shift
-        _raise_infeasible_at(lz, slow)
+        raise_if_not_finite(lz, examples=slow)
         # normalised per position, so rounding of large scores cannot unbalance the sums
         marg = torch.softmax(la + lb, dim=-1)
         node_marg[slow] = torch.where(valid[slow][..., None], marg, zero)
@@ -269,13 +267,6 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     return mu
 
 
-def _raise_infeasible_at(log_z: Tensor, index: Tensor) -> None:
-    bad = ~torch.isfinite(log_z)
-    if bad.any():
-        raise ValueError("potentials admit no labelling of finite score (every labelling has a -inf "
-                         f"potential) for examples {index[bad][:10].tolist()}")
-
-
 def _log_forward_backward(pot: PairwisePotentials) -> tuple[Tensor, Tensor, Tensor]:
     """Exact log-space forward-backward: log alpha, log beta [B, N, C] and log Z [B] (the slow path runs it on
     :func:`~betheproj.oracles.base._max_shifted` potentials)."""
@@ -319,7 +310,7 @@ def _viterbi(pot: PairwisePotentials) -> Tensor:
         score = best + node[:, t]
         backptr[:, t] = arg
         final = torch.where((t == lengths - 1)[:, None], score, final)
-    _raise_infeasible(final.amax(-1))
+    raise_if_not_finite(final.amax(-1))
     labels = torch.full((b, n), -1, dtype=torch.long, device=node.device)
     last = final.argmax(-1)
     for t in range(n - 1, -1, -1):

@@ -21,7 +21,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Marginals, PairwisePotentials, _check_float, _check_lengths, _unchecked, log_partition
+from .base import (
+    Marginals,
+    PairwisePotentials,
+    _check_float,
+    _check_lengths,
+    _unchecked,
+    log_partition,
+    raise_if_not_finite,
+)
 
 __all__ = ["arc_potentials", "heads_to_arcs", "arcs_to_heads", "DependencyMarginals"]
 # also importable from here (lazily, see __getattr__): matrix_tree, chu_liu_edmonds, NonProjective (from
@@ -56,11 +64,16 @@ def arc_potentials(scores: Tensor, lengths: Tensor | None = None) -> PairwisePot
 def heads_to_arcs(heads: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
     """One-hot arcs [B, N, N+1] (node layout, the sufficient statistics of a tree) from heads [B, N];
     heads ``< 0`` (padding) give zero rows."""
-    if not isinstance(heads, Tensor) or heads.dim() != 2 or heads.is_floating_point():
+    if (not isinstance(heads, Tensor) or heads.dim() != 2 or heads.is_floating_point() or heads.is_complex()
+            or heads.dtype == torch.bool):
         raise TypeError("heads must be an integer tensor [B, N]")
     b, n = heads.shape
     if (heads > n).any():
         raise ValueError(f"heads must be at most N={n}")
+    loops = heads == torch.arange(1, n + 1, device=heads.device)
+    if loops.any():
+        i, j = (int(k) for k in loops.nonzero()[0])
+        raise ValueError(f"heads[{i}, {j}] = {j + 1}: a word cannot be its own head")
     out = torch.zeros(b, n, n + 1, dtype=dtype, device=heads.device)
     valid = heads >= 0
     out.scatter_(2, heads.clamp_min(0)[..., None], valid[..., None].to(dtype))
@@ -70,8 +83,10 @@ def heads_to_arcs(heads: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
 def arcs_to_heads(arcs: Tensor) -> Tensor:
     """Heads [B, N] (long) from arc indicators or marginals [B, N, N+1] (the most probable head of each word);
     all-zero rows (padding) give ``-1``."""
-    if not isinstance(arcs, Tensor) or arcs.dim() != 3 or arcs.shape[2] != arcs.shape[1] + 1:
-        raise ValueError("arcs must be a tensor [B, N, N+1]")
+    if not isinstance(arcs, Tensor):
+        raise TypeError(f"arcs must be a tensor [B, N, N+1], got {type(arcs).__name__}")
+    if arcs.dim() != 3 or arcs.shape[2] != arcs.shape[1] + 1:
+        raise ValueError(f"arcs must be a tensor [B, N, N+1], got shape {tuple(arcs.shape)}")
     heads = arcs.argmax(-1)
     return torch.where((arcs != 0).any(-1), heads, torch.full_like(heads, -1))
 
@@ -118,9 +133,7 @@ def _lse(x: Tensor, dim: int) -> Tensor:
 
 
 def _raise_no_tree(log_z: Tensor) -> None:
-    bad = torch.nonzero(~torch.isfinite(log_z)).flatten()
-    if bad.numel():
-        raise ValueError(f"no valid dependency tree (every tree uses a -inf arc) for examples {bad[:10].tolist()}")
+    raise_if_not_finite(log_z, "no valid dependency tree (every tree uses a -inf arc)")
 
 
 class _GradIsMarginals(torch.autograd.Function):

@@ -14,17 +14,31 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .base import Marginals, PairwisePotentials, _max_shifted, bethe_entropy, log_partition
+from .base import (
+    Marginals,
+    PairwisePotentials,
+    _max_shifted,
+    bethe_entropy,
+    check_marginals,
+    check_potentials,
+    log_partition,
+    raise_if_not_finite,
+)
 
 __all__ = ["Tree", "check_parents"]
 
 
 def check_parents(parents: Sequence[int] | Tensor) -> Tensor:
     """Validate a parent array (``parent[0] = -1``, ``0 <= parent[i] < i``) and return it as a long tensor."""
-    p = torch.as_tensor(parents)
+    if isinstance(parents, (str, bytes)) or not isinstance(parents, (Sequence, Tensor)):
+        raise TypeError(f"parents must be a sequence of integers or an integer tensor, got {type(parents).__name__}")
+    try:
+        p = torch.as_tensor(parents)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"parents must be a sequence of integers, got {parents!r}") from err
     if p.dim() != 1 or p.numel() == 0:
         raise ValueError(f"parents must be a non-empty 1-D sequence, got shape {tuple(p.shape)}")
-    if p.is_floating_point():
+    if p.is_floating_point() or p.is_complex() or p.dtype == torch.bool:
         raise TypeError(f"parents must hold integers, got {p.dtype}")
     p = p.long()
     if int(p[0]) != -1:
@@ -58,8 +72,7 @@ class Tree:
         return len(self.parents)
 
     def _check(self, potentials: object) -> PairwisePotentials:
-        if not isinstance(potentials, PairwisePotentials):
-            raise TypeError(f"potentials must be PairwisePotentials, got {type(potentials).__name__}")
+        potentials = check_potentials(potentials)
         if potentials.node.shape[1] != self.num_nodes:
             raise ValueError(f"potentials have N={potentials.node.shape[1]} positions but the tree has "
                              f"{self.num_nodes} nodes")
@@ -99,9 +112,7 @@ class Tree:
         with torch.no_grad():
             node, edge, valid, parents, levels, shift, inside, up, fin, cnt = self._upward(pot)
             log_z = torch.logsumexp(inside[:, 0], dim=-1) + shift
-            if not torch.isfinite(log_z).all():
-                bad = torch.nonzero(~torch.isfinite(log_z)).flatten()[:10].tolist()
-                raise ValueError(f"potentials admit no labelling of finite score for examples {bad}")
+            raise_if_not_finite(log_z)
             down = torch.zeros_like(node)              # message from parent[i] into node i
             edge_marg = torch.zeros_like(edge)
             for lv in levels:
@@ -140,9 +151,7 @@ class Tree:
                 back[:, lv] = arg
                 best.index_add_(1, parents[lv], msg)
             root_best, root = best[:, 0].max(-1)
-            if not torch.isfinite(root_best).all():
-                bad = torch.nonzero(~torch.isfinite(root_best)).flatten()[:10].tolist()
-                raise ValueError(f"potentials admit no labelling of finite score for examples {bad}")
+            raise_if_not_finite(root_best)
             labels = torch.full(node.shape[:2], -1, dtype=torch.long, device=node.device)
             labels[:, 0] = root
             for lv in levels:
@@ -161,6 +170,7 @@ class Tree:
 
     def entropy(self, marginals: Marginals) -> Tensor:
         """Bethe entropy [B] (the exact entropy on a tree)."""
+        marginals = check_marginals(marginals)
         return bethe_entropy(marginals.node, marginals.edge, self.degree(marginals.lengths, marginals.node.shape[1]))
 
     def __repr__(self) -> str:

@@ -184,6 +184,13 @@ def test_bad_bp_arguments():
         belief_propagation(g, tol=-1.0)
     with pytest.raises(ValueError, match="init_messages"):
         belief_propagation(g, init_messages=[[]])
+    chain = FactorGraph.pairwise([np.zeros(2)] * 3, [(0, 1), (1, 2)], np.eye(2))
+    with pytest.raises(ValueError, match=r"init_messages\[1\]\[0\] .* with a finite entry"):
+        belief_propagation(chain, init_messages=[[np.zeros(2), np.zeros(2)], [np.full(2, -np.inf), np.zeros(2)]])
+    with pytest.raises(TypeError, match=r"init_messages\[0\] must be a list"):
+        belief_propagation(chain, init_messages=[5, 5])
+    with pytest.raises(TypeError, match=r"init_messages\[0\]\[1\] must be a real log-message"):
+        belief_propagation(chain, init_messages=[[np.zeros(2), "ab"], [np.zeros(2), np.zeros(2)]])
     with pytest.raises(TypeError, match="result"):
         decode_map(None)
 

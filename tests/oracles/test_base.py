@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import betheproj as bp
+from betheproj.oracles.base import log_partition
 
 DT = torch.float64
 
@@ -48,6 +49,29 @@ def test_bad_potentials(make, exc, msg):
 def test_marginals_reject_other_types():
     with pytest.raises(TypeError, match="potentials must be"):
         bp.LinearChain().marginals(torch.randn(2, 3, 4))
+    node, edge = _ok()
+    for call in (bp.BruteForce().marginals, bp.BruteForce().map, bp.BruteForce().exact_entropy,
+                 lambda p: log_partition(bp.LinearChain(), p)):
+        with pytest.raises(TypeError, match="potentials must be PairwisePotentials/ChainPotentials, got tuple"):
+            call((node, edge))
+    for oracle in (bp.LinearChain(), bp.BruteForce()):
+        with pytest.raises(TypeError, match="marginals must be Marginals"):
+            oracle.entropy(node)
+
+
+@pytest.mark.parametrize("oracle", [bp.LinearChain(), bp.Tree([-1, 0, 1, 2]), bp.BruteForce()])
+def test_overflow_is_told_apart_from_infeasibility(oracle):
+    """float32 scores whose sum overflows give +inf log Z: an overflow error, not "no labelling"."""
+    node = torch.zeros(2, 4, 2)
+    node[1, :, 0] = 1e38
+    pot = bp.ChainPotentials(node, torch.zeros(2, 2))
+    with pytest.raises(ValueError, match=r"scores overflow float32 .* for examples \[1\]"):
+        oracle.marginals(pot)
+    node[1, :, 0] = 0.0
+    edge = torch.zeros(2, 3, 2, 2)
+    edge[1, 1] = -float("inf")
+    with pytest.raises(ValueError, match=r"no labelling of finite score .* for examples \[1\]"):
+        oracle.marginals(bp.ChainPotentials(node, edge))
 
 
 def test_shared_edge_expands():

@@ -377,6 +377,17 @@ def test_bad_inputs(cls):
         oracle.entropy(torch.zeros(2))
 
 
+def test_conversions_reject_what_is_no_tree():
+    with pytest.raises(TypeError, match="heads must be an integer tensor"):
+        heads_to_arcs(torch.tensor([[True, False]]))
+    with pytest.raises(ValueError, match=r"heads\[0, 1\] = 2: a word cannot be its own head"):
+        heads_to_arcs(torch.tensor([[0, 2, 1]]))
+    with pytest.raises(TypeError, match="arcs must be a tensor"):
+        arcs_to_heads([[0.0, 1.0]])
+    with pytest.raises(ValueError, match=r"got shape \(1, 2, 2\)"):
+        arcs_to_heads(torch.zeros(1, 2, 2))
+
+
 def test_no_projective_tree_but_a_non_projective_one():
     # only the arcs 0 -> 2, 2 -> 4, 4 -> 1, 1 -> 3 are allowed: one tree, and its arcs cross
     s = torch.full((1, 5, 5), -INF, dtype=DT)
