@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .._checks import check_positive
 from ..oracles.base import Marginals
 from .base import Energy, Gradient, as_weight
 
@@ -29,8 +30,7 @@ class Loss:
     def __post_init__(self):
         if self.name not in LOSSES:
             raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {self.name!r}")
-        if not self.width > 0:
-            raise ValueError(f"width must be > 0, got {self.width}")
+        object.__setattr__(self, "width", check_positive("width", self.width))
 
     def __call__(self, z: Tensor) -> Tensor:
         return LOSSES[self.name][0](z, self.width)

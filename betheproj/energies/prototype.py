@@ -42,8 +42,9 @@ class NearestPrototype(Energy):
 
     ``statistic="unigram"`` is ``L^u`` (eq. 21): ``S(mu) = U(mu) = sum_n mu_n``, prototypes [P, C].
     ``statistic="word"`` is ``L^w`` (eq. 22): ``S(mu)`` is the node marginals, prototypes [P, M, C] with
-    ``prototype_lengths`` [P]; example ``b`` compares only with prototypes of its own length, and has zero
-    energy when there is none.  The gradient is the subgradient ``psi * sign(S(mu) - w_nearest)``.
+    ``prototype_lengths`` [P] (entries past a prototype's length are ignored); example ``b`` compares only with
+    prototypes of its own length, and has zero energy when there is none.  The gradient is the subgradient
+    ``psi * sign(S(mu) - w_nearest)``.
     ``psi`` is a float or a per-example [B] tensor.
     """
 
@@ -68,6 +69,11 @@ class NearestPrototype(Energy):
             if statistic == "word" and int(prototype_lengths.max()) > prototypes.shape[1]:
                 raise ValueError(f"prototype_lengths must be at most M={prototypes.shape[1]} (the positions stored "
                                  f"per prototype), got {int(prototype_lengths.max())}")
+        if statistic == "word":
+            # entries past a prototype's length are padding: zero, like the masked marginals they meet
+            keep = torch.arange(prototypes.shape[1], device=prototypes.device) < prototype_lengths.to(
+                prototypes.device)[:, None]
+            prototypes = torch.where(keep[..., None], prototypes, torch.zeros((), dtype=prototypes.dtype))
         self.prototypes = prototypes
         self.prototype_lengths = prototype_lengths
         self.statistic = statistic

@@ -61,6 +61,8 @@ class Solution:
     Attributes:
         marginals: ``mu*`` (node [B, N, C], edge [B, N-1, C, C], ``log_partition`` of ``potentials``).
         potentials: the dual iterate ``theta~`` whose marginals are ``mu*`` (Proposition 1); decode it for MAP.
+            (The accelerated method's ``marginals`` average oracle points; where an example did not converge
+            they can differ from ``oracle.marginals(potentials)``, the dual iterate of its last point.)
         iterations: [B] iterations each example ran (oracle calls beyond the first, retries excluded).
         converged: [B] whether the example met the tolerance within ``max_iter``.
         objective: [B] final value of (2).

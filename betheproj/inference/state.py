@@ -124,8 +124,11 @@ def _warm_offsets(warm: PairwisePotentials | None, theta: PairwisePotentials, ne
         return None, None
     if method != "md":
         raise ValueError("warm_start is supported for method='md' only")
-    if not isinstance(warm, PairwisePotentials) or warm.node.shape != theta.node.shape:
-        raise ValueError("warm_start must be PairwisePotentials of the same shape as potentials")
+    if not isinstance(warm, PairwisePotentials):
+        raise TypeError(f"warm_start must be PairwisePotentials (a Solution's potentials), got {type(warm).__name__}")
+    if warm.node.shape != theta.node.shape:
+        raise ValueError(f"warm_start must have the potentials' node shape {tuple(theta.node.shape)}, got "
+                         f"{tuple(warm.node.shape)}")
     finite = torch.isfinite(theta.node)
     d_node = torch.where(finite, warm.node - torch.where(finite, theta.node, 0.0), 0.0)
     d_edge = None
@@ -237,6 +240,9 @@ class SolverState:
             f = f + _inner(self.delta_edge, mu_edge)
         self.f = f
         self.start_name = "the base marginals oracle(theta)" if start_node is None else "the warm start"
+        if torch.isnan(self.val).any():
+            bad = torch.nonzero(torch.isnan(self.val)).flatten()[:10].tolist()
+            raise ValueError(f"the energy is NaN at {self.start_name} for examples {bad}")
         if not torch.isfinite(f).all():
             bad = torch.nonzero(~torch.isfinite(f)).flatten()[:10].tolist()
             raise ValueError(f"the objective is not finite at {self.start_name} for examples {bad}: the energy is "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 __all__ = ["check_sequences"]
@@ -14,7 +15,8 @@ def _shape(x: object) -> object:
 def check_sequences(features: object, labels: object, lengths: object, *, features_dim: int | None = 3,
                     training: bool = False) -> None:
     """A batch of sequences: ``features`` [B, N, ...] (exactly ``features_dim``-D unless it is ``None``; then at
-    least 2-D), ``labels`` [B, N] and ``lengths`` [B] to match; with ``training``, at least one sequence."""
+    least 2-D), ``labels`` [B, N] and ``lengths`` [B] (integers in [1, N]) to match; with ``training``, at least
+    one sequence."""
     if not isinstance(features, Tensor) or features.dim() < 2 or features_dim not in (None, features.dim()):
         raise ValueError(f"features must be a {'[B, N, F]' if features_dim == 3 else '[B, N, ...]'} tensor, "
                          f"got {_shape(features)}")
@@ -23,5 +25,10 @@ def check_sequences(features: object, labels: object, lengths: object, *, featur
                          f"{_shape(labels)}")
     if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
         raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor like features, got {_shape(lengths)}")
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > features.shape[1]):
+        raise ValueError(f"lengths must lie in [1, N]=[1, {features.shape[1]}], got values in "
+                         f"[{int(lengths.min())}, {int(lengths.max())}]")
     if training and features.shape[0] == 0:
         raise ValueError("no training examples: features, labels and lengths hold B = 0 sequences")

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_count
+from .._checks import check_count, check_nonnegative
 from .._files import torch_save
 from ..energies.base import Energy
 from ..inference.decode import decode
@@ -78,12 +78,17 @@ class NonLocalCRF(nn.Module):
         if search not in ("local", "global"):
             raise ValueError(f"search must be 'local' or 'global', got {search!r}")
         max_iter = check_count("max_iter", max_iter)
+        if tol is not None:
+            tol = check_nonnegative("tol", tol)
+        if oracle is not None and not all(callable(getattr(oracle, f, None)) for f in ("marginals", "map", "entropy")):
+            raise TypeError(f"oracle must provide marginals(), map() and entropy() (an Oracle such as LinearChain), "
+                            f"got {type(oracle).__name__}")
         from .psi import ConstantPsi
 
         self.theta = theta
         self.energy_fn = energy
         self.psi = psi if psi is not None or energy is None else ConstantPsi(1.0)
-        self.oracle = oracle or LinearChain()
+        self.oracle = LinearChain() if oracle is None else oracle
         self.method, self.max_iter, self.tol, self.search = method, max_iter, tol, search
 
     def potentials(self, features: Tensor, lengths: Tensor) -> PairwisePotentials:
@@ -103,7 +108,8 @@ class NonLocalCRF(nn.Module):
             return None
         solver = solve_global if self.search == "global" else solve
         return solver(self.oracle, self.potentials(features, lengths), energy, method=self.method,
-                      max_iter=max_iter or self.max_iter, tol=self.tol)
+                      max_iter=self.max_iter if max_iter is None else check_count("max_iter", max_iter, 0),
+                      tol=self.tol)
 
     def loss(self, features: Tensor, labels: Tensor, lengths: Tensor, marginals: Marginals | None = None) -> Tensor:
         """Mean surrogate negative log-likelihood (12) of a batch; solves (2) first if ``marginals`` is None."""
@@ -120,6 +126,9 @@ class NonLocalCRF(nn.Module):
         check_count("batch_size", batch_size)
         if not isinstance(features, Tensor) or features.dim() < 2:
             raise ValueError("features must be a [B, N, ...] tensor")
+        if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
+            shape = tuple(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__
+            raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor like features, got {shape}")
         if features.shape[0] == 0:
             return torch.empty(0, features.shape[1], dtype=torch.long, device=features.device)
         out = []

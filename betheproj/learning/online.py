@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._checks import check_count, check_positive
+from .._checks import check_count, check_int, check_positive
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
 from .losses import CostFn, loss_and_gradient, resolve_loss
@@ -178,7 +178,7 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     scratch = torch.zeros(num_features + 1, dtype=dtype)    # accumulates g = F(x) v, reset after every step
     cap = 1.0 / (lam * m)
     sparse_grad = math.isinf(beta)                          # g = S(y_hat) - S(y): at most 2N non-zero parts
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_int("seed", seed))
     result = OnlineResult(w, w)
     bar = progress_bar(epochs * m, progress, desc)
     start = time.perf_counter()

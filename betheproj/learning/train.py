@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_count, check_nonnegative, check_positive
+from .._checks import check_count, check_int, check_nonnegative, check_positive
 from ..oracles.base import Marginals
 from ..progress import progress_bar
 from ._checks import check_sequences
@@ -172,6 +172,9 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     check_sequences(features, labels, lengths, training=True)
     check_count("epochs", epochs)
     check_count("batch_size", batch_size)
+    check_int("seed", seed)
+    if train_iter is not None:
+        train_iter = check_count("train_iter", train_iter, 0)
     l2, psi_l2 = check_nonnegative("l2", l2), check_nonnegative("psi_l2", psi_l2)
     if eval_every is not None:
         check_count("eval_every", eval_every)
@@ -179,7 +182,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     averager = _Average([p for g in opt.param_groups for p in g["params"]]) if average else None
     history = History()
     validator = _Validator(model, valid, metric, patience, history)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_int("seed", seed))
     per_epoch = -(-features.shape[0] // batch_size)
     eval_every = eval_every or per_epoch
     bar = progress_bar(epochs * per_epoch, progress, "Algorithm 3")

@@ -182,6 +182,10 @@ def test_prototype_values():
     assert torch.allclose(word.value(mu), torch.tensor([3.4], dtype=DT))   # .8+.8+.9+.9, length-2 prototype only
     none = NearestPrototype(torch.ones(1, 5, 2, dtype=DT), statistic="word", prototype_lengths=torch.tensor([5]))
     assert none.value(mu).item() == 0.0 and (none.grad(mu).node == 0).all()
+    # what a prototype stores past its length is padding, whatever it holds
+    padded = NearestPrototype(torch.tensor([[[0.8, 0.2], [0.1, 0.9], [5.0, 5.0]]], dtype=DT), statistic="word",
+                              prototype_lengths=torch.tensor([2]))
+    assert padded.value(mu).item() == 0.0 and (padded.grad(mu).node == 0).all()
 
 
 def test_mean_field_value():
@@ -238,6 +242,9 @@ def test_user_energy_by_autograd_uses_edges_only_when_read():
     (lambda: MeanField(torch.tensor([[0, 1]]), torch.ones(1, 2, 2, dtype=torch.long)), "floating-point tensor"),
     (lambda: MeanField(torch.tensor([[0, 1]]), torch.ones(2, 2, 2)), r"weights must be \[K, C, C\]"),
     (lambda: MeanField(torch.tensor([[0, 1]]), torch.full((1, 2, 2), float("nan"))), "weights must be finite"),
+    (lambda: Loss("smoothed_hinge", float("inf")), "width must be a finite number > 0"),
+    (lambda: Loss("smoothed_abs", 0.0), "width must be a finite number > 0"),
+    (lambda: Loss("smoothed_hinge", "1"), "width must be a real number, got str"),
 ])
 def test_bad_energy_arguments(make, msg):
     with pytest.raises((ValueError, TypeError), match=msg):

@@ -292,6 +292,11 @@ def test_bad_solver_inputs():
     theta.node[0, 0] = torch.tensor([-800.0, 0.0, 0.0, 0.0])      # allowed, but exp(-800) underflows
     with pytest.raises(ValueError, match="or because that mass underflows to 0"):
         bp.solve(bp.LinearChain(), theta, Poisson(counts))
+    nan_energy = FunctionEnergy(lambda m: m.node.sum((1, 2)) * torch.tensor([1.0, float("nan"), 1.0, 1.0], dtype=DT))
+    with pytest.raises(ValueError, match=r"the energy is NaN at the base marginals oracle\(theta\) for examples \[1\]"):
+        bp.solve(bp.LinearChain(), _theta(), nan_energy)
+    with pytest.raises(TypeError, match="warm_start must be PairwisePotentials .* got str"):
+        bp.solve(bp.LinearChain(), _theta(), _convex_energy(), method="md", warm_start="x")
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -5,7 +5,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import betheproj as bp
-from betheproj.energies import FunctionEnergy, NearestPrototype
+from betheproj.energies import FunctionEnergy, LinearMeasurements, NearestPrototype
 from betheproj.learning import ConstantPsi, LinearChainCRF, MeanMapPsi, NonLocalCRF, character_accuracy, surrogate_nll
 from betheproj.oracles.base import Marginals
 
@@ -247,6 +247,41 @@ def test_bad_arguments_are_named():
         MeanMapPsi(6, num_features=10, bandwidth=0.0)
     with pytest.raises(TypeError, match="solution must be a Solution"):
         bp.decode(bp.LinearChain(), "mu")
+    with pytest.raises(ValueError, match="tol must be a finite number >= 0"):
+        NonLocalCRF(LinearChainCRF(2, 2), tol=-1.0)
+    with pytest.raises(TypeError, match="oracle must provide"):
+        NonLocalCRF(LinearChainCRF(2, 2), oracle=3)
+    with pytest.raises(ValueError, match=r"lengths must be a \[B\]"):
+        model.predict(x, None)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        model.fit(x, labels, lengths, seed="a")
+    with pytest.raises(TypeError, match="lengths must be an integer tensor"):
+        model.fit(x, labels, lengths.double())
+
+
+def test_zero_lengths_are_refused_before_any_step():
+    x, labels, lengths = _ocr_like(b=8)
+    lengths[3] = 0
+    model = NonLocalCRF(LinearChainCRF(6, 4))
+    before = [p.clone() for p in model.parameters()]
+    for batch_size in (1, 8):
+        with pytest.raises(ValueError, match=r"lengths must lie in \[1, N\]=\[1, 5\], got values in \[0, \d\]"):
+            model.fit(x, labels, lengths, batch_size=batch_size)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_zero_iterations_mean_zero_not_the_default():
+    x, labels, lengths = _ocr_like(b=4)
+    a = torch.zeros(1, 4, dtype=torch.float32)
+    a[0, 0] = -1.0
+    model = NonLocalCRF(LinearChainCRF(6, 4), lambda p: LinearMeasurements(node=a, offset=-2.0, psi=3 * p),
+                        max_iter=50)
+    assert model.infer(x, lengths, max_iter=0).iterations.tolist() == [0, 0, 0, 0]
+    assert (model.infer(x, lengths).iterations > 0).any()
+    with pytest.raises(ValueError, match="max_iter must be an int >= 0"):
+        model.infer(x, lengths, max_iter=-1)
+    with pytest.raises(ValueError, match="train_iter must be an int >= 0"):
+        model.fit(x, labels, lengths, train_iter=-1)
 
 
 def test_loss_solves_for_the_marginals_when_not_given():
