@@ -72,9 +72,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="seed of the generated instance: attractiveness, start, noise and counts (default 0)")
     cgm.add_argument("--compare", action="store_true", help="also solve with CVXPY + Clarabel (the cgm extra)")
     cgm.add_argument("--learn", action="store_true", help="learn the transition model by hard EM from the counts")
-    cgm.add_argument("--schedule", choices=("quasi_newton", "alternate"), default="quasi_newton",
-                     help="hard EM: L-BFGS on the parameters with an E-step per evaluation (default), or "
-                          "alternating E- and M-steps")
+    cgm.add_argument("--schedule", choices=("quasi_newton", "alternate"), default=None,
+                     help="with --learn, hard EM's schedule: L-BFGS on the parameters with an E-step per evaluation "
+                          "(quasi_newton, the default), or alternating E- and M-steps")
     cgm.add_argument("--out", default="cgm-results",
                      help="folder for results.json and flows.png (default cgm-results)")
     cgm.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -88,13 +88,12 @@ def _int_list(text: str, name: str, low: int, high: int) -> list[int]:
     values: list[int] = []
     for part in text.split(","):
         try:
-            if "-" in part:
-                a, b = (int(v) for v in part.split("-"))
-                values.extend(range(a, b + 1))
-            else:
-                values.append(int(part))
+            a, b = (int(v) for v in (part.split("-") if "-" in part else (part, part)))
         except ValueError:
             raise ValueError(f"{name} must be integers or ranges like '0-9,12', got {text!r}") from None
+        if a > b:
+            raise ValueError(f"{name}: the range {part!r} runs backwards (write '{b}-{a}')")
+        values.extend(range(a, b + 1))
     if not values or any(not low <= v <= high for v in values):
         raise ValueError(f"{name} must lie in {low}..{high}, got {text!r}")
     return sorted(set(values))
@@ -107,6 +106,8 @@ def _out_folder(path: str, files: tuple[str, ...], flag: str = "--out"):
 
     from ._files import check_writable
 
+    if not path:
+        raise ValueError(f"{flag} must name a folder, got an empty path")
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{flag}: {folder} exists and is not a folder")
@@ -130,7 +131,8 @@ def _physical_memory() -> int | None:
 
 
 def _check_cgm_size(grid: int, steps: int, seasons: int) -> None:
-    """``ValueError`` naming ``--grid`` when the instance cannot fit in memory, before anything is allocated.
+    """``ValueError`` naming ``--grid``, ``--steps`` and ``--seasons`` when the instance cannot fit in memory, before
+    anything is allocated.
 
     The transition model, the simulated counts and the solver hold about ``6 + 2 x seasons`` float64 arrays of
     ``(steps - 1) x s`` entries, ``s = G^4`` (measured peak: 5.2 of them at G = 32, T = 10, one season, 392 MB)."""
@@ -140,9 +142,10 @@ def _check_cgm_size(grid: int, steps: int, seasons: int) -> None:
     need = 8 * s * (steps - 1) * (6 + 2 * seasons)
     have = _physical_memory() or 64 * 2 ** 30
     if need > have:
-        raise ValueError(f"--grid {grid}: a {grid} x {grid} grid has s = G^4 = {s:,} pairs of cells per step, and "
-                         f"with --steps {steps} and --seasons {seasons} the run needs about {_bytes(need)} of memory, "
-                         f"more than this machine's {_bytes(have)}; use a smaller --grid")
+        raise ValueError(f"--grid {grid} --steps {steps} --seasons {seasons}: a {grid} x {grid} grid has "
+                         f"s = G^4 = {s:,} pairs of cells per step, and the run needs about {_bytes(need)} of memory "
+                         f"(6 + 2 x seasons arrays of (steps - 1) x s floats), more than this machine's "
+                         f"{_bytes(have)}; use a smaller --grid, --steps or --seasons")
 
 
 def _bytes(n: float) -> str:
@@ -169,9 +172,10 @@ def _ocr(args: argparse.Namespace) -> None:
 
     folds = _int_list(args.folds, "--folds", 0, 9)
     rows = list(ocr.ROWS) if args.rows == "all" else [r.strip() for r in args.rows.split(",")]
-    unknown = [r for r in rows if r not in ocr.ROWS]
+    unknown = [repr(r) for r in rows if r not in ocr.ROWS]
     if unknown:
         raise ValueError(f"--rows must be among {', '.join(ocr.ROWS)}, got {', '.join(unknown)}")
+    rows = list(dict.fromkeys(rows))                         # each row once, in the order given
     data = load_ocr(args.data)
     if any(r in ocr.ENERGY_ROWS for r in rows):
         _need_matplotlib()
@@ -198,12 +202,14 @@ def _citations(args: argparse.Namespace) -> None:
 
     out = Path(args.out)
     if args.predict is not None:
+        if args.data is not None:
+            raise ValueError("--data is for training; --predict tags with the model already in --out (give one)")
         source = Path(args.predict)
         if not source.is_file():
             raise FileNotFoundError(f"--predict: no file at {source}")
         index, model = citations.load_model(out / "model.pt")
         try:
-            text = source.read_text(encoding="utf-8")
+            text = source.read_text(encoding="utf-8-sig")     # a byte-order mark is no part of the first word
         except UnicodeDecodeError as err:
             raise ValueError(f"--predict: {source} is not UTF-8 text ({err})") from None
         lines = [line.rstrip("\r") for line in text.split("\n")]      # one output line per input line
@@ -283,13 +289,15 @@ def _run(args: argparse.Namespace) -> int:
 
             run_parse(args)
         elif args.command == "cgm":
+            if args.schedule is not None and not args.learn:
+                raise ValueError("--schedule applies to hard EM only: add --learn, or leave --schedule out")
             _check_cgm_size(args.grid, args.steps, args.seasons)
             from .experiments import cgm
 
             _need_matplotlib()
             _out_folder(args.out, ("results.json", "flows.png"))
             cgm.run(args.grid, args.steps, args.population, args.rate, args.seasons, args.noise, args.seed,
-                    args.compare, args.learn, args.out, args.schedule, progress=not args.quiet)
+                    args.compare, args.learn, args.out, args.schedule or "quasi_newton", progress=not args.quiet)
     except BrokenPipeError:                      # e.g. `betheproj citations --predict F | head`
         sys.stdout = open(os.devnull, "w")       # so the interpreter's final flush stays quiet
         return 1

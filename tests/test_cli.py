@@ -54,6 +54,61 @@ def test_ocr_bad_folds_and_rows(tmp_path):
         assert proc.returncode == 2 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_options_that_say_nothing_or_conflict_are_refused_before_the_work(runs_stubbed, tmp_path, capsys):
+    cases = [([*runs_stubbed["ocr"], "--folds", "3-1"], "--folds: the range '3-1' runs backwards (write '1-3')"),
+             ([*runs_stubbed["ocr"], "--rows", ""], "--rows must be among"),
+             ([*runs_stubbed["cgm"], "--out", ""], "--out must name a folder, got an empty path"),
+             ([*runs_stubbed["cgm"], "--schedule", "alternate"], "--schedule applies to hard EM only: add --learn"),
+             (["citations", "--predict", str(tmp_path / "x.txt"), "--data", str(tmp_path)],
+              "--data is for training; --predict tags with the model already in --out")]
+    for args, message in cases:
+        assert main([*args, "--quiet"]) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_fold_that_is_absent_is_named_before_any_fold_trains(tmp_path, monkeypatch):
+    from betheproj.data.ocr import load_ocr
+    from betheproj.experiments import ocr
+    from tests.experiments.test_ocr import write_synthetic_npz
+
+    def trains(*args, **kwargs):
+        raise AssertionError("a fold was trained")
+
+    monkeypatch.setattr(ocr, "run_fold", trains)
+    write_synthetic_npz(tmp_path / "ocr_letters.npz")
+    data = load_ocr(tmp_path)
+    present = sorted(set(data.folds.tolist()))
+    absent = next(f for f in range(10) if f not in present)
+    with pytest.raises(ValueError, match=rf"folds \[{absent}\] have no words \(folds present: "):
+        ocr.run(data, [present[0], absent], ["2gram"])
+
+
+def test_each_ocr_row_is_run_once(runs_stubbed, monkeypatch, capsys):
+    from betheproj.experiments import ocr
+
+    asked = []
+
+    def run(data, folds, rows, *args, **kwargs):
+        asked.append(rows)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(ocr, "run", run)
+    assert main([*runs_stubbed["ocr"], "--rows", "2gram,2gram", "--quiet"]) == 2
+    assert asked == [["2gram"]]
+
+
+def test_citation_predict_drops_a_byte_order_mark(tmp_path, monkeypatch, capsys):
+    from betheproj.experiments import citations
+
+    source = tmp_path / "raw.txt"
+    source.write_bytes("\ufeffJ. Smith. A title. 2005.\n".encode())
+    monkeypatch.setattr(citations, "load_model", lambda path: (None, None))
+    monkeypatch.setattr(citations, "tag_strings", lambda lines, index, model: [repr(line) for line in lines])
+    assert main(["citations", "--predict", str(source), "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "'J. Smith. A title. 2005.'\n"
+
+
 def test_ocr_on_a_tiny_synthetic_data_set(tmp_path, capsys):
     from tests.experiments.test_ocr import write_synthetic_npz
 
@@ -102,12 +157,12 @@ def test_a_cgm_grid_too_large_for_memory_is_refused_before_the_work(tmp_path, mo
     monkeypatch.setattr(cgm, "run", _no_work)
     assert main(["cgm", "--grid", "1000", "--steps", "2", "--out", str(tmp_path / "out")]) == 2   # s = 10^12
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("betheproj cgm: error: --grid 1000: ") and "64.0 TB" in err
+    assert err.count("\n") == 1 and err.startswith("betheproj cgm: error: --grid 1000 --steps ") and "64.0 TB" in err
     assert not (tmp_path / "out").exists()
     monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: 2 ** 30)
     betheproj.cli._check_cgm_size(5, 10, 3)          # the README's command
     betheproj.cli._check_cgm_size(32, 10, 1)         # the README's largest benchmark (s = 1,048,576): ~0.6 GB
-    with pytest.raises(ValueError, match="--grid 40: .* more than this machine's 1.1 GB; use a smaller --grid"):
+    with pytest.raises(ValueError, match="--grid 40 --steps .* this machine's 1.1 GB; use a smaller --grid, --steps"):
         betheproj.cli._check_cgm_size(40, 10, 1)
 
 

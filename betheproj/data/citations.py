@@ -49,6 +49,8 @@ class Citation:
 def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
     """Spans ``(type, start, end)`` of a BIO sequence; an ``I-`` that does not continue its type starts a span.
     Every label must be ``"O"`` or ``"B-type"`` / ``"I-type"`` (a non-empty type); anything else is a ValueError."""
+    if isinstance(labels, str):
+        raise TypeError(f"labels must be a sequence of labels, got the str {labels!r} (wrap one label in a list)")
     spans: list[tuple[str, int, int]] = []
     kind, start = None, 0
     for i, label in enumerate([*labels, "O"]):
@@ -116,6 +118,8 @@ def tokenize_citation(line: str) -> list[str]:
     ``"J."`` stays; a final ellipsis is one token).  Brackets stay attached (``(1991)``, ``[3]``), as in
     the data.  Of the dev citations, detokenised, 94% (622 of 660) come back as their exact tokens; the
     rest are the data's own inconsistencies (``Proc.`` kept whole in some lines, ``(1):``)."""
+    if not isinstance(line, str):
+        raise TypeError(f"line must be a str, got {type(line).__name__}")
     tokens: list[str] = []
     for word in line.split():
         head: list[str] = []

@@ -81,6 +81,8 @@ class Sentence:
     def with_heads(self, heads: Sequence[int] | np.ndarray) -> Sentence:
         """A copy with the HEAD column replaced (every other column kept)."""
         heads = np.asarray(heads)
+        if heads.size and heads.dtype.kind not in "iu":
+            raise TypeError(f"heads must be integers, got {heads.dtype}")
         if heads.shape != (len(self.words),):
             raise ValueError(f"heads must have shape ({len(self.words)},), got {heads.shape}")
         if len(heads) and (heads.min() < 0 or heads.max() > len(self.words)):
@@ -101,8 +103,14 @@ def _lines(source: str | Path | TextIO) -> Iterator[str]:
         except (gzip.BadGzipFile, EOFError, zlib.error) as err:
             raise ValueError(f"{path}: not a valid gzip file (expected gzip-compressed CoNLL-U for a .gz name): "
                              f"{err}") from None
+    elif hasattr(source, "read"):
+        for line in source:
+            if not isinstance(line, str):
+                raise TypeError(f"source must be a path or a text stream, got a stream of {type(line).__name__} "
+                                "(open the file in text mode)")
+            yield line
     else:
-        yield from source
+        raise TypeError(f"source must be a path (str or Path) or a text stream, got {type(source).__name__}")
 
 
 def _utf8_error(path: Path) -> str:
@@ -124,21 +132,23 @@ def _read(lines: Iterable[str], name: str) -> list[Sentence]:
     sentences: list[Sentence] = []
     cur = Sentence(line=1)
     start = 1
+    word_lines: list[int] = []                                 # the line of each word of the sentence
 
     def finish(lineno: int) -> None:
         nonlocal cur
         if cur.words:
             n = len(cur.words)
-            for i, w in enumerate(cur.words):
+            for i, (w, at) in enumerate(zip(cur.words, word_lines, strict=True)):
                 if w[ID] != str(i + 1):
-                    raise ValueError(f"{name}:{start}: word IDs must be 1..{n} in order, got {w[ID]!r} at word {i + 1}")
+                    raise ValueError(f"{name}:{at}: word IDs must be 1..{n} in order, got {w[ID]!r} at word {i + 1}")
                 if w[HEAD] != "_" and not (_HEAD.fullmatch(w[HEAD]) and int(w[HEAD]) <= n):
-                    raise ValueError(f"{name}:{start}: HEAD of word {i + 1} must be an integer in 0..{n} or '_', "
+                    raise ValueError(f"{name}:{at}: HEAD of word {i + 1} must be an integer in 0..{n} or '_', "
                                      f"got {w[HEAD]!r}")
             sentences.append(cur)
         elif cur.comments or cur.extra:
             raise ValueError(f"{name}:{start}: sentence without word lines (line {lineno})")
         cur = Sentence(line=lineno + 1)
+        word_lines.clear()
 
     lineno = 0
     for lineno, raw in enumerate(lines, 1):
@@ -161,12 +171,15 @@ def _read(lines: Iterable[str], name: str) -> list[Sentence]:
             cur.extra.append((len(cur.words), cols))
         else:
             cur.words.append(cols)
+            word_lines.append(lineno)
     finish(lineno + 1)
     return sentences
 
 
 def parse_conllu(text: str, name: str = "<string>") -> list[Sentence]:
     """Sentences of a CoNLL-U string."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str (CoNLL-U text), got {type(text).__name__}")
     return _read(io.StringIO(text), name)
 
 
@@ -224,5 +237,7 @@ def write_conllu(sentences: Iterable[Sentence], target: str | Path | TextIO,
                 f.write(text)
         else:
             path.write_text(text, encoding="utf-8")
-    else:
+    elif callable(getattr(target, "write", None)):
         target.write(text)
+    else:
+        raise TypeError(f"target must be a path (str or Path) or a text stream, got {type(target).__name__}")

@@ -88,6 +88,9 @@ def _checked(file: Path, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, ...
         raise bad("X", f"must be a 2-D numeric array of letter images (letters x pixels), got {x.ndim}-D {x.dtype}")
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise bad("X", f"is empty (shape {x.shape})")
+    if not np.isin(x, (0, 1)).all():
+        odd = x[~np.isin(x, (0, 1))].flat[0].item()
+        raise bad("X", f"must hold binary pixels (0 or 1), got {odd!r}")
     ints = {}
     for key, size in (("y", x.shape[0]), ("word_id", x.shape[0]), ("position", x.shape[0]),
                       ("word_fold", None), ("word_len", None)):

@@ -18,7 +18,6 @@ Scores are segment-level F1 (exact spans, micro-averaged over the leaf fields).
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -347,6 +346,13 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
         raise FileNotFoundError(f"no trained citation model at {path}: run 'betheproj citations --data DIR' first")
     try:
         state = torch.load(path, weights_only=True)
+    except OSError:
+        raise
+    except Exception:  # noqa: BLE001 - any other failure to unpickle means "not a model file"
+        # torch's own text (advice on weights_only included) says nothing about our files
+        raise ValueError(f"{path} is not a citation model written by 'betheproj citations' (torch.load cannot "
+                         "read it: not a file torch.save wrote, or a damaged one)") from None
+    try:
         index = FeatureIndex.from_state(state["index"])
         config = CitationConfig(**{**state["config"], "test_iters": tuple(state["config"]["test_iters"])})
         base = SparseChainCRF(index.num_features, len(index.labels)).double()
@@ -354,8 +360,7 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
         formats = BigramExclusions(**state["formats"]) if "formats" in state else None
         model = constraint_model(base, Constraints(state["a"], state["b"], state["names"]), config, order, formats)
         model.load_state_dict(state["model"])
-    except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError, AttributeError,
-            pickle.UnpicklingError) as err:
+    except (RuntimeError, KeyError, TypeError, ValueError, AttributeError) as err:
         first = (str(err).strip().splitlines() or [""])[0]
         raise ValueError(f"{path} is not a citation model written by 'betheproj citations' "
                          f"({type(err).__name__}: {first})") from None

@@ -274,6 +274,10 @@ def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[s
         log: Callable[[str], None] | None = None) -> dict:
     """Every requested fold; returns a JSON-ready dict with the per-fold results and the means."""
     config = config or OCRConfig()
+    present = set(data.folds.tolist())
+    missing = [f for f in folds if f not in present]
+    if missing:                                  # before any training, not after the folds before it
+        raise ValueError(f"folds {missing} have no words (folds present: {sorted(present)})")
     start = time.perf_counter()
     results = []
     bar = progress_bar(len(folds), progress, "OCR folds", leave=True)

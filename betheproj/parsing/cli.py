@@ -99,6 +99,8 @@ def _output_path(value: str, option: str) -> Path:
     takes a new file (probed), and it is not itself a folder."""
     from .._files import check_writable
 
+    if not value:
+        raise ValueError(f"{option} must name a file, got an empty path")
     out = Path(value)
     if out.is_dir():
         raise ValueError(f"{option} {out} is a directory; expected a file name")
@@ -132,12 +134,9 @@ def _load(path: str):
     """An arc-factored or a second-order model, whichever ``path`` holds."""
     from . import parser, second_order
 
-    try:
-        state = _read_state(path)
-    except ValueError:
-        raise ValueError(f"{path} is neither an arc-factored nor a second-order parser model") from None
+    state = _read_state(path)
     if state["format"] == second_order.FORMAT:
-        return second_order.SecondOrderParser.from_state(state)
+        return second_order.SecondOrderParser.from_state(state, path)
     return parser.DependencyParser.from_state(state, path)
 
 
@@ -230,7 +229,7 @@ def run(args: argparse.Namespace) -> None:
               f"parsed {words} words in {seconds:.2f}s ({words / max(seconds, 1e-9):.0f} words/s)")
     elif args.parse_command == "predict":
         _positive(args.batch_size, "--batch-size")
-        output = _output_path(args.output, "--output") if args.output else None
+        output = _output_path(args.output, "--output") if args.output is not None else None
         parser = _load(args.model)
         data = load_conllu(args.input)
         heads = _heads(parser, data, args)

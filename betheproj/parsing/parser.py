@@ -41,14 +41,23 @@ def read_model(path: str | Path, formats: dict[str, int], what: str) -> dict:
         raise FileNotFoundError(f"expected a {what} (written by 'parse train --model') at {p}, found none")
     try:
         state = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means "not a model file"
-        raise ValueError(f"{p} is not a {what} ({type(err).__name__}: {err})") from None
+    except OSError:
+        raise
+    except Exception:  # noqa: BLE001 - any other failure to unpickle means "not a model file"
+        # torch's own text (advice on weights_only included) says nothing about our files
+        raise ValueError(f"{p} is not a {what} (torch.load cannot read it: not a file torch.save wrote, or a "
+                         f"damaged one)") from None
     if not isinstance(state, dict) or state.get("format") not in formats:
-        raise ValueError(f"{p} is not a {what} (no '{' or '.join(formats)}' header)")
+        raise ValueError(f"{p} is not a {what} (no {' or '.join(repr(f) for f in formats)} header)")
     if state.get("version") != formats[state["format"]]:
         raise ValueError(f"{p}: unsupported model version {state.get('version')!r} "
                          f"(expected {formats[state['format']]})")
     return state
+
+
+def _what_failed(err: Exception) -> str:
+    """A model field that is missing (``KeyError``) or of the wrong kind, in a few words."""
+    return f"no field {err.args[0]!r}" if isinstance(err, KeyError) else f"a field of the wrong kind: {err}"
 
 
 def tree_error(heads: np.ndarray, single_root: bool = False) -> str | None:
@@ -102,12 +111,12 @@ def is_projective(heads: np.ndarray) -> bool:
 def check_gold_trees(sentences: Sequence[Sentence], single_root: bool = False, what: str = "training",
                      name: str | None = None) -> None:
     """Raise ``ValueError`` naming the first sentence whose gold heads are not a tree (:func:`tree_error`):
-    ``{what} sentence {i}``, prefixed with ``{name}:{line}`` when the file ``name`` is given."""
+    ``{what} sentence {i}`` (counted from 1), prefixed with ``{name}:{line}`` when the file ``name`` is given."""
     for i, s in enumerate(sentences):
         problem = tree_error(s.heads, single_root)
         if problem is not None:
             where = f"{name}:{s.line}: " if name is not None and s.line else (f"{name}: " if name else "")
-            raise ValueError(f"{where}{what} sentence {i}: {problem}")
+            raise ValueError(f"{where}{what} sentence {i + 1}: {problem}")
 
 
 class GreedyFirst:
@@ -320,9 +329,12 @@ class DependencyParser:
     @classmethod
     def from_state(cls, state: dict, path: str | Path) -> DependencyParser:
         """The parser a state read by :func:`read_model` describes (``path`` names it in errors)."""
-        cfg = state["config"]
-        parser = cls.from_config(cfg)
-        weights = state["weights"]
+        try:
+            cfg = state["config"]
+            parser = cls.from_config(cfg)
+            weights = state["weights"]
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path}: a malformed parser model ({_what_failed(err)})") from None
         if not isinstance(weights, Tensor) or weights.shape != (parser.features.num_features + 1,):
             raise ValueError(f"{path}: weights do not match bits={cfg['bits']}")
         parser.weights = weights

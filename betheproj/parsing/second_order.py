@@ -44,7 +44,7 @@ from ..oracles.base import PairwisePotentials
 from ..oracles.nonprojective import NonProjective
 from ..progress import progress_bar
 from .metrics import scorable_words, uas
-from .parser import DependencyParser, GreedyFirst, check_gold_trees, read_model
+from .parser import DependencyParser, GreedyFirst, _what_failed, check_gold_trees, read_model
 from .part_features import SecondOrderFeatures
 from .pruning import Candidates, _dense, _length_batches, prune
 from .second_order_decoding import loopy_bp_parse, mean_field_parse
@@ -264,15 +264,28 @@ class SecondOrderParser:
     @classmethod
     def load(cls, path: str | Path) -> SecondOrderParser:
         """A parser written by :meth:`save`."""
-        return cls.from_state(read_model(path, {FORMAT: VERSION}, "second-order parser model"))
+        return cls.from_state(read_model(path, {FORMAT: VERSION}, "second-order parser model"), path)
 
     @classmethod
-    def from_state(cls, state: dict) -> SecondOrderParser:
-        """The parser a state read by :func:`~betheproj.parsing.parser.read_model` describes."""
-        first = DependencyParser.from_config(state["first_config"])
-        first.weights = state["pruner"].to(torch.float32)
-        parser = cls(first, bits=state["features"]["bits"], top_k=state["top_k"], min_prob=state["min_prob"],
-                     context=state["features"].get("context", False))
-        parser.pruner, parser.w1, parser.w2 = state["pruner"], state["w1"], state["w2"]
+    def from_state(cls, state: dict, path: str | Path = "the model") -> SecondOrderParser:
+        """The parser a state read by :func:`~betheproj.parsing.parser.read_model` describes (``path`` names it
+        in errors)."""
+        try:
+            first = DependencyParser.from_config(state["first_config"])
+            pruner, w1, w2 = state["pruner"], state["w1"], state["w2"]
+            if not all(isinstance(w, Tensor) for w in (pruner, w1, w2)):
+                raise TypeError("pruner, w1 and w2 must be tensors")
+            first.weights = pruner.to(torch.float32)
+            parser = cls(first, bits=state["features"]["bits"], top_k=state["top_k"], min_prob=state["min_prob"],
+                         context=state["features"].get("context", False))
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path}: a malformed second-order parser model ({_what_failed(err)})") from None
+        sizes = {"pruner": first.features.num_features + 1, "w1": first.features.num_features + 1,
+                 "w2": parser.features.num_features}
+        for name, w in (("pruner", pruner), ("w1", w1), ("w2", w2)):
+            if w.shape != (sizes[name],):
+                raise ValueError(f"{path}: {name} has shape {tuple(w.shape)}, not ({sizes[name]},) as the model's "
+                                 "bits ask")
+        parser.pruner, parser.w1, parser.w2 = pruner, w1, w2
         parser.info = state.get("info", {})
         return parser

@@ -64,6 +64,13 @@ def test_bio_segments_refuses_labels_that_are_not_strings():
         bio_segments([1, "O"])
 
 
+def test_a_string_is_not_a_label_sequence_nor_a_line_none():
+    with pytest.raises(TypeError, match="labels must be a sequence of labels, got the str 'B-x'"):
+        bio_segments("B-x")
+    with pytest.raises(TypeError, match="line must be a str, got NoneType"):
+        tokenize_citation(None)
+
+
 def test_parsed_labels_are_bio():
     line = "<author> <person> A. B </person> </author> , <title> T </title> x <venue> <pages> 1 </pages> </venue>"
     labels = parse_citation(line).labels

@@ -73,8 +73,26 @@ def test_missing_head_and_errors(tmp_path):
         parse_conllu("1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n3\tb\tb\tX\t_\t_\t1\t_\t_\t_\n")
     with pytest.raises(ValueError, match="HEAD of word 1 must be an integer in 0..1"):
         parse_conllu("1\ta\ta\tX\t_\t_\t5\t_\t_\t_\n")
+    # the line of the bad word, not of the sentence's first (comment) line
+    with pytest.raises(ValueError, match=r"^<string>:4: HEAD of word 2 must be an integer in 0..2"):
+        parse_conllu("# sent_id = 1\n1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n1-2\tab\t_\t_\t_\t_\t_\t_\t_\t_\n"
+                     "2\tb\tb\tX\t_\t_\t7\t_\t_\t_\n")
+    with pytest.raises(ValueError, match=r"^<string>:3: word IDs must be 1..2 in order, got '3' at word 2"):
+        parse_conllu("# c\n1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n3\tb\tb\tX\t_\t_\t1\t_\t_\t_\n")
     with pytest.raises(FileNotFoundError, match=r"expected a CoNLL-U file \(.conllu or .conllu.gz\) at .*nope.conllu"):
         load_conllu(tmp_path / "nope.conllu")
+
+
+def test_sources_and_heads_of_the_wrong_kind_are_type_errors():
+    (s,) = parse_conllu("1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n")
+    for call, message in [(lambda: read_conllu(b"1\ta"), "source must be a path .* got bytes"),
+                          (lambda: read_conllu(io.BytesIO(b"1\ta")), "got a stream of bytes"),
+                          (lambda: parse_conllu(None), "text must be a str"),
+                          (lambda: write_conllu([s], None), "target must be a path .* got NoneType"),
+                          (lambda: s.with_heads([0.7]), "heads must be integers, got float64"),
+                          (lambda: s.with_heads(["0"]), "heads must be integers")]:
+        with pytest.raises(TypeError, match=message):
+            call()
 
 
 def test_uas_excludes_gold_punctuation():

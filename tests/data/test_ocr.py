@@ -70,6 +70,8 @@ def test_a_consistent_tiny_archive_loads(tmp_path):
     ({"word_len": np.array([3, 1])}, "'position' must give each position of each word exactly once"),
     ({"X": np.zeros(12, dtype=np.uint8)}, "'X' must be a 2-D numeric array"),
     ({"y": np.array([0, 1, 200])}, r"'y' must hold letters 0..25, got values in 0..200"),
+    ({"X": np.full((3, 4), 255, dtype=np.uint8)}, r"'X' must hold binary pixels \(0 or 1\), got 255"),
+    ({"X": np.full((3, 4), np.nan)}, r"'X' must hold binary pixels \(0 or 1\), got nan"),
     ({"y": np.array([0.0, 1.0, 2.0])}, "'y' must be a 1-D integer array, got 1-D float64"),
     ({"y": np.array([0, 1])}, r"'y' has 2 entries, expected one per letter \(the 3 rows of 'X'\)"),
     ({"word_fold": np.array([0])}, "'word_fold' has 1 entries, expected one per word"),

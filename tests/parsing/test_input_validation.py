@@ -155,7 +155,34 @@ def test_a_second_order_model_given_as_first_is_named(models, tmp_path, monkeypa
     (tmp_path / "junk.pt").write_bytes(b"junk")
     assert main(["train", "--train", str(models["train"]), "--second-order", str(tmp_path / "junk.pt"), "--quiet",
                  "--model", str(tmp_path / "m.pt")]) == 2
-    assert "junk.pt is not a parser model file" in _one_error_line(capsys)
+    err = _one_error_line(capsys)
+    assert "junk.pt is not a parser model file (torch.load cannot read it: not a file torch.save wrote" in err
+    assert "weights_only" not in err                          # torch's advice on unsafe loading is not ours
+
+
+def _broken(state: dict, drop: str | None = None, **changes) -> dict:
+    state = {**state, **changes}
+    if drop is not None:
+        del state[drop]
+    return state
+
+
+def test_malformed_models_are_one_line_errors_naming_the_file(models, tmp_path, capsys):
+    data = models["train"]
+    first = torch.load(models["first"], weights_only=True)
+    second = torch.load(models["second"], weights_only=True)
+    cases = [(_broken(first, "config"), "a malformed parser model (no field 'config')"),
+             (_broken(first, config={}), "a malformed parser model (no field 'bits')"),
+             (_broken(second, "first_config"), "a malformed second-order parser model (no field 'first_config')"),
+             (_broken(second, w2=second["w2"][:-5]), f"w2 has shape ({len(second['w2']) - 5},), not "
+                                                     f"({len(second['w2'])},)"),
+             (_broken(second, pruner=second["pruner"][:7]), "pruner has shape (7,)"),
+             (_broken(first, version=2), "unsupported model version 2 (expected 1)")]
+    for k, (state, message) in enumerate(cases):
+        path = tmp_path / f"broken{k}.pt"
+        torch.save(state, path)
+        assert main(["eval", "--model", str(path), "--data", str(data), "--quiet"]) == 2
+        assert f"{path}" in (err := _one_error_line(capsys)) and message in err, err
 
 
 def test_first_order_training_applies_the_stated_defaults(models, tmp_path, monkeypatch):
@@ -203,26 +230,26 @@ def test_tree_error_matches_a_reference_on_random_head_arrays():
 def test_train_rejects_gold_heads_that_are_not_trees(tmp_path, monkeypatch, capsys, heads, single_root, reason):
     monkeypatch.setattr(DependencyParser, "fit", _no_training)
     train = tmp_path / "bad.conllu"
-    train.write_text(_conllu([0, 1], heads))                      # the bad sentence (index 1) starts on line 4
+    train.write_text(_conllu([0, 1], heads))                      # the bad sentence (the 2nd) starts on line 4
     args = ["train", "--train", str(train), "--model", str(tmp_path / "m.pt"), "--quiet", "--epochs", "1"]
     assert main(args + (["--single-root"] if single_root else [])) == 2
     err = _one_error_line(capsys)
-    assert f"{train}:4: training sentence 1: " in err and reason in err
+    assert f"{train}:4: training sentence 2: " in err and reason in err
     monkeypatch.undo()
-    with pytest.raises(ValueError, match=f"^training sentence 1: .*{reason}"):
+    with pytest.raises(ValueError, match=f"^training sentence 2: .*{reason}"):
         DependencyParser(bits=10, single_root=single_root).fit(parse_conllu(train.read_text()), epochs=1)
 
 
 def test_second_order_training_rejects_gold_heads_that_are_not_trees(models, tmp_path, capsys):
     bad = parse_conllu(_conllu([0, 1], [2, 1, 0]))
     parser = SecondOrderParser(DependencyParser.load(models["first"]), bits=10)
-    with pytest.raises(ValueError, match="training sentence 1: gold heads are not a tree: words 1, 2 form a cycle"):
+    with pytest.raises(ValueError, match="training sentence 2: gold heads are not a tree: words 1, 2 form a cycle"):
         parser.fit(bad, epochs=1)
     train = tmp_path / "cyc.conllu"
     train.write_text(_conllu([0, 1], [2, 1, 0]))
     assert main(["train", "--train", str(train), "--model", str(tmp_path / "so.pt"), "--second-order",
                  str(models["first"]), "--quiet"]) == 2
-    assert f"{train}:4: training sentence 1: gold heads are not a tree" in _one_error_line(capsys)
+    assert f"{train}:4: training sentence 2: gold heads are not a tree" in _one_error_line(capsys)
 
 
 def test_training_still_accepts_proper_trees_with_several_roots():
