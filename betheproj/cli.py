@@ -130,6 +130,18 @@ def _physical_memory() -> int | None:
         return None
 
 
+def _check_cgm_options(args: argparse.Namespace) -> None:
+    """The ranges the library checks, named as options (``--rate`` where the library says ``rate``)."""
+    from ._checks import check_count, check_nonnegative, check_positive
+
+    check_count("--grid", args.grid)
+    check_count("--steps", args.steps, 2)
+    check_count("--population", args.population)
+    check_positive("--rate", args.rate)
+    check_count("--seasons", args.seasons)
+    check_nonnegative("--noise", args.noise)
+
+
 def _check_cgm_size(grid: int, steps: int, seasons: int) -> None:
     """``ValueError`` naming ``--grid``, ``--steps`` and ``--seasons`` when the instance cannot fit in memory, before
     anything is allocated.
@@ -291,6 +303,7 @@ def _run(args: argparse.Namespace) -> int:
         elif args.command == "cgm":
             if args.schedule is not None and not args.learn:
                 raise ValueError("--schedule applies to hard EM only: add --learn, or leave --schedule out")
+            _check_cgm_options(args)
             _check_cgm_size(args.grid, args.steps, args.seasons)
             from .experiments import cgm
 
