@@ -132,11 +132,11 @@ def _physical_memory() -> int | None:
 
 def _check_cgm_options(args: argparse.Namespace) -> None:
     """The ranges the library checks, named as options (``--rate`` where the library says ``rate``)."""
-    from ._checks import check_count, check_nonnegative, check_positive
+    from ._checks import check_count, check_int, check_nonnegative, check_positive
 
     check_count("--grid", args.grid)
     check_count("--steps", args.steps, 2)
-    check_count("--population", args.population)
+    check_int("--population", args.population, 1, 2 ** 63 - 1)
     check_positive("--rate", args.rate)
     check_count("--seasons", args.seasons)
     check_nonnegative("--noise", args.noise)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 from dataclasses import dataclass
 
@@ -47,8 +49,11 @@ def check_observations(observed: Tensor, rate: float, population: float, potenti
         raise ValueError("observed counts must be non-negative")
     if not bool((observed == observed.round()).all()):
         raise ValueError("observed counts must be whole numbers")
-    check_positive("rate", rate)
-    check_positive("population", population)
+    rate, population = check_positive("rate", rate), check_positive("population", population)
+    expected = rate * population
+    if not math.isfinite(expected) or expected < sys.float_info.min:
+        raise ValueError(f"rate * population must be a normal float64 number (the scale of the expected counts), "
+                         f"got {rate!r} * {population!r} = {expected!r}")
     return observed
 
 

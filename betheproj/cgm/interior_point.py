@@ -26,7 +26,8 @@ __all__ = ["IPResult", "interior_point"]
 @dataclass
 class IPResult:
     """Objective of (2) [B] and node marginals [B, T, L]; ``seconds`` all told (building, compiling and
-    solving, per batch), ``solve_seconds`` inside Clarabel alone."""
+    solving, per batch), ``solve_seconds`` inside Clarabel alone.  ``status`` is CVXPY's per example; where the
+    solve failed (``"solver_error: ..."``, or no value) the objective is NaN and the marginals zero."""
 
     objective: Tensor
     node: Tensor
@@ -62,7 +63,10 @@ def _one(node: np.ndarray, edge: np.ndarray, y: np.ndarray, rate: float, populat
     if seen.any():
         poisson = poisson - cp.sum(cp.multiply(y[seen] / population, cp.log(mu[seen])))
     problem = cp.Problem(cp.Minimize(scale * (neg_entropy - linear + poisson)), cons)
-    problem.solve(solver=cp.CLARABEL, tol_gap_abs=tol, tol_gap_rel=tol, tol_feas=tol, max_iter=500)
+    try:
+        problem.solve(solver=cp.CLARABEL, tol_gap_abs=tol, tol_gap_rel=tol, tol_feas=tol, max_iter=500)
+    except cp.error.SolverError as err:          # reported like any other failed solve: status, NaN objective
+        return None, None, 0.0, f"solver_error: {' '.join(str(err).split())}"
     solve_time = problem.solver_stats.solve_time or 0.0
     value = None if problem.value is None else problem.value / scale
     return value, mu.value, solve_time, problem.status
@@ -101,5 +105,6 @@ def interior_point(potentials: ChainPotentials, observed: Tensor, rate: float, p
         solve_seconds += secs
     seconds = time.perf_counter() - start
     dtype = potentials.node.dtype
-    return IPResult(torch.tensor(values, dtype=dtype), torch.tensor(np.stack(nodes), dtype=dtype), seconds,
+    node_out = np.stack(nodes) if nodes else np.zeros(node.shape)
+    return IPResult(torch.tensor(values, dtype=dtype), torch.tensor(node_out, dtype=dtype), seconds,
                     solve_seconds, status)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._checks import check_count
+from .._checks import check_bool, check_count, check_nonnegative
 from ..oracles import ChainPotentials
 from ..progress import progress_bar
 from .inference import _as_observations, check_observations, map_counts
@@ -74,7 +74,8 @@ def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, populatio
     E-step (warm-started), with a budget of ``rounds`` evaluations; torch's strong-Wolfe line search may take
     one evaluation past it, so up to ``rounds + 1`` E-steps are run (``history.rounds`` counts them).
     """
-    rounds = check_count("rounds", rounds)
+    rounds, m_iter = check_count("rounds", rounds), check_count("m_iter", m_iter)
+    tol, progress = check_nonnegative("tol", tol), check_bool("progress", progress)
     if not isinstance(model, TransitionModel):
         raise TypeError(f"model must be a TransitionModel, got {type(model).__name__}")
     if schedule not in ("alternate", "quasi_newton"):

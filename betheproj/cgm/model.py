@@ -9,12 +9,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_count, check_nonnegative, check_positive, check_real
+from .._checks import check_count, check_int, check_nonnegative, check_positive, check_real
 from ..oracles import ChainPotentials
 
 __all__ = ["TransitionModel", "MigrationInstance", "default_model", "simulate"]
 
 _POISSON_LAM_MAX = np.iinfo(np.int64).max - 10 * np.sqrt(np.iinfo(np.int64).max)   # numpy's Poisson sampler's limit
+_SEED_MAX = 2 ** 63 - 1                      # torch's seeds; numpy's int64 counts
 
 
 class TransitionModel(nn.Module):
@@ -33,6 +34,7 @@ class TransitionModel(nn.Module):
                  dtype: torch.dtype = torch.float64):
         super().__init__()
         grid, steps = check_count("grid", grid), check_count("steps", steps, 2)
+        dtype = _check_dtype(dtype)
         cells = grid * grid
         self.grid, self.steps = grid, steps
         self.distance = nn.Parameter(torch.tensor(check_real("distance", distance), dtype=dtype))
@@ -104,10 +106,16 @@ class MigrationInstance:
     model: TransitionModel
 
 
+def _check_dtype(dtype: object) -> torch.dtype:
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    return dtype
+
+
 def default_model(grid: int, steps: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> TransitionModel:
     """Short moves with a seasonal drift, random cell attractiveness, a population starting in the south."""
-    grid = check_count("grid", grid)
-    gen = torch.Generator().manual_seed(seed)
+    grid, dtype = check_count("grid", grid), _check_dtype(dtype)
+    gen = torch.Generator().manual_seed(check_int("seed", seed, 0, _SEED_MAX))
     cells = grid * grid
     attraction = 0.5 * torch.randn(cells, generator=gen, dtype=dtype)
     rows = torch.arange(grid, dtype=dtype).repeat_interleave(grid)
@@ -123,7 +131,7 @@ def simulate(model: TransitionModel, population: int = 10_000, rate: float = 0.5
     observe each cell's count with ``Poisson(rate * count)``."""
     if not isinstance(model, TransitionModel):
         raise TypeError(f"model must be a TransitionModel, got {type(model).__name__}")
-    population = check_count("population", population)
+    population = check_int("population", population, 1, _SEED_MAX)        # numpy's multinomial takes int64
     number = check_positive("rate", rate)
     if number * population > _POISSON_LAM_MAX:
         raise ValueError(f"rate * population must be at most {_POISSON_LAM_MAX:.3g} (numpy's Poisson sampler), "
@@ -131,10 +139,11 @@ def simulate(model: TransitionModel, population: int = 10_000, rate: float = 0.5
     rate = number
     seasons = check_count("seasons", seasons)
     noise = check_nonnegative("noise", noise)
+    seed = check_int("seed", seed, 0, _SEED_MAX)
     rng = np.random.default_rng(seed)
     log_p = model.log_transitions()
     if noise > 0:
-        gen = torch.Generator().manual_seed(seed + 1)
+        gen = torch.Generator().manual_seed((seed + 1) % (_SEED_MAX + 1))
         log_p = torch.log_softmax(log_p + noise * torch.randn(log_p.shape, generator=gen, dtype=log_p.dtype), -1)
     init = model.log_initial().exp().cpu().numpy().astype(np.float64)
     trans = log_p.exp().cpu().numpy().astype(np.float64)

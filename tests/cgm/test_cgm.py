@@ -150,6 +150,14 @@ def test_hard_em_bad_arguments():
         fit_hard_em(model, inst.observed, 0.5, 200_000, rounds=0)
     with pytest.raises(ValueError, match="rate"):
         fit_hard_em(model, inst.observed, -0.5, 200_000)
+    for options, error, message in [({"m_iter": 0}, ValueError, "m_iter must be an int >= 1"),
+                                    ({"m_iter": 2.5}, TypeError, "m_iter must be an int"),
+                                    ({"m_iter": None}, TypeError, "m_iter must be an int"),
+                                    ({"tol": -1.0}, ValueError, "tol must be a finite number >= 0"),
+                                    ({"tol": float("nan")}, ValueError, "tol must be"),
+                                    ({"progress": "yes"}, TypeError, "progress must be a bool")]:
+        with pytest.raises(error, match=message):
+            fit_hard_em(model, inst.observed, 0.5, 200_000, **options)
 
 
 def _small_instance():
@@ -203,11 +211,46 @@ def test_non_finite_model_parameters(kwargs, name):
     ({"noise": float("nan")}, ValueError, "noise"),
     ({"rate": 1e300}, ValueError, "rate \\* population"),
     ({"model": None}, TypeError, "model"),
+    ({"population": 10 ** 19, "rate": 1e-5}, ValueError, "population must be an int in"),
+    ({"seed": -1}, ValueError, "seed must be an int in"),
+    ({"seed": 1.5}, TypeError, "seed must be an int"),
 ])
 def test_bad_simulation_arguments(kwargs, error, message):
     kwargs = {"model": default_model(2, 3), "population": 10, **kwargs}
     with pytest.raises(error, match=message):
         simulate(**kwargs)
+
+
+def test_the_largest_seed_simulates_with_noise():
+    inst = simulate(default_model(2, 3, seed=2 ** 63 - 1), population=10, noise=0.1, seed=2 ** 63 - 1)
+    assert inst.counts.sum(-1).eq(10).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float16, "float64"])
+def test_models_are_float32_or_float64(dtype):
+    for make in (lambda: TransitionModel(2, 3, dtype=dtype), lambda: default_model(2, 3, dtype=dtype)):
+        with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
+            make()
+
+
+@pytest.mark.parametrize("rate, population", [(1e-170, 1e-170), (1e200, 1e200)])
+def test_expected_counts_beyond_float64_are_refused(rate, population):
+    inst = _small_instance()
+    with pytest.raises(ValueError, match=r"rate \* population must be a normal float64 number"):
+        map_counts(inst.potentials, inst.observed, rate, population)
+
+
+def test_interior_point_reports_a_failed_solve_and_takes_an_empty_batch():
+    pytest.importorskip("cvxpy")
+    inst = _small_instance()
+    node = inst.potentials.node.clone()
+    node[0, 0, 0] = -float("inf")                           # a cell theta forbids ...
+    observed = inst.observed.clone()
+    observed[0, 0, 0] = 5.0                                 # ... where birds were seen: no feasible optimum
+    res = interior_point(type(inst.potentials)(node, inst.potentials.edge), observed, 0.5, 100)
+    assert res.status[0] != "optimal" and torch.isnan(res.objective[0])
+    empty = interior_point(type(inst.potentials)(node[:0], inst.potentials.edge[:0]), observed[:0], 0.5, 100)
+    assert empty.objective.shape == (0,) and empty.node.shape == (0, *node.shape[1:]) and empty.status == []
 
 
 def test_hard_em_takes_observations_as_arrays_and_lists():
