@@ -11,7 +11,7 @@
    learned on the development split by Algorithm 3 with theta fixed; terms with ``c_j < 0`` are ignored at
    train and test time (``c_j`` enters as ``max(c_j, 0)``).
 3. Both rows decode the same base model: Viterbi in ``theta`` for the baseline, Viterbi in
-   ``theta - grad L(mu*)`` at the solution of (20) for the non-local row (Proposition 1).
+   ``theta - grad L(mu*)`` at the solution of (2) for the non-local row (Proposition 1).
 
 Scores are segment-level F1 (exact spans, micro-averaged over the leaf fields).
 """

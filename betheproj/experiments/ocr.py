@@ -5,7 +5,8 @@ Rows, each scored by character accuracy on the test fold:
 - ``2-gram``: the base linear-chain CRF (pixels and a bias on the nodes, one transition matrix), maximum
   likelihood by L-BFGS;
 - ``L^u`` / ``L^u (MM)``: the CRF plus the unigram nearest-prototype energy (21), ``psi`` a learned constant /
-  linear in the random-Fourier mean map of the word's images; solved from the base marginals (Bethe-RDA);
+  linear in the random-Fourier mean map of the word's images; solved to its global minimum like the word
+  rows (``OCRConfig.unigram_search``, ``"global"``; ``"local"`` runs Bethe-RDA from the base marginals);
 - ``L^w`` / ``L^w (MM)``: the same with the word energy (22), solved to its global minimum over the
   prototypes (:func:`betheproj.inference.solve_global`);
 - ``55-class``: logistic regression over the training words on the mean-map features, each word choosing
