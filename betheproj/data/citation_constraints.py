@@ -45,6 +45,7 @@ from itertools import permutations
 import torch
 from torch import Tensor
 
+from .._checks import check_count
 from .citations import Citation
 
 __all__ = ["BigramExclusions", "Constraints", "OrderConstraints", "bigram_exclusions", "citation_constraints",
@@ -67,10 +68,17 @@ class Constraints:
         return counts.to(self.a) @ self.a.t() - self.b
 
 
+def _label_ids(labels: Sequence[str]) -> tuple[dict[str, int], int]:
+    """Label -> id, and the id of ``O`` (which labels outside the list count as)."""
+    if isinstance(labels, str) or "O" not in labels:
+        raise ValueError("labels must be a list of labels holding 'O' (labels outside the list count as O)")
+    ids = {label: i for i, label in enumerate(labels)}
+    return ids, ids["O"]
+
+
 def encode_labels(citations: Sequence[Citation], labels: Sequence[str]) -> Tensor:
     """The citations' label ids [D, N] in the list ``labels`` (labels not in it as ``O``), ``-1`` padding."""
-    ids = {label: i for i, label in enumerate(labels)}
-    o = ids.get("O", 0)
+    ids, o = _label_ids(labels)
     return torch.nn.utils.rnn.pad_sequence([torch.tensor([ids.get(v, o) for v in cite.labels], dtype=torch.long)
                                             for cite in citations], batch_first=True, padding_value=-1)
 
@@ -98,7 +106,8 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
         raise ValueError("min_agreement and presence must lie in (0, 1]")
     if length_agreement is not None and not 0 < length_agreement <= 1:
         raise ValueError(f"length_agreement must lie in (0, 1] or be None, got {length_agreement!r}")
-    ids = {label: i for i, label in enumerate(labels)}
+    min_support = check_count("min_support", min_support)
+    ids, _ = _label_ids(labels)
     fields = sorted({label[2:] for label in labels if label != "O"})
     c = len(labels)
     seg_rows, tok_rows = {}, {}
@@ -192,6 +201,8 @@ def order_constraints(citations: Sequence[Citation], labels: Sequence[str], min_
         raise ValueError("citations must not be empty")
     if not 0 < min_agreement <= 1:
         raise ValueError(f"min_agreement must lie in (0, 1], got {min_agreement}")
+    min_support = check_count("min_support", min_support)
+    _label_ids(labels)
     c = len(labels)
     groups = sorted({g for label in labels for g in _groups(label)})
     member = torch.tensor([[float(g in _groups(label)) for label in labels] for g in groups],
@@ -248,14 +259,15 @@ def bigram_exclusions(citations: Sequence[Citation], labels: Sequence[str], min_
         raise ValueError("citations must not be empty")
     if not 0 <= max_together < 1:
         raise ValueError(f"max_together must lie in [0, 1), got {max_together}")
+    min_support = check_count("min_support", min_support)
     c = len(labels)
-    ids = {label: i for i, label in enumerate(labels)}
-    o = ids.get("O", 0)
+    ids, o = _label_ids(labels)
+    under = [within in label.removeprefix("B-").removeprefix("I-").split("/") for label in labels]
     seen: dict[tuple[int, int], set[int]] = {}
     for d, cite in enumerate(citations):
         y = [ids.get(v, o) for v in cite.labels]
         for a, b in zip(y[:-1], y[1:], strict=True):
-            if within in labels[a].split("/") or within in labels[b].split("/"):
+            if under[a] or under[b]:
                 seen.setdefault((a, b), set()).add(d)
     frequent = sorted(k for k, docs in seen.items() if len(docs) >= min_support)
     keep = [(i, k) for i in range(len(frequent)) for k in range(i + 1, len(frequent))

@@ -85,10 +85,18 @@ def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = 
     return feats
 
 
+def _check_citations(citations: object) -> list[Citation]:
+    if isinstance(citations, Citation) or isinstance(citations, str) or not isinstance(citations, Sequence) \
+            or not all(isinstance(c, Citation) for c in citations):
+        raise TypeError("citations must be a list of Citation (from parse_citation or load_citations)")
+    return list(citations)
+
+
 class FeatureIndex:
     """Feature and label numbering fitted on training citations; ``encode`` gives padded index tensors."""
 
     def __init__(self, citations: Sequence[Citation], min_count: int = 1, lexicon_count: int = 2):
+        citations = _check_citations(citations)
         if not citations:
             raise ValueError("citations must not be empty")
         leaves: dict[str, Counter] = defaultdict(Counter)
@@ -123,6 +131,7 @@ class FeatureIndex:
     def encode(self, citations: Sequence[Citation]) -> tuple[Tensor, Tensor, Tensor]:
         """Feature indices [B, N, K] (0 = padding), label ids [B, N] (-1 padding; labels unseen in training
         map to ``O``) and lengths [B]."""
+        citations = _check_citations(citations)
         rows = [[[self.features[f] for f in fs if f in self.features] for fs in token_features(c.tokens, self.lexicon)]
                 for c in citations]
         b = len(rows)
@@ -135,4 +144,4 @@ class FeatureIndex:
             for j, fs in enumerate(r):
                 ids[i, j, : len(fs)] = torch.tensor(fs, dtype=torch.long)
             labels[i, : len(c.labels)] = torch.tensor([self.label_ids.get(y, o) for y in c.labels], dtype=torch.long)
-        return ids, labels, torch.tensor([len(c.tokens) for c in citations])
+        return ids, labels, torch.tensor([len(c.tokens) for c in citations], dtype=torch.long)

@@ -68,6 +68,8 @@ def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
 
 def parse_citation(line: str) -> Citation:
     """One line of the nested-tag format (see the module docstring for the repairs)."""
+    if not isinstance(line, str):
+        raise TypeError(f"line must be a str, got {type(line).__name__}")
     stack: list[tuple[str, int]] = []                      # (tag, instance id)
     tokens: list[str] = []
     paths: list[tuple[str, ...]] = []

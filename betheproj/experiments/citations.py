@@ -13,7 +13,8 @@
 3. Both rows decode the same base model: Viterbi in ``theta`` for the baseline, Viterbi in
    ``theta - grad L(mu*)`` at the solution of (2) for the non-local row (Proposition 1).
 
-Scores are segment-level F1 (exact spans, micro-averaged over the leaf fields).
+Scores are segment-level F1 (exact spans, micro-averaged over every tag path a token carries: the leaf fields,
+and a group where a token sits directly under it, such as ``authors`` for the "and" between two persons).
 """
 
 from __future__ import annotations
@@ -293,6 +294,16 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
     group starts a new instance of that group (a second first name, or a last name right after a last name,
     begins a new ``<person>``); a repeated top-level field is a new instance of itself.  A token that would
     read as a tag (``<title>`` in the raw text) is written with ``&lt;`` and ``&gt;`` for its brackets."""
+    if isinstance(tokens, str) or isinstance(labels, str):
+        raise TypeError("tokens and labels must be sequences of strings, not one string")
+    if len(tokens) != len(labels):
+        raise ValueError(f"tokens and labels must be as long, got {len(tokens)} and {len(labels)}")
+    for i, (tok, label) in enumerate(zip(tokens, labels, strict=True)):
+        if not isinstance(tok, str) or not tok or tok != tok.strip() or len(tok.split()) != 1:
+            raise ValueError(f"tokens[{i}] must be a non-empty string without spaces, got {tok!r}")
+        if not isinstance(label, str) or not (label == "O" or (label[:2] in ("B-", "I-") and label[2:]
+                                                                and "" not in label[2:].split("/"))):
+            raise ValueError(f"labels[{i}] must be 'O' or 'B-'/'I-' and a tag path, got {label!r}")
     out: list[str] = []
     open_path: list[str] = []
     seen: list[set[str]] = []                         # the tags opened directly under each open tag
@@ -370,6 +381,8 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
 def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, max_iter: int = 40) -> list[str]:
     """Tag raw citation strings (split by :func:`~betheproj.data.citations.tokenize_citation`, the data's
     convention) with the non-local model; nested-tag output."""
+    if isinstance(lines, str):
+        raise TypeError("lines must be a list of citation strings, not one string (wrap it in a list)")
     words = [tokenize_citation(line) for line in lines]
     cites = [Citation(w, [()] * len(w), ["O"] * len(w)) for w in words]
     keep = [i for i, c in enumerate(cites) if c.tokens]

@@ -7,6 +7,7 @@ from betheproj.data.citation_constraints import (
     OrderConstraints,
     bigram_exclusions,
     citation_constraints,
+    encode_labels,
     label_counts,
     order_constraints,
 )
@@ -168,9 +169,22 @@ def test_name_format_templates():
     assert con.violations(mixed).max() >= 1
     with pytest.raises(ValueError, match="max_together"):
         bigram_exclusions(cites, labels, max_together=1.0)
+    # a top-level group names the same bigrams as the group below it (the BIO prefix is no part of the path)
+    assert bigram_exclusions(cites, labels, min_support=2, max_together=0.0, within="authors").names == con.names
+
+
+def test_a_label_list_without_o_is_refused(cites):
+    labels = [y for y in labels_of(cites) if y != "O"]
+    for make in (citation_constraints, order_constraints, bigram_exclusions,
+                 lambda c, y: label_counts(encode_labels(c, y), len(y))):
+        with pytest.raises(ValueError, match="labels must be a list of labels holding 'O'"):
+            make(cites, labels)
 
 
 def test_errors(cites):
+    for make in (citation_constraints, order_constraints, bigram_exclusions):
+        with pytest.raises(ValueError, match="min_support must be an int >= 1"):
+            make(cites, labels_of(cites), min_support=0)
     with pytest.raises(ValueError, match="citations"):
         citation_constraints([], ["O"])
     with pytest.raises(ValueError, match="min_agreement"):

@@ -1,5 +1,6 @@
 """Sparse citation features and the sparse-feature CRF on hand-made citations."""
 
+import pytest
 import torch
 
 from betheproj.data.citation_features import FeatureIndex, token_features
@@ -64,3 +65,16 @@ def test_sparse_crf_scores_and_learns():
         pred = LinearChain().map(model(ids, lengths))
     guessed = [[index.labels[j] for j in pred[i, : lengths[i]].tolist()] for i in range(2)]
     assert segment_f1([c.labels for c in cits], guessed).f1 == 1.0
+
+
+def test_inputs_of_the_wrong_kind_are_type_errors():
+    cite = parse_citation("<title> A title </title>")
+    for bad in ("abc", [1, 2], cite):
+        with pytest.raises(TypeError, match="citations must be a list of Citation"):
+            FeatureIndex(bad)
+    index = FeatureIndex([cite])
+    with pytest.raises(TypeError, match="citations must be a list of Citation"):
+        index.encode(cite)
+    assert index.encode([])[2].dtype == torch.long
+    with pytest.raises(TypeError, match="line must be a str, got NoneType"):
+        parse_citation(None)

@@ -27,6 +27,25 @@ def test_nested_tags_round_trip():
     assert citations.to_nested_tags(["x"], ["O"]) == "x"
 
 
+@pytest.mark.parametrize("tokens, labels, message", [
+    (["x"], ["B-"], r"labels\[0\] must be 'O' or 'B-'/'I-' and a tag path, got 'B-'"),
+    (["x"], ["Q-a"], r"labels\[0\] must be"),
+    (["x", "y"], ["O", None], r"labels\[1\] must be"),
+    (["x"], ["B-a//b"], r"labels\[0\] must be"),
+    (["x", "y"], ["O"], "tokens and labels must be as long, got 2 and 1"),
+    (["a b"], ["O"], r"tokens\[0\] must be a non-empty string without spaces, got 'a b'"),
+    ([""], ["O"], r"tokens\[0\] must be a non-empty string"),
+])
+def test_nested_tags_refuse_what_cannot_be_read_back(tokens, labels, message):
+    with pytest.raises(ValueError, match=message):
+        citations.to_nested_tags(tokens, labels)
+
+
+def test_tag_strings_takes_a_list_of_lines():
+    with pytest.raises(TypeError, match="lines must be a list of citation strings, not one string"):
+        citations.tag_strings("Jones, J. A title. 2005.", None, None)
+
+
 def test_nested_tags_rebuild_groups():
     line = ("<authors> <person> <first> A. </first> <last> Smith </last> </person> and <person> <last> Jones , "
             "</last> <first> B. </first> </person> <person> <last> Wu </last> </person> </authors> <venue> "
