@@ -98,12 +98,13 @@ def _residual(delta: Tensor, grad: Tensor, mu: Tensor, dims: int, allowed: Tenso
     return torch.where(present, dist, torch.zeros_like(dist)).flatten(1).amax(-1)
 
 
-def _log_change(old: Tensor, new: Tensor) -> Tensor:
+def _log_change(old: Tensor, new: Tensor, ignore: Tensor | None = None) -> Tensor:
     """Largest change of a log-marginal between two oracle points [B]: a marginal falling to an exact 0 is an
     infinite change; one rising from below the smallest normal number (an underflowed label the energy pulls
-    up) is not limited, since its log could not be measured; entries tiny in both are ignored."""
+    up) is not limited, since its log could not be measured; entries tiny in both are ignored, and so are the
+    entries ``ignore`` (rounding-level mass where the structure allows none)."""
     floor = torch.finfo(old.dtype).tiny
-    big = old > floor
+    big = old > floor if ignore is None else (old > floor) & ~ignore
     diff = (torch.log(new.clamp_min(floor)) - torch.log(old.clamp_min(floor))).abs()
     diff = torch.where((old > 0) & (new == 0), torch.full_like(diff, float("inf")), diff)
     return torch.where(big, diff, torch.zeros_like(diff)).flatten(1).amax(-1)
@@ -233,6 +234,14 @@ class SolverState:
         self.log_z = mu0.log_partition.clone()
         self.support = base.node > 0                                               # where theta allows mass
         self.allowed_node, self.allowed_edge = self._underflowed(oracle, potentials, base)
+        self.rounding_only = None   # entries whose marginals are rounding: no configuration theta allows uses them
+        structural = getattr(oracle, "support", None)
+        if callable(structural):
+            can = structural(potentials)
+            self.rounding_only = self.support & ~can
+            self.support &= can
+            if self.allowed_node is not None:
+                self.allowed_node = self.allowed_node & can
         self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
         self.val = energy.value(self._point(mu_node, mu_edge, lengths))     # L at the iterate (MD step test)
         f = -self.log_z + _inner(self.delta_node, mu_node) + self.val
@@ -525,7 +534,8 @@ class SolverState:
                                          None if gb_e is None else gb_e[u])
         # no marginal may collapse to an exact zero (the barrier energies' failure), nor, with a trust
         # region, move by more than ``trust_region`` nats
-        change = _log_change(self.nu_node[rows] if self.method == "accelerated" else self.mu_node[rows], m.node)
+        change = _log_change(self.nu_node[rows] if self.method == "accelerated" else self.mu_node[rows], m.node,
+                             None if self.rounding_only is None else self.rounding_only[rows])
         collapsed = ((m.node == 0) & self.support[rows]).flatten(1).any(-1)
         ok &= (change <= (self.trust_region if self.trust_region is not None else float("inf"))) & ~collapsed
         return _Trial(rows, dn, de, gn, ge, m, node, edge, fc, f_nu, val, floor, change, collapsed, ok)

@@ -256,7 +256,12 @@ def bethe_entropy(node: Tensor, edge: Tensor, degree: Tensor) -> Tensor:
 
 @runtime_checkable
 class Oracle(Protocol):
-    """A tractable base structure: marginal inference, MAP and the Bethe entropy."""
+    """A tractable base structure: marginal inference, MAP and the Bethe entropy.
+
+    Optionally ``support(potentials) -> Tensor`` [B, N, C] (bool): the node entries some configuration with
+    finite score uses.  An oracle whose marginals can put rounding-level mass elsewhere (the matrix-tree
+    theorem on arcs that lie in no tree) provides it, so that the solvers do not read that noise as mass.
+    """
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals: ...
 

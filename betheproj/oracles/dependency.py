@@ -230,6 +230,13 @@ class _DependencyOracle:
         theta = scores[:, :, 1:].transpose(1, 2)
         return DependencyMarginals(node, log_z, lengths, theta, self._structure())
 
+    def support(self, potentials: PairwisePotentials) -> Tensor:
+        """Arcs [B, N, N+1] (node layout) that lie in some tree of finite score.  The marginals of the others
+        are rounding (~1e-16, or 0, depending on the batch's padding), which a solver must not read as mass."""
+        scores, lengths = self._scores(potentials)
+        finite = torch.isfinite(scores[:, :, 1:].transpose(1, 2))
+        return finite & ~self._structural(finite, lengths)[0]
+
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
         """``log Z`` [B], differentiable: its gradient with respect to ``potentials.node`` is the marginals."""
         self._scores(potentials)
