@@ -17,7 +17,12 @@ everything else are scored).  This is the usual "UAS without punctuation" on UD 
 
 
 def _heads(x: Sentence | Sequence[int] | np.ndarray) -> np.ndarray:
-    return x.heads if isinstance(x, Sentence) else np.asarray(x, dtype=np.int64)
+    if isinstance(x, Sentence):
+        return x.heads
+    heads = np.asarray(x)
+    if heads.size and heads.dtype.kind not in "iu":
+        raise TypeError(f"predicted heads must be integers, got {heads.dtype}")
+    return heads.astype(np.int64)
 
 
 def _scored(s: Sentence, punct: bool) -> np.ndarray:

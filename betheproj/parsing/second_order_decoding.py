@@ -101,6 +101,8 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     """
     if not isinstance(theta, Tensor) or theta.dim() != 3 or theta.shape[1] != theta.shape[2]:
         raise ValueError("theta must be head-major arc scores [B, C, C]")
+    if not theta.is_floating_point() or bool(torch.isnan(theta).any()):
+        raise ValueError("theta must be floating-point arc scores without NaN (-inf marks a pruned arc)")
     damping = check_real("damping", damping, 0.0, 1.0, high_open=True)
     max_iter = check_count("max_iter", max_iter)
     b, c, _ = theta.shape

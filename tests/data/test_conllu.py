@@ -104,6 +104,8 @@ def test_uas_excludes_gold_punctuation():
     assert uas(gold, gold) == 100.0
     with pytest.raises(ValueError, match="2 predicted heads for 5 words"):
         uas(gold, [[0, 1], [0, 1]])
+    with pytest.raises(TypeError, match="predicted heads must be integers, got float64"):
+        uas(gold, [np.array([4.7, 4, 1, 0, 1]), [0, 1]])
 
 
 @pytest.mark.skipif(not EWT.is_dir(), reason="../shared/data/ud_english_ewt is absent")

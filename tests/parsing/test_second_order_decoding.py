@@ -172,6 +172,10 @@ def test_bp_bad_inputs():
         loopy_bp(theta, s[:, :2], g, lengths)
     with pytest.raises(ValueError, match="damping"):
         loopy_bp(theta, s, g, lengths, damping=1.0)
+    nan = theta.clone()
+    nan[0, 0, 1] = float("nan")                       # not a pruned arc: an error
+    with pytest.raises(ValueError, match="without NaN"):
+        loopy_bp(nan, s, g, lengths)
     with pytest.raises(ValueError, match="decode_on"):
         loopy_bp_parse(PairwisePotentials(theta[:, :, 1:].transpose(1, 2), theta.new_zeros(4, 4), lengths), s, g,
                        decode_on="max")
