@@ -235,7 +235,7 @@ class _DependencyOracle:
         are rounding (~1e-16, or 0, depending on the batch's padding), which a solver must not read as mass."""
         scores, lengths = self._scores(potentials)
         finite = torch.isfinite(scores[:, :, 1:].transpose(1, 2))
-        return finite & ~self._structural(finite, lengths)[0]
+        return finite & ~self._structural(finite, lengths, in_all_too=False)[0]
 
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
         """``log Z`` [B], differentiable: its gradient with respect to ``potentials.node`` is the marginals."""
@@ -363,12 +363,13 @@ class _DependencyOracle:
         clamped[k, mi] = torch.where(keep, clamped[k, mi], -torch.inf)
         return clamped, bi, mi, hi
 
-    def _structural(self, support: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    def _structural(self, support: Tensor, lengths: Tensor, in_all_too: bool = True) -> tuple[Tensor, Tensor]:
         """The arcs of ``support`` (node layout [B, N, C]) that lie in no tree and in every tree made of supported
         arcs, exactly: the oracle's marginals put rounding-level mass, not 0, on arcs in no tree (and leave
         arcs in every tree near 1, not at it).  Candidates are the arcs whose marginal under equal scores lies
         within 1e-6 of 0 or 1; each is decided by ``log Z`` with the arc forced (its word's other heads removed)
-        and with it removed, ``-inf`` when no tree is left."""
+        and with it removed, ``-inf`` when no tree is left.  ``in_all_too=False`` decides the first kind only
+        (the second comes back all False)."""
         in_none, in_all = torch.zeros_like(support), torch.zeros_like(support)
         if not support.any():
             return in_none, in_all
@@ -378,7 +379,13 @@ class _DependencyOracle:
         _, marg = self._marginals_core(*self._scores(_unchecked(PairwisePotentials, theta, edge, lengths)),
                                        strict=False)
         marg = marg[:, :, 1:].transpose(1, 2)                                 # node layout
-        forced, bi, mi, hi = self._clamp_each(theta, support & ((marg < 1e-6) | (marg > 1.0 - 1e-6)))
+        near = (marg < 1e-6) | (marg > 1.0 - 1e-6) if in_all_too else marg < 1e-6
+        forced, bi, mi, hi = self._clamp_each(theta, support & near)
+        if not in_all_too:
+            if len(bi):
+                scores, lens = self._scores(_unchecked(PairwisePotentials, forced, edge, lengths[bi]))
+                in_none[bi, mi, hi] = self._marginals_core(scores, lens, strict=False)[0] == -torch.inf
+            return in_none, in_all
         removed = theta[bi].clone()
         removed[torch.arange(len(bi), device=theta.device), mi, hi] = -torch.inf
         scores, lens = self._scores(_unchecked(PairwisePotentials, torch.cat([forced, removed]), edge,
