@@ -27,6 +27,14 @@ class SegmentScores:
     per_field: dict[str, tuple[float, float, float, int]] = field(default_factory=dict)
 
 
+def _segments(name: str, i: int, labels: Sequence[str]) -> set[tuple[str, int, int]]:
+    """The segments of ``labels``, with errors naming the sequence (``predicted[3]: labels[0] = ...``)."""
+    try:
+        return set(bio_segments(list(labels)))
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{name}[{i}]: {err}") from None
+
+
 def segment_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> SegmentScores:
     """Score predicted BIO label sequences against gold ones: a segment counts only when its type, start and
     end all match; an ``I-`` that does not continue its type starts a new segment (the conlleval reading).
@@ -41,7 +49,7 @@ def segment_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
     for i, (g, p) in enumerate(zip(gold, predicted, strict=True)):
         if len(g) != len(p):
             raise ValueError(f"sequence {i}: gold has {len(g)} labels, predicted {len(p)}")
-        gs, ps = set(bio_segments(list(g))), set(bio_segments(list(p)))
+        gs, ps = _segments("gold", i, g), _segments("predicted", i, p)
         for kind, _, _ in gs:
             n_gold[kind] += 1
         for kind, _, _ in ps:

@@ -116,6 +116,21 @@ def _as_labels(z: object) -> np.ndarray | None:
     return arr[arr >= 0].astype(np.int64)                   # drop the oracles' -1 padding
 
 
+def _gold_labels(k: int, gold: object) -> np.ndarray:
+    """The gold labelling of ``examples[k]``: integer labels, all of them >= 0 (no padding to drop)."""
+    if isinstance(gold, (MAPResult, LocalMarginals)):
+        labels = _as_labels(gold)
+        if labels is None:
+            raise ValueError(f"examples[{k}]: the gold labelling must be integral")
+        return labels
+    arr = np.asarray(gold.detach().cpu().numpy() if type(gold).__module__.startswith("torch") else gold)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"examples[{k}]: the gold labelling must be a 1-D array of integer labels, got {gold!r}")
+    if (arr < 0).any():
+        raise ValueError(f"examples[{k}]: the gold labelling must hold labels >= 0, got {arr.tolist()}")
+    return arr.astype(np.int64)
+
+
 def _default_features(x: Any, z: Any) -> np.ndarray:
     if not hasattr(x, "features"):
         raise TypeError(f"x of type {type(x).__name__} has no features(z) method; pass features=")
@@ -156,9 +171,7 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
                 raise ValueError("cannot tell the number of features: pass num_features or initial")
         w = np.zeros(int(d))
     rng = np.random.default_rng(seed)
-    golds = [_as_labels(g) for _, g in data]
-    if any(g is None for g in golds):
-        raise ValueError("gold labellings must be integral")
+    golds = [_gold_labels(k, g) for k, (_, g) in enumerate(data)]
     path = [w.copy()]
     total = np.zeros_like(w)
     mistakes: list[int] = []

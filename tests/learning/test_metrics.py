@@ -53,5 +53,7 @@ def test_labels_that_are_not_bio_are_refused():
     # a bare tag used to become a segment of type ''
     with pytest.raises(ValueError, match="'author' is not a BIO label"):
         segment_f1([["author", "author"]], [["author", "O"]])
+    with pytest.raises(ValueError, match=r"^predicted\[1\]: labels\[0\] = 'X-a'"):
+        segment_f1([["O"], ["O"]], [["O"], ["X-a"]])
     s = segment_f1([["B-book-title", "I-book-title"]], [["B-book-title", "I-book-title"]])
     assert s.per_field == {"book-title": (1.0, 1.0, 1.0, 1)}

@@ -119,8 +119,13 @@ def test_bad_inputs():
         structured_perceptron(ok, run, initial=np.zeros(2), num_features=3)
     with pytest.raises(ValueError, match="cannot tell the number of features"):
         structured_perceptron([(object(), [0])], lambda x, w: [0])
-    with pytest.raises(ValueError, match="gold labellings must be integral"):
+    with pytest.raises(ValueError, match=r"examples\[0\]: the gold labelling must be integral"):
         structured_perceptron([(model, lp_map(model.potentials(np.ones(3))).marginals)], run)
+    for gold, error, message in [(np.array([1, -1, 0]), ValueError, "must hold labels >= 0"),
+                                 (np.array([1.0, 0.0, 0.0]), TypeError, "must be a 1-D array of integer labels"),
+                                 (np.array([[1, 0, 0]]), TypeError, "must be a 1-D array of integer labels")]:
+        with pytest.raises(error, match=rf"examples\[1\]: the gold labelling {message}"):
+            structured_perceptron(ok + [(model, gold)], run)
     with pytest.raises(ValueError, match="features returned shape"):
         structured_perceptron(ok, run, features=lambda x, z: np.zeros(2), initial=np.array([0.0, 1.0, 1.0]))
     with pytest.raises(TypeError, match="a prediction must be integer labels"):
