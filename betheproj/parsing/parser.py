@@ -21,7 +21,7 @@ from .._checks import check_count
 from .._files import torch_save
 from ..data.conllu import Sentence
 from ..learning.losses import resolve_loss
-from ..learning.online import OnlineResult, SparseExample, fit_online
+from ..learning.online import SparseExample, fit_online
 from ..oracles.base import PairwisePotentials
 from ..progress import progress_bar
 from .features import ArcFeatures
@@ -210,12 +210,13 @@ class DependencyParser:
     def fit(self, sentences: Sequence[Sentence], loss: str | None = "crf", epochs: int = 10, lam: float = 1e-4,
             beta: float | None = None, gamma: float | None = None, seed: int = 0,
             dev: Sequence[Sentence] | None = None, progress: bool = False,
-            log: Callable[[str], None] | None = None) -> OnlineResult:
+            log: Callable[[str], None] | None = None) -> DependencyParser:
         """Train with Algorithm 1 (``epochs`` passes, step cap ``1 / (lam m)``, averaged weights) on the loss
         ``L_{beta,gamma}`` (a preset name: ``crf``, ``svm``, ``softmax_margin``, ``perceptron``, or explicit
         ``beta``/``gamma``) with the Hamming cost (the number of words with a wrong head).  With ``dev``, the UAS
         (punctuation excluded) of the averaged weights is measured after every epoch and reported to ``log``
-        (the returned weights are those of the last epoch)."""
+        (the weights kept are those of the last epoch).  Returns the parser, like ``SecondOrderParser.fit``; the
+        learner's report (per-epoch losses, ...) is ``self.result_``."""
         beta, gamma = resolve_loss(loss, beta, gamma)
         sentences = list(sentences)
         if not sentences:
@@ -261,7 +262,8 @@ class DependencyParser:
         self.info = {"loss": loss, "beta": beta, "gamma": gamma, "epochs": epochs, "lam": lam, "seed": seed,
                      "train_sentences": len(sentences), "train_seconds": time.perf_counter() - start,
                      "feature_seconds": feature_seconds, "epoch_losses": result.losses, "dev_uas": dev_scores}
-        return result
+        self.result_ = result
+        return self
 
     # ------------------------------------------------------------------------------------------------ parsing
     def _require_weights(self) -> Tensor:

@@ -107,8 +107,8 @@ def test_tiny_synthetic_treebank_is_learned():
     sentences = parse_conllu(_treebank(40))
     for loss in ("crf", "svm"):
         parser = DependencyParser(bits=16)
-        result = parser.fit(sentences, loss=loss, epochs=8)
-        assert result.losses[-1] < result.losses[0]
+        assert parser.fit(sentences, loss=loss, epochs=8) is parser
+        assert parser.result_.losses[-1] < parser.result_.losses[0]
         assert uas(sentences, parser.predict(sentences), punct=True) == 100.0
     held_out = parse_conllu(_treebank(20, seed=1))
     assert parser.evaluate(held_out) > 90.0
