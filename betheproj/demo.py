@@ -52,7 +52,7 @@ def tagging_instance(batch: int = 64, length: int = 12, labels: int = 5, seed: i
     node = torch.randn(batch, length, labels, generator=gen, dtype=dtype)
     node[..., 0] -= 1.5                                        # label 0 is locally unlikely
     edge = torch.randn(labels, labels, generator=gen, dtype=dtype)
-    lengths = torch.randint(length // 2, length + 1, (batch,), generator=gen)
+    lengths = torch.randint(max(1, length // 2), length + 1, (batch,), generator=gen)
     theta = ChainPotentials(node, edge, lengths)
     # 2 - count(label 0) <= 0, penalised by a smoothed hinge (eqs. 4-5, 20)
     a = torch.zeros(1, labels, dtype=dtype)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_bool, check_count, check_int, check_nonnegative, check_positive, check_real
 from ..data.ocr import OCRData
 from ..energies import NearestPrototype
 from ..inference import decode
@@ -75,9 +76,27 @@ class OCRConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.test_iters or any(t < 1 for t in self.test_iters) or list(self.test_iters) != sorted(
-                self.test_iters):
-            raise ValueError("test_iters must be increasing positive iteration counts")
+        """Every field checked here, not minutes into a fold under an internal argument's name."""
+        for name in ("crf_iter", "rff_features", "word_batch", "word_train_iter", "unigram_batch",
+                     "unigram_train_iter", "epochs", "classifier_iter"):
+            check_count(name, getattr(self, name))
+        for name in ("crf_l2", "classifier_l2"):
+            check_nonnegative(name, getattr(self, name))
+        for name in ("bandwidth_scale", "classifier_bandwidth_scale", "word_lr", "word_psi_lr", "unigram_lr",
+                     "unigram_psi_lr"):
+            check_positive(name, getattr(self, name))
+        check_real("psi_init", self.psi_init)
+        if self.bandwidth is not None:
+            check_positive("bandwidth", self.bandwidth)
+        check_bool("word_average", self.word_average)
+        check_int("seed", self.seed, 0)
+        if self.unigram_search not in ("global", "local"):
+            raise ValueError(f"unigram_search must be 'global' or 'local', got {self.unigram_search!r}")
+        iters = self.test_iters
+        if (not isinstance(iters, (tuple, list)) or not iters
+                or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in iters)
+                or any(b <= a for a, b in zip(iters, iters[1:], strict=False))):
+            raise ValueError(f"test_iters must be strictly increasing positive iteration counts, got {iters!r}")
 
 
 def word_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LABELS) -> tuple[Tensor, Tensor]:
@@ -223,8 +242,9 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     tx, ty, tn = test.pixels, test.labels, test.lengths
     result = FoldResult(fold)
     median = median_bandwidth(x, n, seed=config.seed)
-    result.bandwidth = config.bandwidth or config.bandwidth_scale * median
-    classifier_bandwidth = config.bandwidth or config.classifier_bandwidth_scale * median
+    fixed = config.bandwidth is not None
+    result.bandwidth = config.bandwidth if fixed else config.bandwidth_scale * median
+    classifier_bandwidth = config.bandwidth if fixed else config.classifier_bandwidth_scale * median
 
     start = time.perf_counter()
     base = LinearChainCRF(x.shape[-1], NUM_LABELS)
@@ -275,6 +295,8 @@ def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[s
         log: Callable[[str], None] | None = None) -> dict:
     """Every requested fold; returns a JSON-ready dict with the per-fold results and the means."""
     config = config or OCRConfig()
+    if not folds:
+        raise ValueError("folds must name at least one fold")
     present = set(data.folds.tolist())
     missing = [f for f in folds if f not in present]
     if missing:                                  # before any training, not after the folds before it

@@ -64,6 +64,8 @@ class LinearChainCRF(nn.Module):
 
     def forward(self, features: Tensor, lengths: Tensor | None = None) -> PairwisePotentials:
         """Potentials for features [B, N, F]."""
+        if not isinstance(features, Tensor):
+            raise TypeError(f"features must be a tensor [B, N, F], got {type(features).__name__}")
         if features.dim() != 3 or features.shape[-1] != self.node.in_features:
             raise ValueError(f"features must be [B, N, {self.node.in_features}], got {tuple(features.shape)}")
         node = self.node(features.to(self.node.weight.dtype))
@@ -85,8 +87,14 @@ class SparseChainCRF(nn.Module):
 
     def forward(self, features: Tensor, lengths: Tensor) -> PairwisePotentials:
         """Potentials for feature indices [B, N, K] (long)."""
+        if not isinstance(features, Tensor):
+            raise TypeError(f"features must be a tensor of long indices [B, N, K], got {type(features).__name__}")
         if features.dim() != 3 or features.dtype != torch.long:
             raise ValueError(f"features must be long indices [B, N, K], got {features.dtype} {tuple(features.shape)}")
+        size = self.weights.num_embeddings
+        if features.numel() and (int(features.min()) < 0 or int(features.max()) >= size):
+            raise ValueError(f"features must be indices in [0, {size}) (0: padding), got values in "
+                             f"[{int(features.min())}, {int(features.max())}]")
         b, n, k = features.shape
         node = self.weights(features.reshape(b * n, k)).reshape(b, n, -1) + self.bias
         return PairwisePotentials(node, self.transitions, lengths)

@@ -22,6 +22,18 @@ def _check_batch(features: Tensor, lengths: Tensor) -> None:
                          f"{tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__}")
     if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
         raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor")
+    if lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > features.shape[1]):
+        raise ValueError(f"lengths must lie in [1, N]=[1, {features.shape[1]}], got values in "
+                         f"[{int(lengths.min())}, {int(lengths.max())}]")
+
+
+def _finite(name: str, value: float | Tensor) -> Tensor:
+    value = torch.as_tensor(value, dtype=torch.get_default_dtype())
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} must be finite, got {value.tolist()}")
+    return value
 
 
 class ConstantPsi(nn.Module):
@@ -29,7 +41,7 @@ class ConstantPsi(nn.Module):
 
     def __init__(self, init: float | Tensor = 1.0):
         super().__init__()
-        self.value = nn.Parameter(torch.as_tensor(init, dtype=torch.get_default_dtype()).clone())
+        self.value = nn.Parameter(_finite("init", init).clone())
 
     def forward(self, features: Tensor, lengths: Tensor) -> Tensor:
         _check_batch(features, lengths)
@@ -49,6 +61,8 @@ class RandomFourierFeatures(nn.Module):
         self.register_buffer("offset", torch.rand(num_features, generator=gen) * 2 * math.pi)
 
     def forward(self, x: Tensor) -> Tensor:
+        if not x.is_floating_point():                # integer pixels: the weights must stay real
+            x = x.to(self.weight.dtype)
         w = self.weight.to(x.dtype)
         return math.sqrt(2.0 / w.shape[1]) * torch.cos(x @ w + self.offset.to(x.dtype))
 
@@ -66,7 +80,7 @@ class MeanMapPsi(nn.Module):
         self.linear = nn.Linear(num_features, 1 if outputs is None else outputs)
         self.squeeze = outputs is None
         nn.init.zeros_(self.linear.weight)
-        nn.init.constant_(self.linear.bias, init)
+        nn.init.constant_(self.linear.bias, float(_finite("init", init)))
 
     def mean_map(self, features: Tensor, lengths: Tensor) -> Tensor:
         """``mean_n z(x_n)`` over each sequence's valid positions: [B, D]."""

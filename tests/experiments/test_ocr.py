@@ -108,6 +108,33 @@ def test_bad_arguments():
         ocr.run_fold(data, 4, rows=["2gram"])
     with pytest.raises(ValueError, match="key must be one of"):
         ocr.energy_model("2gram", None, None, None, None, ocr.OCRConfig(), 1.0)
+    with pytest.raises(ValueError, match="folds must name at least one fold"):
+        ocr.run(data, [], ["2gram"])
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("bandwidth", 0.0, ValueError), ("bandwidth", -1.0, ValueError), ("crf_iter", 0, ValueError),
+    ("epochs", 0, ValueError), ("word_batch", 0, ValueError), ("unigram_search", "x", ValueError),
+    ("test_iters", (1.5,), ValueError), ("test_iters", 5, ValueError), ("test_iters", (1, 1), ValueError),
+    ("word_lr", float("nan"), ValueError), ("word_average", 1, TypeError), ("crf_l2", -1.0, ValueError),
+])
+def test_every_config_field_is_checked_at_construction(field, value, error):
+    with pytest.raises(error, match=field):
+        ocr.OCRConfig(**{field: value})
+
+
+def test_mean_map_of_integer_pixels_is_that_of_the_same_pixels_as_floats():
+    from betheproj.learning import MeanMapPsi
+
+    psi = MeanMapPsi(4, 50, bandwidth=3.0, seed=0)
+    torch.nn.init.normal_(psi.linear.weight, generator=torch.Generator().manual_seed(1))
+    pixels, lengths = torch.randint(0, 2, (2, 3, 4), generator=torch.Generator().manual_seed(2)), torch.tensor([3, 2])
+    assert torch.allclose(psi(pixels, lengths), psi(pixels.float(), lengths))
+    for bad in (torch.tensor([5, 2]), torch.tensor([0, 2])):
+        with pytest.raises(ValueError, match=r"lengths must lie in \[1, N\]=\[1, 3\]"):
+            psi(pixels.float(), bad)
+    with pytest.raises(ValueError, match="init must be finite"):
+        MeanMapPsi(4, 50, init=float("nan"))
 
 
 @needs_data

@@ -155,3 +155,18 @@ def test_fit_crf_checks_its_arguments_against_each_other():
         SparseChainCRF(0, 2)
     with pytest.raises(ValueError, match="num_labels must be an int >= 1"):
         SparseChainCRF(5, 0)
+
+
+def test_features_of_the_wrong_kind_or_range_are_named():
+    from betheproj.demo import tagging_instance
+    from betheproj.learning import LinearChainCRF, SparseChainCRF
+
+    crf = SparseChainCRF(5, 2)
+    with pytest.raises(ValueError, match=r"features must be indices in \[0, 5\) \(0: padding\), got values in"):
+        crf(torch.tensor([[[1, 5]]]), torch.tensor([1]))
+    with pytest.raises(TypeError, match="features must be a tensor"):
+        crf([[[1]]], torch.tensor([1]))
+    with pytest.raises(TypeError, match="features must be a tensor"):
+        LinearChainCRF(3, 2)([1, 2])
+    theta, _ = tagging_instance(batch=4, length=1)               # lengths drawn from [1, 1], never 0
+    assert theta.lengths.tolist() == [1, 1, 1, 1]
