@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
+
+from ..oracles.base import _check_lengths
 
 __all__ = ["check_sequences"]
 
@@ -25,10 +26,6 @@ def check_sequences(features: object, labels: object, lengths: object, *, featur
                          f"{_shape(labels)}")
     if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
         raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor like features, got {_shape(lengths)}")
-    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-        raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
-    if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > features.shape[1]):
-        raise ValueError(f"lengths must lie in [1, N]=[1, {features.shape[1]}], got values in "
-                         f"[{int(lengths.min())}, {int(lengths.max())}]")
+    _check_lengths(lengths, features.shape[0], features.shape[1], lengths.device)    # integers in [1, N]
     if training and features.shape[0] == 0:
         raise ValueError("no training examples: features, labels and lengths hold B = 0 sequences")

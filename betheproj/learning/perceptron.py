@@ -100,15 +100,20 @@ def _check_examples(examples: object) -> list[tuple[Any, Any]]:
     return out
 
 
+def _as_array(z: object) -> np.ndarray:
+    """``z`` as a NumPy array (a torch tensor copied off its device)."""
+    if type(z).__module__.startswith("torch"):
+        z = z.detach().cpu().numpy()  # type: ignore[attr-defined]
+    return np.asarray(z)
+
+
 def _as_labels(z: object) -> np.ndarray | None:
     """Integer labels from an integral prediction, ``None`` for a fractional one."""
     if isinstance(z, MAPResult):
         return z.labels if z.integral else None
     if isinstance(z, LocalMarginals):
         return z.argmax() if z.is_integral() else None
-    if type(z).__module__.startswith("torch"):
-        z = z.detach().cpu().numpy()  # type: ignore[attr-defined]
-    arr = np.asarray(z)
+    arr = _as_array(z)
     if arr.ndim == 2 and arr.shape[0] == 1:                 # an oracle's [1, N] output
         arr = arr[0]
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
@@ -123,7 +128,7 @@ def _gold_labels(k: int, gold: object) -> np.ndarray:
         if labels is None:
             raise ValueError(f"examples[{k}]: the gold labelling must be integral")
         return labels
-    arr = np.asarray(gold.detach().cpu().numpy() if type(gold).__module__.startswith("torch") else gold)
+    arr = _as_array(gold)
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"examples[{k}]: the gold labelling must be a 1-D array of integer labels, got {gold!r}")
     if (arr < 0).any():

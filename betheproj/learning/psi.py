@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_count, check_int, check_positive
+from ..oracles.base import _check_lengths
 
 __all__ = ["ConstantPsi", "RandomFourierFeatures", "MeanMapPsi"]
 
@@ -22,11 +23,7 @@ def _check_batch(features: Tensor, lengths: Tensor) -> None:
                          f"{tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__}")
     if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
         raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor")
-    if lengths.is_floating_point() or lengths.dtype == torch.bool:
-        raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
-    if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > features.shape[1]):
-        raise ValueError(f"lengths must lie in [1, N]=[1, {features.shape[1]}], got values in "
-                         f"[{int(lengths.min())}, {int(lengths.max())}]")
+    _check_lengths(lengths, features.shape[0], features.shape[1], lengths.device)    # integers in [1, N]
 
 
 def _finite(name: str, value: float | Tensor) -> Tensor:

@@ -182,7 +182,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     averager = _Average([p for g in opt.param_groups for p in g["params"]]) if average else None
     history = History()
     validator = _Validator(model, valid, metric, patience, history)
-    gen = torch.Generator().manual_seed(check_int("seed", seed))
+    gen = torch.Generator().manual_seed(seed)
     per_epoch = -(-features.shape[0] // batch_size)
     eval_every = eval_every or per_epoch
     bar = progress_bar(epochs * per_epoch, progress, "Algorithm 3")

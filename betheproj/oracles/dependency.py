@@ -381,18 +381,17 @@ class _DependencyOracle:
         marg = marg[:, :, 1:].transpose(1, 2)                                 # node layout
         near = (marg < 1e-6) | (marg > 1.0 - 1e-6) if in_all_too else marg < 1e-6
         forced, bi, mi, hi = self._clamp_each(theta, support & near)
-        if not in_all_too:
-            if len(bi):
-                scores, lens = self._scores(_unchecked(PairwisePotentials, forced, edge, lengths[bi]))
-                in_none[bi, mi, hi] = self._marginals_core(scores, lens, strict=False)[0] == -torch.inf
-            return in_none, in_all
-        removed = theta[bi].clone()
-        removed[torch.arange(len(bi), device=theta.device), mi, hi] = -torch.inf
-        scores, lens = self._scores(_unchecked(PairwisePotentials, torch.cat([forced, removed]), edge,
-                                               lengths[bi].repeat(2)))
+        copies = [forced]
+        if in_all_too:
+            removed = theta[bi].clone()
+            removed[torch.arange(len(bi), device=theta.device), mi, hi] = -torch.inf
+            copies.append(removed)
+        scores, lens = self._scores(_unchecked(PairwisePotentials, torch.cat(copies), edge,
+                                               lengths[bi].repeat(len(copies))))
         log_z, _ = self._marginals_core(scores, lens, strict=False)
         in_none[bi, mi, hi] = log_z[:len(bi)] == -torch.inf
-        in_all[bi, mi, hi] = log_z[len(bi):] == -torch.inf
+        if in_all_too:
+            in_all[bi, mi, hi] = log_z[len(bi):] == -torch.inf
         return in_none, in_all
 
     def _covariance(self, theta: Tensor, mu: Tensor, support: Tensor, lengths: Tensor) -> Tensor:
