@@ -1,5 +1,6 @@
 """File helpers shared by the command line and the model writers: a folder's writability, probed before long work,
-and ``torch.save`` with its failures reported as an ``OSError`` naming the file.
+``torch.save`` with its failures reported as an ``OSError`` naming the file, and standard input read as UTF-8 text
+(for a ``-`` given as an input file).
 
 Imports nothing heavy at module level (the command line uses :func:`check_writable` before loading torch)."""
 
@@ -7,10 +8,11 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["check_writable", "torch_save"]
+__all__ = ["check_writable", "read_stdin", "torch_save"]
 
 
 def check_writable(folder: str | Path, what: str) -> None:
@@ -38,3 +40,18 @@ def torch_save(obj: object, path: str | Path) -> None:
         found = re.search(r"strerror: (.+)", text)
         reason = found.group(1).strip() if found else (text.strip().splitlines() or ["unknown error"])[-1]
         raise OSError(f"cannot write {path} ({reason})") from None
+
+
+def read_stdin(what: str) -> str:
+    """All of standard input as UTF-8 text (a byte-order mark dropped), whatever the locale's encoding;
+    ``ValueError`` naming ``what`` (an option) when it is not UTF-8."""
+    stream = sys.stdin
+    if stream is None:
+        raise ValueError(f"{what}: there is no standard input to read")
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:                     # a text-only stream (tests, embedding): already decoded
+        return stream.read().removeprefix("\ufeff")
+    try:
+        return buffer.read().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{what}: standard input is not UTF-8 text ({err})") from None

@@ -54,11 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     cit.add_argument("--data", help="folder holding training.docs, dev.docs and testing.docs")
     cit.add_argument("--out", default="citations-results",
                      help="folder for results.json, the PNGs and model.pt (default citations-results)")
-    cit.add_argument("--seed", type=_seed, default=0,
+    cit.add_argument("--seed", type=_seed, default=None,
                      help="seed of Algorithm 3's minibatch order when learning the constraint weights (default 0)")
     cit.add_argument("--predict", metavar="FILE",
-                     help="tag the raw citation strings of FILE (one a line) with the model in --out; prints "
-                          "nested tags")
+                     help="tag the raw citation strings of FILE (one a line; - for standard input) with the model "
+                          "in --out; prints nested tags")
     cit.add_argument("--quiet", action="store_true", help="no progress bars")
     cgm = sub.add_parser("cgm", help="bird-migration collective graphical model (section 8.3) on a generated instance")
     cgm.add_argument("--grid", type=int, default=10, help="G: a G x G grid of cells, s = G^4 (default 10)")
@@ -216,14 +216,22 @@ def _citations(args: argparse.Namespace) -> None:
     if args.predict is not None:
         if args.data is not None:
             raise ValueError("--data is for training; --predict tags with the model already in --out (give one)")
+        if args.seed is not None:
+            raise ValueError("--seed is for training (Algorithm 3's minibatch order); --predict uses the model "
+                             "already in --out and draws nothing at random")
         source = Path(args.predict)
-        if not source.is_file():
+        if args.predict != "-" and not source.is_file():
             raise FileNotFoundError(f"--predict: no file at {source}")
         index, model = citations.load_model(out / "model.pt")
-        try:
-            text = source.read_text(encoding="utf-8-sig")     # a byte-order mark is no part of the first word
-        except UnicodeDecodeError as err:
-            raise ValueError(f"--predict: {source} is not UTF-8 text ({err})") from None
+        if args.predict == "-":
+            from ._files import read_stdin
+
+            text = read_stdin("--predict")
+        else:
+            try:
+                text = source.read_text(encoding="utf-8-sig")     # a byte-order mark is no part of the first word
+            except UnicodeDecodeError as err:
+                raise ValueError(f"--predict: {source} is not UTF-8 text ({err})") from None
         lines = [line.rstrip("\r") for line in text.split("\n")]      # one output line per input line
         if lines and lines[-1] == "":
             lines.pop()
@@ -241,7 +249,7 @@ def _citations(args: argparse.Namespace) -> None:
     _need_matplotlib()
     out = _out_folder(args.out, ("results.json", "f1_vs_iterations.png", "iterations_histogram.png", "model.pt"))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
-    config = citations.CitationConfig(seed=args.seed)
+    config = citations.CitationConfig(seed=0 if args.seed is None else args.seed)
     results = citations.run(data, config, progress=not args.quiet, log=log, save=out / "model.pt")
     print(citations.format_table(results))
     (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -109,6 +109,33 @@ def test_citation_predict_drops_a_byte_order_mark(tmp_path, monkeypatch, capsys)
     assert capsys.readouterr().out == "'J. Smith. A title. 2005.'\n"
 
 
+def test_citation_predict_reads_standard_input_for_a_dash(tmp_path, monkeypatch, capsys):
+    import io
+
+    from betheproj.experiments import citations
+
+    class Stdin:
+        buffer = io.BytesIO("\ufeffJ. Smith. A title. 2005.\r\nB. Jones. Another. 2006.\n".encode())
+
+    monkeypatch.setattr("sys.stdin", Stdin())
+    monkeypatch.setattr(citations, "load_model", lambda path: (None, None))
+    monkeypatch.setattr(citations, "tag_strings", lambda lines, index, model: [repr(line) for line in lines])
+    assert main(["citations", "--predict", "-", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "'J. Smith. A title. 2005.'\n'B. Jones. Another. 2006.'\n"
+
+
+def test_citation_predict_refuses_a_seed(tmp_path, monkeypatch, capsys):
+    from betheproj.experiments import citations
+
+    source = tmp_path / "raw.txt"
+    source.write_text("J. Smith. A title. 2005.\n")
+    monkeypatch.setattr(citations, "load_model", lambda path: (None, None))
+    monkeypatch.setattr(citations, "tag_strings", lambda lines, index, model: [repr(line) for line in lines])
+    assert main(["citations", "--predict", str(source), "--out", str(tmp_path), "--seed", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--seed is for training" in err
+
+
 def test_ocr_on_a_tiny_synthetic_data_set(tmp_path, capsys):
     from tests.experiments.test_ocr import write_synthetic_npz
 

@@ -232,11 +232,17 @@ def write_conllu(sentences: Iterable[Sentence], target: str | Path | TextIO,
     text = format_conllu(sentences)
     if isinstance(target, str | Path):
         path = Path(target)
-        if path.suffix == ".gz":
-            with gzip.open(path, "wt", encoding="utf-8") as f:
-                f.write(text)
-        else:
-            path.write_text(text, encoding="utf-8")
+        try:
+            if path.suffix == ".gz":
+                with gzip.open(path, "wt", encoding="utf-8") as f:
+                    f.write(text)
+            else:
+                path.write_text(text, encoding="utf-8")
+        except OSError as err:
+            if err.filename is not None:
+                raise
+            # a failed write or close (a full disk) names no file: name it
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from None
     elif callable(getattr(target, "write", None)):
         target.write(text)
     else:

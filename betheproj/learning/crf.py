@@ -46,9 +46,20 @@ def sequence_score(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
     return score
 
 
+def _check_gold_score(gold_score: Tensor) -> None:
+    """A gold labelling on a forbidden part (a ``-inf`` potential) has an infinite loss: refuse it."""
+    bad = torch.isneginf(gold_score).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"gold labels lie on forbidden parts (-inf potentials) for examples {bad[:10]}: "
+                         f"the loss would be infinite")
+
+
 def crf_nll(oracle: Oracle, potentials: PairwisePotentials, labels: Tensor) -> Tensor:
-    """Negative log-likelihood [B], differentiable in the potentials (its gradient is ``mu - S(y)``)."""
-    return oracle.log_partition(potentials) - sequence_score(potentials, labels)
+    """Negative log-likelihood [B], differentiable in the potentials (its gradient is ``mu - S(y)``). Labels on a
+    forbidden part (a ``-inf`` potential) are a ``ValueError``, as in :func:`~.losses.structured_loss`."""
+    score = sequence_score(potentials, labels)
+    _check_gold_score(score.detach())
+    return oracle.log_partition(potentials) - score
 
 
 class LinearChainCRF(nn.Module):

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from .._checks import check_nonnegative, check_real
 from ..oracles.base import Oracle, PairwisePotentials, _unchecked, log_partition
-from .crf import _check_labels, sequence_score
+from .crf import _check_gold_score, _check_labels, sequence_score
 
 __all__ = ["LOSSES", "LossGradient", "resolve_loss", "hamming_cost", "cost_augmented", "structured_loss",
            "loss_and_gradient"]
@@ -107,14 +107,6 @@ def cost_augmented(potentials: PairwisePotentials, gold: Tensor, gamma: float, b
     if scale != 1.0:
         pot = _unchecked(PairwisePotentials, pot.node * scale, pot.edge * scale, pot.lengths)
     return pot, q
-
-
-def _check_gold_score(gold_score: Tensor) -> None:
-    """A gold labelling on a forbidden part (a ``-inf`` potential) has an infinite loss: refuse it."""
-    bad = torch.isneginf(gold_score).nonzero().flatten().tolist()
-    if bad:
-        raise ValueError(f"gold labels lie on forbidden parts (-inf potentials) for examples {bad[:10]}: "
-                         f"the loss would be infinite")
 
 
 def structured_loss(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor, beta: float | None = None,

@@ -69,7 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _decoding_options(ev)
     pred = sub.add_parser("predict", help="parse a CoNLL-U file: write it back with predicted HEAD")
     pred.add_argument("--model", required=True, metavar="M", help="a model written by 'parse train'")
-    pred.add_argument("--input", required=True, metavar="FILE", help="CoNLL-U input (FORM, LEMMA, UPOS used)")
+    pred.add_argument("--input", required=True, metavar="FILE",
+                      help="CoNLL-U input (FORM, LEMMA, UPOS used; - for standard input)")
     pred.add_argument("--output", metavar="FILE", help="output CoNLL-U (default: standard output)")
     _decoding_options(pred)
     return parse
@@ -231,7 +232,13 @@ def run(args: argparse.Namespace) -> None:
         _positive(args.batch_size, "--batch-size")
         output = _output_path(args.output, "--output") if args.output is not None else None
         parser = _load(args.model)
-        data = load_conllu(args.input)
+        if args.input == "-":
+            from .._files import read_stdin
+            from ..data.conllu import parse_conllu
+
+            data = parse_conllu(read_stdin("--input"), "<stdin>")
+        else:
+            data = load_conllu(args.input)
         heads = _heads(parser, data, args)
         if output is not None:
             write_conllu(data, output, heads)

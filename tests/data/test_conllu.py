@@ -169,3 +169,11 @@ def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
     assert load_conllu(tmp_path / "bom.conllu.gz") == plain
     assert parse_conllu(bom) == plain and read_conllu(io.StringIO(bom)) == plain
     assert load_conllu(tmp_path / "word.conllu")[0].words == plain[0].words
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (writes fail there)")
+def test_a_failed_write_names_the_file():
+    sentences = parse_conllu("1\tw\tw\tNOUN\t_\t_\t0\t_\t_\t_\n\n") * 10_000
+    with pytest.raises(OSError) as info:
+        write_conllu(sentences, "/dev/full")
+    assert info.value.filename == "/dev/full" and info.value.strerror

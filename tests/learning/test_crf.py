@@ -1,5 +1,7 @@
 """Base CRF learning: the likelihood against brute force, its gradient, and training on synthetic data."""
 
+import math
+
 import pytest
 import torch
 
@@ -53,6 +55,17 @@ def test_bad_labels():
         crf_nll(bp.LinearChain(), pot, torch.tensor([[0, 1, 4], [0, 0, 0]]))
     with pytest.raises(ValueError, match="labels must have shape"):
         crf_nll(bp.LinearChain(), pot, torch.zeros(2, 2, dtype=torch.long))
+
+
+def test_gold_on_a_forbidden_transition_is_refused_as_by_structured_loss():
+    edge = torch.zeros(3, 3, dtype=DT)
+    edge[0, 1] = -math.inf
+    pot = bp.ChainPotentials(torch.randn(2, 3, 3, dtype=DT), edge)
+    ok = torch.tensor([[0, 0, 2], [2, 1, 0]])
+    assert torch.isfinite(crf_nll(bp.LinearChain(), pot, ok)).all()
+    for fn in (crf_nll, lambda o, p, y: bp.learning.losses.structured_loss(o, p, y, loss="crf")):
+        with pytest.raises(ValueError, match=r"forbidden parts \(-inf potentials\) for examples \[1\]"):
+            fn(bp.LinearChain(), pot, torch.tensor([[0, 0, 2], [2, 0, 1]]))
 
 
 def _random_batch(seed: int, b: int, n: int, f: int, c: int):
