@@ -158,6 +158,13 @@ def simulate(model: TransitionModel, population: int = 10_000, rate: float = 0.5
             counts[b, s + 1] = flows[b, s].sum(0)
     observed = rng.poisson(rate * counts)
     dtype, device = model.initial.dtype, model.initial.device
+    bits = round(-math.log2(torch.finfo(dtype).eps)) + 1   # every integer up to 2**bits is exact in dtype
+    exact = 2 ** bits
+    largest = max(population, int(observed.max(initial=0)))
+    if largest > exact:
+        raise ValueError(f"a {dtype} model holds counts exactly only up to 2**{bits} = "
+                         f"{exact}, and this draw has a count of {largest} (population {population}); use a "
+                         "float64 model or a smaller population")
     node = torch.zeros(seasons, t, cells, dtype=dtype, device=device)
     node[:, 0] = model.log_initial()
     potentials = ChainPotentials(node, log_p.to(device)[None].expand(seasons, -1, -1, -1))

@@ -133,7 +133,8 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
 
     ``chunk_size`` evaluates the (same) objective over length-sorted chunks of that many sequences, each
     trimmed to its longest member, accumulating gradients: the memory of one chunk, little padding.
-    ``progress`` shows a bar over the objective evaluations (at most ``1.25 max_iter``, L-BFGS's default)."""
+    ``progress`` shows a bar over the objective evaluations (L-BFGS's budget of ``1.25 max_iter``; torch checks it
+    between line searches, so the last line search can run a few evaluations past it)."""
     from .losses import resolve_loss, structured_loss  # losses builds on this module
 
     l2 = check_nonnegative("l2", l2)

@@ -102,6 +102,17 @@ def test_bad_model_and_simulation_arguments():
         map_counts(default_model(3, 4).potentials(), "counts", 1.0, 10)
 
 
+def test_float32_models_refuse_counts_they_cannot_hold_exactly():
+    small = simulate(default_model(2, 3, dtype=torch.float32), population=2 ** 24, rate=0.5, seed=0)
+    assert small.counts.sum(-1).eq(2 ** 24).all()
+    with pytest.raises(ValueError, match=r"holds counts exactly only up to 2\*\*24 = 16777216.*population 16777217"):
+        simulate(default_model(2, 3, dtype=torch.float32), population=2 ** 24 + 1, rate=0.5, seed=0)
+    with pytest.raises(ValueError, match="has a count of"):            # a Poisson observation above 2**24
+        simulate(default_model(2, 3, dtype=torch.float32), population=2 ** 23, rate=4.0, seed=0)
+    big = simulate(default_model(2, 3), population=2 ** 24 + 1, rate=0.5, seed=0)
+    assert big.counts.sum(-1).eq(2 ** 24 + 1).all()
+
+
 def _learning_instance():
     model = default_model(3, 5, seed=5)
     return model, simulate(model, population=200_000, rate=0.5, seasons=3, seed=5)
