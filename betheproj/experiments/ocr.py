@@ -132,6 +132,11 @@ class WordClassifier(nn.Module):
 
     def __init__(self, features: RandomFourierFeatures, prototypes: Tensor, prototype_lengths: Tensor):
         super().__init__()
+        if prototypes.dim() != 3 or prototypes.shape[2] != NUM_LABELS:
+            raise ValueError(f"prototypes must be one-hot words [P, N, {NUM_LABELS}], got {tuple(prototypes.shape)}")
+        if prototype_lengths.shape != prototypes.shape[:1]:
+            raise ValueError(f"prototype_lengths must have shape ({prototypes.shape[0]},), got "
+                             f"{tuple(prototype_lengths.shape)}")
         self.features = features
         self.register_buffer("prototypes", prototypes)
         self.register_buffer("prototype_lengths", prototype_lengths)
@@ -146,15 +151,25 @@ class WordClassifier(nn.Module):
     def logits(self, pixels: Tensor, lengths: Tensor, mean_map: Tensor | None = None) -> Tensor:
         scores = self.linear(self.mean_map(pixels, lengths) if mean_map is None else mean_map)
         allowed = self.prototype_lengths[None, :] == lengths[:, None]
+        unmatched = (~allowed.any(-1)).nonzero().flatten().tolist()
+        if unmatched:
+            raise ValueError(f"lengths: no prototype word has the length of words {unmatched[:10]} "
+                             f"(lengths {sorted(set(lengths[unmatched].tolist()))[:10]})")
         return scores.masked_fill(~allowed, float("-inf"))
 
     def fit(self, pixels: Tensor, labels: Tensor, lengths: Tensor, l2: float = 1e-3, max_iter: int = 200
             ) -> WordClassifier:
-        n = self.prototypes.shape[1]
+        n = max(self.prototypes.shape[1], labels.shape[1])
         onehot = torch.zeros(labels.shape[0], n, NUM_LABELS)
         valid = torch.arange(labels.shape[1]) < lengths[:, None]
         onehot[:, :labels.shape[1]][valid] = nn.functional.one_hot(labels[valid], NUM_LABELS).float()
-        target = (onehot[:, None] == self.prototypes[None]).all(-1).all(-1).float().argmax(-1)
+        protos = nn.functional.pad(self.prototypes, (0, 0, 0, n - self.prototypes.shape[1]))
+        matches = (onehot[:, None] == protos[None]).all(-1).all(-1)
+        unmatched = (~matches.any(-1)).nonzero().flatten().tolist()
+        if unmatched:
+            raise ValueError(f"labels: training words {unmatched[:10]} are none of the prototypes (the classifier "
+                             "chooses among the prototype words; build them from the training words)")
+        target = matches.float().argmax(-1)
         opt = torch.optim.LBFGS(list(self.linear.parameters()), max_iter=max_iter, history_size=20,
                                 line_search_fn="strong_wolfe")
         z = self.mean_map(pixels, lengths)

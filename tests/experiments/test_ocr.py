@@ -66,6 +66,20 @@ def test_word_classifier_learns_and_keeps_to_the_length():
     assert (pred == labels[1::2]).all()
 
 
+def test_word_classifier_refuses_words_it_has_no_prototype_for():
+    pixels, labels, lengths = _synthetic_words()
+    keep = lengths == 3                                       # prototypes of the 3-letter words only
+    protos, plen = ocr.word_prototypes(labels[keep], lengths[keep])
+    clf = ocr.WordClassifier(RandomFourierFeatures(128, 200, 4.0, seed=0), protos, plen)
+    with pytest.raises(ValueError, match=r"labels: training words \[.*\] are none of the prototypes"):
+        clf.fit(pixels, labels, lengths, max_iter=5)
+    clf.fit(pixels[keep], labels[keep], lengths[keep], max_iter=5)
+    with pytest.raises(ValueError, match=r"lengths: no prototype word has the length of words .*\(lengths \[2, 4\]\)"):
+        clf.predict(pixels, lengths)
+    with pytest.raises(ValueError, match=r"prototypes must be one-hot words \[P, N, 26\]"):
+        ocr.WordClassifier(RandomFourierFeatures(128, 200, 4.0, seed=0), protos[..., :10], plen)
+
+
 def write_synthetic_npz(path: Path, folds: int = 3, seed: int = 0) -> None:
     """A tiny data set in the layout of ocr_letters.npz (one row per letter)."""
     pixels, labels, lengths = _synthetic_words(seed, per_word=folds * 2, noise=0.1)
