@@ -146,6 +146,8 @@ def test_ocr_on_a_tiny_synthetic_data_set(tmp_path, capsys):
     assert "L^w (MM)" in printed and "98.26" in printed and "99.45" in printed
     results = json.loads((out / "results.json").read_text())
     assert [f["fold"] for f in results["folds"]] == [0] and set(results["mean"]) == set(ocr_rows())
+    assert all(95 <= v <= 100 for v in results["mean"].values()), results["mean"]    # measured: 100.0 each
+    assert printed.count("100.00") >= len(ocr_rows())                               # and printed
     assert results["config"]["seed"] == 3
     for png in ("accuracy_vs_iterations.png", "iterations_histogram.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
@@ -221,15 +223,14 @@ def test_every_out_option_states_its_default():
         assert f"(default {out.default})" in out.help, name
 
 
-def test_an_out_path_that_is_a_file_fails_before_the_work(tmp_path):
+@pytest.mark.parametrize("command", ["cgm", "ocr", "citations"])
+def test_an_out_path_that_is_a_file_fails_before_the_work(runs_stubbed, tmp_path, capsys, command):
     afile = tmp_path / "afile"
     afile.write_text("x")
-    for args in (["cgm", "--grid", "2", "--steps", "2"], ["ocr", "--data", str(tmp_path)],
-                 ["citations", "--data", str(tmp_path)]):
-        proc = _cli(*args, "--out", str(afile))
-        if args[0] == "cgm":
-            assert "exists and is not a folder" in proc.stderr, proc.stderr
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert main([*runs_stubbed[command], "--out", str(afile), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out: {afile} exists and is not a folder" in err, err
+    assert afile.read_text() == "x"
 
 
 def _no_work(*args, **kwargs):

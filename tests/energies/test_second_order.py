@@ -132,8 +132,8 @@ def test_part_lists_equal_the_dense_form():
     w = torch.zeros_like(s, requires_grad=True)
     SecondOrderArcs(w, None, parts=(keep_s.nonzero().T, None)).value(mu).sum().backward()
     valid, _ = second_order_masks(mu.lengths, s.shape[1])
-    assert ((w.grad != 0) == (keep_s & valid & (mu.node.abs().sum() > 0))).float().mean() > 0.9
-    assert (w.grad[~keep_s] == 0).all()
+    assert (keep_s & valid).sum() > 10
+    assert torch.equal(w.grad != 0, keep_s & valid)          # every listed valid part, and nothing else
     with pytest.raises(ValueError, match="exactly when"):
         SecondOrderArcs(s, None, parts=(None, None))
 

@@ -99,8 +99,10 @@ def test_run_on_synthetic_data_every_row(tmp_path):
     results = ocr.run(data, folds=[0], config=config)
     json.dumps(results)                                                          # JSON-ready
     assert set(results["mean"]) == set(ocr.ROWS)
-    assert all(0 <= v <= 100 for v in results["mean"].values())
+    # the synthetic words are separable (the word classifier test learns them to 100%): every row measured 100.0
+    assert all(95 <= v <= 100 for v in results["mean"].values()), results["mean"]
     fold = results["folds"][0]
+    assert all(95 <= v <= 100 for curve in fold["curve"].values() for v in curve), fold["curve"]
     assert len(fold["curve"]["Lw"]) == 2 and len(fold["iterations"]["Lu"]) == int((data.folds == 0).sum())
     table = ocr.format_table(results)
     for key, value in ocr.PAPER.items():

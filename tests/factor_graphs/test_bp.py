@@ -107,12 +107,21 @@ def test_loopy_graph_converges_and_approximates():
     g = _k4(1, scale=0.3)
     assert not g.is_tree()
     ref = graph_reference(g)
+    fixed_points = []
     for schedule in ("parallel", "sequential"):
         res = belief_propagation(g, "sum", schedule=schedule, tol=1e-10)
         assert res.converged and res.max_change < 1e-10 and len(res.history) == res.iterations
-        assert abs(res.log_partition - ref["log_z"]) < 0.05           # Bethe approximation, close not exact
+        # the Bethe approximation, close but not exact (measured: 2.4e-3 in log Z, 1.1e-3 in the marginals;
+        # beliefs from the unary factors alone are 0.04 off, a log Z from them 0.08)
+        assert 1e-6 < abs(res.log_partition - ref["log_z"]) < 1e-2
         for got, want in zip(res.variable_beliefs, ref["marginals"], strict=True):
-            np.testing.assert_allclose(got, want, atol=0.05)
+            np.testing.assert_allclose(got, want, atol=5e-3)
+        fixed_points.append(res)
+    a, b = fixed_points                                   # both schedules find the same fixed point
+    assert abs(a.log_partition - b.log_partition) < 1e-8
+    for x, y in zip(a.variable_beliefs, b.variable_beliefs, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-8)
+    for schedule in ("parallel", "sequential"):
         mp = belief_propagation(g, "max", schedule=schedule)
         assert mp.converged
         np.testing.assert_array_equal(mp.decode(), ref["map"])

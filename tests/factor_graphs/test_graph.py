@@ -32,7 +32,7 @@ def test_hard_factors_make_scores_minus_inf_and_add_variables_returns_ids():
 
 def test_a_failed_unary_leaves_the_graph_as_it_was():
     g = FactorGraph([2])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"unary must have shape \(3,\) \(the cardinality of variable 1\)"):
         g.add_variable(3, np.zeros(2))                     # wrong length
     assert g.num_variables == 1 and g.cardinalities == (2,)
     assert g.add_variable(3, np.zeros(3)) == 1

@@ -13,6 +13,14 @@ def random_mrf(rng, cards, edges, scale=1.0):
     return PairwiseMRF(list(cards), edges, node, edge)
 
 
+def ising_mrf(rng, n, edges, coupling=2.0, field=0.3):
+    """Binary MRF with weak random fields and strong couplings of random sign, +-J on (dis)agreement: the loops
+    are often frustrated, where the LP relaxation has fractional vertices."""
+    node = [rng.normal(size=2) * field for _ in range(n)]
+    edge = [j * np.array([[1.0, -1.0], [-1.0, 1.0]]) for j in rng.normal(size=len(edges)) * coupling]
+    return PairwiseMRF([2] * n, edges, node, edge)
+
+
 def brute_force(mrf):
     best, arg = -np.inf, None
     for y in itertools.product(*[range(c) for c in mrf.cardinalities]):

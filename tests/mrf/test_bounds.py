@@ -18,7 +18,7 @@ def test_margin_and_radius_brackets():
     d = 3
     edges = grid_edges(2, 3)
     nf = [np.vstack([np.zeros(d), rng.normal(size=d)]) for _ in range(6)]
-    ef = [np.stack([np.stack([np.zeros(d), s]), np.stack([s, np.zeros(d)])]) for s in rng.normal(size=(7, d))]
+    ef = [np.stack([np.stack([np.zeros(d), s]), np.stack([s, np.zeros(d)])]) for s in 3 * rng.normal(size=(7, d))]
     model = LinearPairwiseMRF([2] * 6, edges, nf, ef)
     w = rng.normal(size=d)
     gold = lp_map(model.potentials(w))
@@ -30,12 +30,16 @@ def test_margin_and_radius_brackets():
     assert g_hi == pytest.approx(model.features(gold.labels) @ u - second)
     r_lo, r_hi = lp_radius_bounds(model, gold.labels)
     assert 0 < r_lo <= r_hi
-    # fractional vertices found under other weights respect both brackets
+    # vertices found under other weights, fractional ones included (strong couplings make them common here),
+    # respect both brackets
+    fractional = 0
     for _ in range(20):
         z = lp_map(model.potentials(rng.normal(size=d)))
         if not np.array_equal(z.labels, gold.labels) or not z.integral:
             diff = model.features(gold.labels) - model.features(z)
             assert u @ diff >= g_lo - 1e-9 and np.linalg.norm(diff) <= r_hi + 1e-9
+        fractional += not z.integral
+    assert fractional > 0                                   # measured: 5 of 20
     with pytest.raises(ValueError, match="binary label sets"):
         lp_margin_bounds(LinearPairwiseMRF([3], [], [np.ones((3, 1))]), [0], np.ones(1))
     with pytest.raises(ValueError, match="offsets"):

@@ -1,6 +1,7 @@
 """The arc-factored parser: hashed features, learning a tiny synthetic treebank, the ``parse`` CLI round trip."""
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -197,9 +198,16 @@ def test_cli_second_order_train_eval_predict(tmp_path, capsys):
     assert main(["train", "--train", str(train), "--dev", str(dev), "--model", str(second), "--second-order",
                  str(first), "--epochs", "1", "--quiet"]) == 0
     assert "second order, 1 epochs" in capsys.readouterr().out and second.is_file()
+    from betheproj.parsing.cli import _DECODING
+    from betheproj.parsing.second_order import SecondOrderParser
+
+    model, dev_sents = SecondOrderParser.load(second), load_conllu(dev)
     for decoder in ("mean_field", "loopy_bp"):
         assert main(["eval", "--model", str(second), "--data", str(dev), "--decoder", decoder, "--quiet"]) == 0
-        assert capsys.readouterr().out.startswith("UAS ")
+        printed = re.match(r"UAS (\d+\.\d\d) \((\d+)/(\d+), ", capsys.readouterr().out)
+        want = model.evaluate(dev_sents, method=decoder, **_DECODING[decoder])
+        assert printed and printed[1] == f"{want:.2f}", (printed, want)
+        assert 100 * int(printed[2]) / int(printed[3]) == pytest.approx(want)
     pred = tmp_path / "pred.conllu"
     assert main(["predict", "--model", str(second), "--input", str(dev), "--output", str(pred), "--quiet"]) == 0
     assert [s.forms for s in load_conllu(pred)] == [s.forms for s in load_conllu(dev)]

@@ -113,7 +113,7 @@ def test_parser_bad_inputs(tmp_path):
         parser.predict(_grandparent_treebank(1), method="exact")
     with pytest.raises(ValueError, match="no training"):
         parser.fit([])
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="expected a second-order parser model .* at .*missing.pt"):
         SecondOrderParser.load(tmp_path / "missing.pt")
     with pytest.raises(ValueError, match="bits"):
         SecondOrderFeatures(bits=3)
