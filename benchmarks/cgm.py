@@ -6,8 +6,9 @@ by the interior-point solver (CVXPY building and compiling + Clarabel; once).  P
 the relative objective difference; then ours alone at the --ours-only sizes and for several T; writes a
 log-log PNG of runtime against s.
 
-Run:  python benchmarks/cgm.py [--grids 5 10 15] [--ours-only 32] [--steps 10] [--png benchmarks/cgm.png]
+Run:  python benchmarks/cgm.py [--grids 5 10 15] [--ours-only 32] [--steps 10] [--png FILE] [--json FILE]
       [--pytorch-path]
+(the PNG goes to benchmarks/cgm.png beside this script unless --png names another file; --png "" writes none)
 Needs the cgm extra (cvxpy, clarabel) and matplotlib.
 """
 
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import positive_float, positive_int, run
 
 from betheproj import LinearChain, solve
 from betheproj.cgm import default_model, interior_point, map_counts, simulate
@@ -48,21 +50,27 @@ def _pytorch_path(inst, repeats: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grids", type=int, nargs="*", default=[5, 10, 15], help="sizes with both solvers")
-    parser.add_argument("--ours-only", type=int, nargs="*", default=[32], help="sizes with ours alone")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--step-sweep", type=int, nargs="*", default=[5, 10, 20, 40],
+    parser.add_argument("--grids", type=positive_int, nargs="*", default=[5, 10, 15], help="sizes with both solvers")
+    parser.add_argument("--ours-only", type=positive_int, nargs="*", default=[32], help="sizes with ours alone")
+    parser.add_argument("--steps", type=positive_int, default=10)
+    parser.add_argument("--step-sweep", type=positive_int, nargs="*", default=[5, 10, 20, 40],
                         help="T values timed for ours at the grid --sweep-grid")
-    parser.add_argument("--sweep-grid", type=int, default=10)
-    parser.add_argument("--population", type=int, default=100_000)
-    parser.add_argument("--rate", type=float, default=0.5)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--png", default="benchmarks/cgm.png")
+    parser.add_argument("--sweep-grid", type=positive_int, default=10)
+    parser.add_argument("--population", type=positive_int, default=100_000)
+    parser.add_argument("--rate", type=positive_float, default=0.5)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--png", default=str(Path(__file__).with_name("cgm.png")),
+                        help="the runtime plot (default: cgm.png beside this script; '' for none)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--pytorch-path", action="store_true",
                         help="also time the batched PyTorch solver at the --grids and --ours-only sizes (map_counts "
                              "uses NumPy up to 400 cells)")
     args = parser.parse_args()
+    if args.steps < 2 or any(t < 2 for t in args.step_sweep):
+        parser.error("--steps and --step-sweep need T >= 2 (a chain of at least two steps)")
+    for flag, path in (("--png", args.png), ("--json", args.json)):
+        if path and not Path(path).resolve().parent.is_dir():      # found before the work, not after it
+            parser.error(f"{flag}: the folder of {path} does not exist")
 
     rows = []
     print(f"T = {args.steps}, population {args.population:,}, rate {args.rate}, {torch.get_num_threads()} threads")
@@ -98,6 +106,10 @@ def main() -> None:
         sweep.append({"steps": t, "ours_seconds": ours, "iterations": int(res.iterations.max())})
         print(f"{t:>4} {ours:>9.4f} {sweep[-1]['iterations']:>6} {ours / t:>11.5f}", flush=True)
 
+    if args.json:                        # before the plot, so a failed plot loses nothing
+        Path(args.json).write_text(json.dumps({"sizes": rows, "steps": sweep, "threads": torch.get_num_threads()},
+                                              indent=2) + "\n")
+        print(f"\nwrote {args.json}")
     if args.png:
         import matplotlib
         matplotlib.use("Agg")
@@ -118,11 +130,8 @@ def main() -> None:
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(args.png, dpi=120)
-        print(f"\nwrote {args.png}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"sizes": rows, "steps": sweep, "threads": torch.get_num_threads()},
-                                              indent=2) + "\n")
+        print(f"wrote {args.png}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

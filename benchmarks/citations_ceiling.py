@@ -21,6 +21,7 @@ import argparse
 import time
 
 import torch
+from _common import positive_int, run
 
 from betheproj.data.citations import load_citations
 from betheproj.experiments.citations import f1_of, learn_weights, load_run, nonlocal_predictor, viterbi_predictor
@@ -30,10 +31,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="folder holding training.docs(.gz), dev.docs(.gz), ...")
     parser.add_argument("--model", default="citations-results/model.pt", help="model.pt of a citations run")
-    parser.add_argument("--epochs", type=int, nargs="+", default=[5, 30],
+    parser.add_argument("--epochs", type=positive_int, nargs="+", default=[5, 30],
                         help="Algorithm 3 epochs over the test split (one fit each)")
     parser.add_argument("--dev-halves", type=int, default=0, help="also fit c on this many random halves of dev")
     args = parser.parse_args()
+    if args.dev_halves < 0:
+        parser.error(f"--dev-halves must be >= 0, got {args.dev_halves}")
     try:
         index, model, config = load_run(args.model)
     except FileNotFoundError as error:
@@ -63,4 +66,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -22,6 +22,7 @@ import dataclasses
 import time
 
 import torch
+from _common import run
 
 from betheproj.data.citations import load_citations
 from betheproj.experiments.citations import (
@@ -92,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+from _common import positive_int, run
+
 from betheproj.data.citations import SPLITS, bio_segments, load_citations
 from betheproj.experiments.citations import f1_of, load_model, nonlocal_predictor, viterbi_predictor
 
@@ -55,7 +57,7 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="folder holding training.docs(.gz), dev.docs(.gz), ...")
     parser.add_argument("--model", default="citations-results/model.pt", help="model.pt of a citations run")
     parser.add_argument("--split", default="dev", choices=sorted(SPLITS))
-    parser.add_argument("--top", type=int, default=15, help="how many confusions to list")
+    parser.add_argument("--top", type=positive_int, default=15, help="how many confusions to list")
     args = parser.parse_args()
     try:
         index, model = load_model(args.model)
@@ -79,4 +81,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

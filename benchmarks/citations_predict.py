@@ -16,7 +16,9 @@ import gzip
 import re
 from pathlib import Path
 
-from betheproj.data.citations import SPLITS, parse_citation, tokenize_citation
+from _common import run
+
+from betheproj.data.citations import SPLITS, citation_file, parse_citation, tokenize_citation
 from betheproj.experiments.citations import to_nested_tags
 
 TAGS = re.compile(r"</?[A-Za-z][\w.-]*>")
@@ -34,9 +36,10 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="folder holding training.docs(.gz), dev.docs(.gz), ...")
     parser.add_argument("--split", default="dev", choices=sorted(SPLITS))
     args = parser.parse_args()
-    path = Path(args.data) / (SPLITS[args.split] + ".gz")
-    opener = gzip.open if path.is_file() else open
-    path = path if path.is_file() else Path(args.data) / SPLITS[args.split]
+    path = citation_file(Path(args.data) / SPLITS[args.split])
+    if not path.is_file():
+        raise FileNotFoundError(f"--data: expected {SPLITS[args.split]} (or {SPLITS[args.split]}.gz) in {args.data}")
+    opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as handle:
         lines = [line for line in handle if line.strip()]
     cites = [parse_citation(line) for line in lines]
@@ -51,4 +54,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from _common import run
+
 from betheproj.data.ocr import OCRData, load_ocr
 from betheproj.experiments.ocr import (
     NUM_LABELS,
@@ -41,6 +43,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     args = parser.parse_args()
     data = load_ocr(args.data)
+    present = set(data.folds.tolist())
+    absent = sorted({t for t in args.outer if t not in present or (t + 1) % 10 not in present})
+    if absent:
+        parser.error(f"--outer: {absent} or the validation fold after them are not folds of the data "
+                     f"(folds present: {sorted(present)})")
     totals = {(row, avg): 0 for row in ROWS for avg in (False, True)}
     print(f"{'outer':>5}{'valid':>6}{'seed':>5}" + "".join(f"{r + (' mean' if a else ' last'):>14}"
                                                           for r in ROWS for a in (False, True)))
@@ -68,4 +75,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

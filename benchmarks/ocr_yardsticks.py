@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pycrfsuite
 import torch
+from _common import positive_float, positive_int, run
 from torch import Tensor
 
 from betheproj.data.ocr import OCRData, load_ocr
@@ -96,7 +97,7 @@ def _row(fold: int | str, r: dict, ours: list[str]) -> str:
         line += f"  {r['ours'][key]:>8.2f}%"
     if "2gram" in ours:
         ratio = r["ours_seconds"]["2gram"] / r["train_seconds"]
-        line += f"  {r['ours']['2gram'] - 100 * r['crfsuite']:>+8.2f}  {ratio:>6.2f}x"
+        line += f"  {r['ours']['2gram'] - 100 * r['crfsuite']:>+8.2f}  {ratio:>8.2f}x"
     for key in ("Lw", "Lw-mm"):
         if key in ours:
             line += f"  {r['ours'][key] - 100 * r['hard_snap']:>+8.2f}"
@@ -108,7 +109,7 @@ def _header(ours: list[str]) -> str:
     for key in ours:
         line += f"  {ROWS[key]:>9}"
     if "2gram" in ours:
-        line += f"  {'2g-CRFs':>8}  {'t ratio':>7}"
+        line += f"  {'2g-CRFs':>8}  {'t 2g/CRFs':>9}"
     for key in ("Lw", "Lw-mm"):
         if key in ours:
             line += f"  {key + '-snap':>8}"
@@ -119,8 +120,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/data/ocr", help="ocr_letters.npz or the folder holding it")
     parser.add_argument("--folds", type=int, nargs="+", default=list(range(10)))
-    parser.add_argument("--c2", type=float, default=1.0)
-    parser.add_argument("--max-iterations", type=int, default=100)
+    parser.add_argument("--c2", type=positive_float, default=1.0)
+    parser.add_argument("--max-iterations", type=positive_int, default=100)
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch threads for our rows (default: torch's own; CRFsuite runs on one)")
     parser.add_argument("--ours", default="2gram,Lw,Lw-mm",
                         help=f"our rows to measure beside the yardsticks, among {','.join(ROWS)}, or 'none'")
     parser.add_argument("--json", help="write the results here")
@@ -129,8 +132,14 @@ def main() -> None:
     if any(r not in ROWS for r in ours):
         parser.error(f"--ours must be among {', '.join(ROWS)} or 'none', got {args.ours!r}")
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     data = load_ocr(args.data)
+    absent = sorted(set(args.folds) - set(data.folds.tolist()))
+    if absent:
+        parser.error(f"--folds: {absent} are not folds of the data (folds present: {sorted(set(data.folds.tolist()))})")
     rows = []
+    print(f"torch threads for our rows: {torch.get_num_threads()} (CRFsuite: one)")
     print(_header(ours), flush=True)
     for k in args.folds:
         train, test = data.subset(data.folds != k), data.subset(data.folds == k)
@@ -154,4 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

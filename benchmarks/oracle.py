@@ -16,6 +16,7 @@ import sys
 import time
 
 import torch
+from _common import positive_float, positive_int, run
 
 import betheproj as bp
 
@@ -87,8 +88,8 @@ def torch_struct(b: int, n: int, c: int, repeats: int, mem_gb: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--mem-gb", type=float, default=16.0)
+    parser.add_argument("--repeats", type=positive_int, default=5)
+    parser.add_argument("--mem-gb", type=positive_float, default=16.0)
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
@@ -109,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

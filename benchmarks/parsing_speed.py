@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import positive_int, run
 
 from betheproj.data.conllu import load_conllu
 from betheproj.parsing.metrics import uas
@@ -29,9 +30,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="+", help="arc-factored models written by 'betheproj parse train'")
     ap.add_argument("--data", default=str(TEST), help="treebank with gold heads (default: EWT test)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    ap.add_argument("--repeats", type=int, default=3, help="passes over the data per model (default 3)")
+    ap.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--repeats", type=positive_int, default=3, help="passes over the data per model (default 3)")
     args = ap.parse_args(argv)
+    missing = [m for m in args.models if not Path(m).is_file()]
+    if missing:
+        ap.error(f"no model file at {', '.join(missing)}")
     torch.set_num_threads(args.threads)
     sentences = load_conllu(args.data)
     tokens = sum(len(s) for s in sentences)
@@ -49,4 +53,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

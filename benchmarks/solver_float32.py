@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+from _common import positive_int, run
 
 import betheproj as bp
 from betheproj.energies import FunctionEnergy, LinearMeasurements, Poisson
@@ -44,8 +45,8 @@ def problem(seed: int, dtype: torch.dtype) -> tuple[bp.PairwisePotentials, bp.en
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--problems", type=int, default=60)
-    ap.add_argument("--max-iter", type=int, default=200)
+    ap.add_argument("--problems", type=positive_int, default=60)
+    ap.add_argument("--max-iter", type=positive_int, default=200)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print(f"{args.problems} problems x 8 chains, max_iter {args.max_iter}, default tolerances")
@@ -70,4 +71,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -141,7 +141,9 @@ def analytic_regions(w1: np.ndarray, w2: np.ndarray, g: float) -> np.ndarray:
     return np.stack([w1 + 0.95 * g * w2 < 0, 0.95 * g * w1 + w2 > 0])
 
 
-def plot_weight_path(path_lbp: np.ndarray, path_exact: np.ndarray, filename: str, steps: int = 40) -> None:
+def plot_weight_path(path_lbp: np.ndarray, path_exact: np.ndarray, per_pass: np.ndarray, filename: str,
+                     steps: int = 40) -> None:
+    """The first ``steps`` perceptron updates with LBP and exact MAP, and the measured net move per pass."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -153,8 +155,12 @@ def plot_weight_path(path_lbp: np.ndarray, path_exact: np.ndarray, filename: str
     ax.plot(e[:, 0], e[:, 1], "--s", ms=5, lw=1.2, color="tab:blue", label="perceptron + exact MAP")
     ax.annotate("", xy=(0.6, -0.6), xytext=(0, 0), arrowprops=dict(arrowstyle="->", color="tab:red", lw=1.5))
     ax.text(0.35, -0.75, "w* = (1, -1) direction", color="tab:red")
-    ax.annotate("", xy=(-0.3, 0.3), xytext=(0, 0), arrowprops=dict(arrowstyle="->", color="tab:green", lw=1.5))
-    ax.text(-0.95, 0.2, "net move per pass\n(-0.05, 0.05)", color="tab:green", fontsize=8)
+    norm = float(np.linalg.norm(per_pass))
+    if norm > 0:                                  # the measured direction, drawn at a fixed length
+        tip = 0.42 * per_pass / norm
+        ax.annotate("", xy=(float(tip[0]), float(tip[1])), xytext=(0, 0),
+                    arrowprops=dict(arrowstyle="->", color="tab:green", lw=1.5))
+    ax.text(-0.95, 0.2, f"net move per pass\n({per_pass[0]:.4g}, {per_pass[1]:.4g})", color="tab:green", fontsize=8)
     ax.axhline(0, color="0.8", lw=0.5)
     ax.axvline(0, color="0.8", lw=0.5)
     ax.set_xlim(-1.1, 1.1)
@@ -199,24 +205,40 @@ def plot_feasible_regions(ws: np.ndarray, exact_ok: np.ndarray, lbp_ok: np.ndarr
     plt.close(fig)
 
 
+def _at_least(low: int):
+    """argparse type: an int >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="approx-inference-results", help="output folder for the PNGs")
-    parser.add_argument("--passes", type=int, default=1000, help="perceptron passes in section 4")
-    parser.add_argument("--instances", type=int, default=20, help="grid MRFs in section 5.1")
-    parser.add_argument("--random-w", type=int, default=200, help="random weight vectors in section 3")
-    parser.add_argument("--resolution", type=int, default=41, help="grid resolution of the feasible-region plot")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--passes", type=_at_least(2), default=1000, help="perceptron passes in section 4")
+    parser.add_argument("--instances", type=_at_least(1), default=20, help="grid MRFs in section 5.1")
+    parser.add_argument("--random-w", type=_at_least(1), default=200, help="random weight vectors in section 3")
+    parser.add_argument("--resolution", type=_at_least(2), default=41,
+                        help="grid resolution of the feasible-region plot")
+    parser.add_argument("--seed", type=_at_least(0), default=0)
     parser.add_argument("--fast", action="store_true", help="small settings (smoke test)")
     args = parser.parse_args(argv)
     if args.fast:
         args.passes, args.instances, args.random_w, args.resolution = 25, 4, 6, 7
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out: {args.out} exists and is not a folder")
     os.makedirs(args.out, exist_ok=True)
     findings = {"section3": section3(args.random_w, args.seed), "section4": section4(args.passes),
                 "section5.1": section51(args.instances, args.seed)}
     s4 = findings["section4"]
     path_png = os.path.join(args.out, "weight_path.png")
-    plot_weight_path(s4["perceptron_lbp"].path, s4["perceptron_exact"].path, path_png)
+    plot_weight_path(s4["perceptron_lbp"].path, s4["perceptron_exact"].path, s4["per_pass"], path_png)
     ws, exact_ok, lbp_ok = feasible_regions(args.resolution)
     regions_png = os.path.join(args.out, "feasible_regions.png")
     plot_feasible_regions(ws, exact_ok, lbp_ok, s4["gamma"], regions_png)

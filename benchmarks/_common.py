@@ -1,0 +1,48 @@
+"""Shared by the benchmark scripts: argparse types for counts and a ``main`` wrapper that turns a user's mistake
+(a missing data folder or model file, a bad value) into one line on stderr and exit status 2, as the
+``betheproj`` command does.  ``BETHEPROJ_TRACEBACK=1`` shows the full traceback instead."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def run(main: Callable[[], object]) -> None:
+    """``main()``; a ``FileNotFoundError``, ``ValueError`` or other ``OSError`` becomes one line and exit 2."""
+    name = os.path.basename(sys.argv[0])
+    try:
+        main()
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except (ValueError, OSError) as err:
+        if os.environ.get("BETHEPROJ_TRACEBACK"):
+            raise
+        detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
+        print(f"{name}: error: {' '.join(str(detail).split())}", file=sys.stderr)
+        sys.exit(2)
