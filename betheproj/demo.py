@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
 from .energies import LinearMeasurements, Poisson
 from .inference import decode, solve
@@ -14,7 +16,7 @@ __all__ = ["run_demo", "migration_instance", "tagging_instance"]
 
 
 def migration_instance(grid: int = 5, steps: int = 8, population: float = 500.0, rate: float = 0.6,
-                       seed: int = 0, dtype: torch.dtype = torch.float64):
+                       seed: int = 0, dtype: torch.dtype = torch.float64) -> tuple[ChainPotentials, Poisson, Tensor]:
     """A small collective-graphical-model instance: ``population`` individuals walk on a ``grid x grid``
     torus for ``steps`` steps preferring short moves; observers count them with detection ``rate``."""
     gen = torch.Generator().manual_seed(seed)
@@ -46,7 +48,7 @@ def sample_counts(theta: ChainPotentials, population: int, gen: torch.Generator)
 
 
 def tagging_instance(batch: int = 64, length: int = 12, labels: int = 5, seed: int = 1,
-                     dtype: torch.dtype = torch.float64):
+                     dtype: torch.dtype = torch.float64) -> tuple[ChainPotentials, LinearMeasurements]:
     """Random tagging chains plus a soft global constraint: label 0 should appear at least twice."""
     gen = torch.Generator().manual_seed(seed)
     node = torch.randn(batch, length, labels, generator=gen, dtype=dtype)
@@ -61,7 +63,7 @@ def tagging_instance(batch: int = 64, length: int = 12, labels: int = 5, seed: i
     return theta, energy
 
 
-def run_demo(echo=print) -> dict:
+def run_demo(echo: Callable[[str], object] = print) -> dict:
     """Solve both instances with every method and print what was solved."""
     results: dict = {}
     chain = LinearChain()

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import linprog
+from scipy.optimize import OptimizeResult, linprog
 from scipy.sparse import coo_matrix
 
 from .._checks import check_real
@@ -94,7 +94,7 @@ class LPBuilder:
                        shape=(len(b), self.num_columns)).tocsr()
         return a, np.asarray(b)
 
-    def solve(self):
+    def solve(self) -> OptimizeResult:
         score = np.concatenate(self._score)
         upper = np.concatenate(self._upper)
         a_eq, b_eq = self._matrix(self._eq)

@@ -23,11 +23,15 @@ import itertools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .._checks import check_count, check_int
 from ..factor_graphs import FactorGraph
+
+if TYPE_CHECKING:
+    from ..oracles.base import PairwisePotentials
 
 __all__ = ["PairwiseMRF", "LocalMarginals", "MAPResult", "grid_edges", "agreement_table"]
 
@@ -291,7 +295,8 @@ class PairwiseMRF:
             out[i - 1] = k
         return out
 
-    def to_pairwise_potentials(self, parents: Sequence[int] | None = None, dtype: object = None):
+    def to_pairwise_potentials(self, parents: Sequence[int] | None = None, dtype: object = None
+                               ) -> PairwisePotentials:
         """The potentials as a batch-of-one :class:`~betheproj.oracles.PairwisePotentials` for the chain or tree
         oracles (``parents`` as in :meth:`tree_parents`).  Label sets of different sizes are padded to the
         largest with ``-inf`` potentials, so the oracles never choose a padded label."""

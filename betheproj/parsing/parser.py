@@ -22,7 +22,7 @@ from .._files import torch_save
 from ..data.conllu import Sentence
 from ..learning.losses import resolve_loss
 from ..learning.online import SparseExample, fit_online
-from ..oracles.base import PairwisePotentials
+from ..oracles.base import Marginals, Oracle, PairwisePotentials
 from ..progress import progress_bar
 from .features import ArcFeatures
 from .metrics import scorable_words, uas
@@ -135,7 +135,7 @@ class GreedyFirst:
     def __getattr__(self, name: str):
         return getattr(self.oracle, name)
 
-    def marginals(self, potentials: PairwisePotentials):
+    def marginals(self, potentials: PairwisePotentials) -> Marginals:
         return self.oracle.marginals(potentials)
 
     def map(self, potentials: PairwisePotentials) -> Tensor:
@@ -182,7 +182,7 @@ class DependencyParser:
 
     # ------------------------------------------------------------------------------------------------ config
     @property
-    def oracle(self):
+    def oracle(self) -> Oracle:
         """The tree oracle: ``NonProjective`` (matrix-tree / Chu-Liu-Edmonds, behind :class:`GreedyFirst`) or
         ``Projective`` (Eisner)."""
         if self.projective:
