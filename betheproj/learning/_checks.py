@@ -6,7 +6,7 @@ from torch import Tensor
 
 from ..oracles.base import _check_lengths
 
-__all__ = ["check_sequences"]
+__all__ = ["check_lengths_like", "check_sequences"]
 
 
 def _shape(x: object) -> object:
@@ -24,8 +24,13 @@ def check_sequences(features: object, labels: object, lengths: object, *, featur
     if not isinstance(labels, Tensor) or labels.shape != features.shape[:2]:
         raise ValueError(f"labels must be a [B, N]={tuple(features.shape[:2])} tensor like features, got "
                          f"{_shape(labels)}")
-    if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
-        raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor like features, got {_shape(lengths)}")
-    _check_lengths(lengths, features.shape[0], features.shape[1], lengths.device)    # integers in [1, N]
+    check_lengths_like(features, lengths)
     if training and features.shape[0] == 0:
         raise ValueError("no training examples: features, labels and lengths hold B = 0 sequences")
+
+
+def check_lengths_like(features: Tensor, lengths: object) -> None:
+    """``lengths``: a [B] tensor of integers in [1, N] for ``features`` [B, N, ...]."""
+    if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
+        raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor like features, got {_shape(lengths)}")
+    _check_lengths(lengths, features.shape[0], features.shape[1], lengths.device)

@@ -16,6 +16,7 @@ from ..inference.pieces import solve_global
 from ..inference.solve import METHODS, Solution, solve
 from ..oracles import LinearChain
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
+from ._checks import check_lengths_like
 from .crf import crf_nll
 
 __all__ = ["NonLocalCRF", "surrogate_nll"]
@@ -126,9 +127,7 @@ class NonLocalCRF(nn.Module):
         check_count("batch_size", batch_size)
         if not isinstance(features, Tensor) or features.dim() < 2:
             raise ValueError("features must be a [B, N, ...] tensor")
-        if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
-            shape = tuple(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__
-            raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor like features, got {shape}")
+        check_lengths_like(features, lengths)
         if features.shape[0] == 0:
             return torch.empty(0, features.shape[1], dtype=torch.long, device=features.device)
         out = []

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_count, check_int, check_positive
-from ..oracles.base import _check_lengths
+from ._checks import check_lengths_like
 
 __all__ = ["ConstantPsi", "RandomFourierFeatures", "MeanMapPsi"]
 
@@ -21,9 +21,7 @@ def _check_batch(features: Tensor, lengths: Tensor) -> None:
     if not isinstance(features, Tensor) or features.dim() != 3:
         raise ValueError(f"features must be a [B, N, F] tensor, got "
                          f"{tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__}")
-    if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
-        raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor")
-    _check_lengths(lengths, features.shape[0], features.shape[1], lengths.device)    # integers in [1, N]
+    check_lengths_like(features, lengths)
 
 
 def _finite(name: str, value: float | Tensor) -> Tensor:
