@@ -1,6 +1,7 @@
 """Shared by the benchmark scripts: argparse types for counts and a ``main`` wrapper that turns a user's mistake
 (a missing data folder or model file, a bad value) into one line on stderr and exit status 2, as the
-``betheproj`` command does.  ``BETHEPROJ_TRACEBACK=1`` shows the full traceback instead."""
+``betheproj`` command does (its argparse type and error line are the command's own).  ``BETHEPROJ_TRACEBACK=1``
+shows the full traceback instead."""
 
 from __future__ import annotations
 
@@ -9,16 +10,9 @@ import os
 import sys
 from collections.abc import Callable
 
+from betheproj.cli import error_text, int_type
 
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+positive_int = int_type(1)          # argparse type: an int >= 1
 
 
 def positive_float(text: str) -> float:
@@ -43,6 +37,5 @@ def run(main: Callable[[], object]) -> None:
     except (ValueError, OSError) as err:
         if os.environ.get("BETHEPROJ_TRACEBACK"):
             raise
-        detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
-        print(f"{name}: error: {' '.join(str(detail).split())}", file=sys.stderr)
+        print(f"{name}: error: {error_text(err)}", file=sys.stderr)
         sys.exit(2)

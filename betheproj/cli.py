@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 
 __all__ = ["main"]
 
@@ -23,15 +24,25 @@ class _Parser(argparse.ArgumentParser):
 SEED_MAX = 2 ** 63 - 1
 
 
-def _seed(text: str) -> int:
-    """The argparse type of every ``--seed``: an int in ``[0, 2**63 - 1]`` (what NumPy and torch generators take)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63 - 1], got {text!r}")
-    return value
+def int_type(low: int, high: int | None = None, high_text: str | None = None) -> Callable[[str], int]:
+    """An argparse type: an int in ``[low, high]`` (``high`` None: no upper bound; ``high_text`` names it in the
+    error).  Shared with the benchmark scripts and the example."""
+    span = f">= {low}" if high is None else f"in [{low}, {high_text or high}]"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be an integer {span}, got {text!r}")
+        return value
+
+    return parse
+
+
+# the argparse type of every ``--seed``: what NumPy and torch generators take
+_seed = int_type(0, SEED_MAX, "2**63 - 1")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -289,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
 
 
+def error_text(err: BaseException) -> str:
+    """An error as one line (an ``OSError`` as its reason and file name), whatever the exception held."""
+    detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
+    return " ".join(str(detail).split())
+
+
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
     """Library warnings on the command line: one line on stderr, without the source line."""
     text = " ".join(str(message).split())
@@ -326,8 +343,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"betheproj {args.command}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, TypeError, ImportError, OSError, EOFError) as err:
-        detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
-        message = " ".join(str(detail).split())             # one line, whatever the exception held
+        message = error_text(err)
         print(f"betheproj {args.command}: error: {message}", file=sys.stderr)
         return 2
     return 0

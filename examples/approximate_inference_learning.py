@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from betheproj.cli import int_type
 from betheproj.learning.perceptron import lp_mistake_bound, mrf_map, structured_perceptron
 from betheproj.mrf import (
     TRIANGLE_INPUTS,
@@ -205,28 +206,15 @@ def plot_feasible_regions(ws: np.ndarray, exact_ok: np.ndarray, lbp_ok: np.ndarr
     plt.close(fig)
 
 
-def _at_least(low: int):
-    """argparse type: an int >= ``low``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
-        return value
-    return parse
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="approx-inference-results", help="output folder for the PNGs")
-    parser.add_argument("--passes", type=_at_least(2), default=1000, help="perceptron passes in section 4")
-    parser.add_argument("--instances", type=_at_least(1), default=20, help="grid MRFs in section 5.1")
-    parser.add_argument("--random-w", type=_at_least(1), default=200, help="random weight vectors in section 3")
-    parser.add_argument("--resolution", type=_at_least(2), default=41,
+    parser.add_argument("--passes", type=int_type(2), default=1000, help="perceptron passes in section 4")
+    parser.add_argument("--instances", type=int_type(1), default=20, help="grid MRFs in section 5.1")
+    parser.add_argument("--random-w", type=int_type(1), default=200, help="random weight vectors in section 3")
+    parser.add_argument("--resolution", type=int_type(2), default=41,
                         help="grid resolution of the feasible-region plot")
-    parser.add_argument("--seed", type=_at_least(0), default=0)
+    parser.add_argument("--seed", type=int_type(0), default=0)
     parser.add_argument("--fast", action="store_true", help="small settings (smoke test)")
     args = parser.parse_args(argv)
     if args.fast:
