@@ -20,6 +20,7 @@ from betheproj.data.ocr import OCRData, load_ocr
 from betheproj.experiments.ocr import (
     NUM_LABELS,
     OCRConfig,
+    check_folds,
     energy_model,
     median_bandwidth,
     unigram_prototypes,
@@ -43,11 +44,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     args = parser.parse_args()
     data = load_ocr(args.data)
-    present = set(data.folds.tolist())
-    absent = sorted({t for t in args.outer if t not in present or (t + 1) % 10 not in present})
-    if absent:
-        parser.error(f"--outer: {absent} or the validation fold after them are not folds of the data "
-                     f"(folds present: {sorted(present)})")
+    try:                                # each outer fold and the validation fold after it
+        check_folds(data, sorted({f for t in args.outer for f in (t, (t + 1) % 10)}))
+    except ValueError as err:
+        parser.error(f"--outer: {err}")
     totals = {(row, avg): 0 for row in ROWS for avg in (False, True)}
     print(f"{'outer':>5}{'valid':>6}{'seed':>5}" + "".join(f"{r + (' mean' if a else ' last'):>14}"
                                                           for r in ROWS for a in (False, True)))

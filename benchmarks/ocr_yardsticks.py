@@ -30,7 +30,7 @@ from _common import positive_float, positive_int, run
 from torch import Tensor
 
 from betheproj.data.ocr import OCRData, load_ocr
-from betheproj.experiments.ocr import ROWS, run_fold
+from betheproj.experiments.ocr import ROWS, check_folds, run_fold
 
 LETTERS = [chr(97 + c) for c in range(26)]
 
@@ -135,9 +135,10 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     data = load_ocr(args.data)
-    absent = sorted(set(args.folds) - set(data.folds.tolist()))
-    if absent:
-        parser.error(f"--folds: {absent} are not folds of the data (folds present: {sorted(set(data.folds.tolist()))})")
+    try:
+        check_folds(data, args.folds)
+    except ValueError as err:
+        parser.error(f"--folds: {err}")
     rows = []
     print(f"torch threads for our rows: {torch.get_num_threads()} (CRFsuite: one)")
     print(_header(ours), flush=True)

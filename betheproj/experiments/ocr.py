@@ -36,8 +36,8 @@ from ..progress import progress_bar
 from ._plot import figure
 
 __all__ = ["ROWS", "PAPER", "YARDSTICKS", "OCRConfig", "word_prototypes", "unigram_prototypes",
-           "median_bandwidth", "WordClassifier", "energy_model", "run_fold", "run", "format_table", "plot_iterations",
-           "plot_histogram"]
+           "median_bandwidth", "check_folds", "WordClassifier", "energy_model", "run_fold", "run", "format_table",
+           "plot_iterations", "plot_histogram"]
 
 NUM_LABELS = 26
 ROWS = {"2gram": "2-gram", "Lu": "L^u", "Lu-mm": "L^u (MM)", "Lw": "L^w", "Lw-mm": "L^w (MM)",
@@ -305,17 +305,22 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     return result
 
 
+def check_folds(data: OCRData, folds: Sequence[int]) -> None:
+    """``ValueError`` unless ``folds`` names at least one fold and every one of them holds words."""
+    if not folds:
+        raise ValueError("folds must name at least one fold")
+    present = set(data.folds.tolist())
+    missing = [f for f in folds if f not in present]
+    if missing:
+        raise ValueError(f"folds {missing} have no words (folds present: {sorted(present)})")
+
+
 def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[str] = tuple(ROWS),
         config: OCRConfig | None = None, progress: bool = False,
         log: Callable[[str], None] | None = None) -> dict:
     """Every requested fold; returns a JSON-ready dict with the per-fold results and the means."""
     config = config or OCRConfig()
-    if not folds:
-        raise ValueError("folds must name at least one fold")
-    present = set(data.folds.tolist())
-    missing = [f for f in folds if f not in present]
-    if missing:                                  # before any training, not after the folds before it
-        raise ValueError(f"folds {missing} have no words (folds present: {sorted(present)})")
+    check_folds(data, folds)                     # before any training, not after the folds before it
     start = time.perf_counter()
     results = []
     bar = progress_bar(len(folds), progress, "OCR folds", leave=True)
