@@ -1,5 +1,6 @@
 """File helpers shared by the command line and the model writers: a folder's writability, probed before long work,
-``torch.save`` with its failures reported as an ``OSError`` naming the file, and standard input read as UTF-8 text
+``torch.save`` with its failures reported as an ``OSError`` naming the file (and ``torch.load`` with a file it cannot
+read as a ``ValueError`` naming it), and standard input read as UTF-8 text
 (for a ``-`` given as an input file).
 
 Imports nothing heavy at module level (the command line uses :func:`check_writable` before loading torch)."""
@@ -12,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["check_writable", "read_stdin", "torch_save"]
+__all__ = ["check_writable", "read_stdin", "torch_load", "torch_save"]
 
 
 def check_writable(folder: str | Path, what: str) -> None:
@@ -40,6 +41,21 @@ def torch_save(obj: object, path: str | Path) -> None:
         found = re.search(r"strerror: (.+)", text)
         reason = found.group(1).strip() if found else (text.strip().splitlines() or ["unknown error"])[-1]
         raise OSError(f"cannot write {path} ({reason})") from None
+
+
+def torch_load(path: str | Path, what: str, **options: object) -> object:
+    """``torch.load(path, weights_only=True, **options)``; a file it cannot unpickle is a ``ValueError`` saying
+    ``path`` is not a ``what`` (torch's own text, its advice on ``weights_only`` included, says nothing about our
+    files).  An ``OSError`` (unreadable file) passes through."""
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True, **options)
+    except OSError:
+        raise
+    except Exception:  # noqa: BLE001 - any other failure to unpickle means "not a model file"
+        raise ValueError(f"{path} is not a {what} (torch.load cannot read it: not a file torch.save wrote, or a "
+                         "damaged one)") from None
 
 
 def read_stdin(what: str) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .._files import torch_save
+from .._files import torch_load, torch_save
 from ..data.citation_constraints import (
     BigramExclusions,
     Constraints,
@@ -355,14 +355,7 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no trained citation model at {path}: run 'betheproj citations --data DIR' first")
-    try:
-        state = torch.load(path, weights_only=True)
-    except OSError:
-        raise
-    except Exception:  # noqa: BLE001 - any other failure to unpickle means "not a model file"
-        # torch's own text (advice on weights_only included) says nothing about our files
-        raise ValueError(f"{path} is not a citation model written by 'betheproj citations' (torch.load cannot "
-                         "read it: not a file torch.save wrote, or a damaged one)") from None
+    state = torch_load(path, "citation model written by 'betheproj citations'")
     try:
         index = FeatureIndex.from_state(state["index"])
         config = CitationConfig(**{**state["config"], "test_iters": tuple(state["config"]["test_iters"])})

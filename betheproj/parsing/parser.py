@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_count
-from .._files import torch_save
+from .._files import torch_load, torch_save
 from ..data.conllu import Sentence
 from ..learning.losses import resolve_loss
 from ..learning.online import SparseExample, fit_online
@@ -39,14 +39,7 @@ def read_model(path: str | Path, formats: dict[str, int], what: str) -> dict:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"expected a {what} (written by 'parse train --model') at {p}, found none")
-    try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
-    except OSError:
-        raise
-    except Exception:  # noqa: BLE001 - any other failure to unpickle means "not a model file"
-        # torch's own text (advice on weights_only included) says nothing about our files
-        raise ValueError(f"{p} is not a {what} (torch.load cannot read it: not a file torch.save wrote, or a "
-                         f"damaged one)") from None
+    state = torch_load(p, what, map_location="cpu")
     if not isinstance(state, dict) or state.get("format") not in formats:
         raise ValueError(f"{p} is not a {what} (no {' or '.join(repr(f) for f in formats)} header)")
     if state.get("version") != formats[state["format"]]:
