@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch import Tensor
 
 import betheproj as bp
 from betheproj.energies import FunctionEnergy, LinearMeasurements, MeanField, NearestPrototype, Poisson
@@ -311,43 +310,22 @@ def test_bad_solver_inputs():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_single_position_chain_with_node_and_edge_energies(method):
+    cp = pytest.importorskip("cvxpy")
+    from tests.cvx_reference import chain_problem
+
     theta = bp.ChainPotentials(torch.randn(2, 1, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
-    for energy in (LinearMeasurements(node=torch.randn(2, 3, dtype=DT), loss="squared", psi=1.0),
-                   LinearMeasurements(edge=torch.randn(2, 3, 3, dtype=DT), loss="squared", psi=1.0),
-                   LinearMeasurements(node=torch.randn(2, 3, dtype=DT), edge=torch.randn(2, 3, 3, dtype=DT),
-                                      loss="squared", psi=1.0)):
+    a_node = [torch.randn(2, 3, dtype=DT), None, torch.randn(2, 3, dtype=DT)]
+    a_edge = [None, torch.randn(2, 3, 3, dtype=DT), torch.randn(2, 3, 3, dtype=DT)]
+    for node_a, edge_a in zip(a_node, a_edge, strict=True):
+        energy = LinearMeasurements(node=node_a, edge=edge_a, loss="squared", psi=1.0)
         sol = bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=2000)
-        assert torch.allclose(sol.objective, _single_position_optimum(theta, energy), rtol=1e-6)
+        # the CVXPY reference; at N = 1 there are no edges, so the edge measurements are 0 (offset 0)
+        a = None if node_a is None else node_a.numpy()
+        terms = (lambda mu, pairs: 0.0) if a is None else (lambda mu, pairs, a=a: cp.sum(cp.square(mu[0] @ a.T)) / 2)
+        want = [chain_problem(theta.node[i].numpy(), np.zeros((0, 3, 3)), terms)[0] for i in range(2)]
+        assert torch.allclose(sol.objective, torch.tensor(want, dtype=DT), rtol=1e-6)
         g = energy.grad(sol.marginals).node                  # Proposition 1 at N = 1: argmax of theta - grad L
         assert torch.equal(bp.decode(bp.LinearChain(), sol), (theta.node - (0 if g is None else g)).argmax(-1))
-
-
-def _single_position_optimum(theta: bp.PairwisePotentials, energy: LinearMeasurements) -> Tensor:
-    """min over the simplex of sum mu log mu - <theta, mu> + L(mu) for N = 1 (no edge marginals exist), by
-    projected-free parametrisation mu = softmax(z) and L-BFGS from several starts: an independent reference."""
-    best = torch.full((theta.node.shape[0],), math.inf, dtype=DT)
-    for start in range(4):
-        z = (torch.randn(theta.node.shape[0], 3, dtype=DT, generator=torch.Generator().manual_seed(start))
-             ).requires_grad_()
-        opt = torch.optim.LBFGS([z], max_iter=500, tolerance_grad=1e-14, tolerance_change=1e-16,
-                                line_search_fn="strong_wolfe")
-
-        def f(z: Tensor = z) -> Tensor:
-            mu = torch.softmax(z, -1)
-            marg = bp.Marginals(mu[:, None], torch.zeros(mu.shape[0], 0, 3, 3, dtype=DT),
-                                torch.zeros(mu.shape[0], dtype=DT), torch.ones(mu.shape[0], dtype=torch.long))
-            return (mu * mu.log()).sum(-1) - (theta.node[:, 0] * mu).sum(-1) + energy.value(marg)
-
-        def closure(opt: torch.optim.LBFGS = opt) -> Tensor:
-            opt.zero_grad()
-            value = f().sum()
-            value.backward()
-            return value
-
-        opt.step(closure)
-        with torch.no_grad():
-            best = torch.minimum(best, f())
-    return best
 
 
 def test_single_position_chain_with_per_position_edges():
