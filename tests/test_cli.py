@@ -114,10 +114,8 @@ def test_citation_predict_reads_standard_input_for_a_dash(tmp_path, monkeypatch,
 
     from betheproj.experiments import citations
 
-    class Stdin:
-        buffer = io.BytesIO("\ufeffJ. Smith. A title. 2005.\r\nB. Jones. Another. 2006.\n".encode())
-
-    monkeypatch.setattr("sys.stdin", Stdin())
+    raw = "\ufeffJ. Smith. A title. 2005.\r\nB. Jones. Another. 2006.\n".encode()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(raw)))          # a pipe's stdin: bytes underneath
     monkeypatch.setattr(citations, "load_model", lambda path: (None, None))
     monkeypatch.setattr(citations, "tag_strings", lambda lines, index, model: [repr(line) for line in lines])
     assert main(["citations", "--predict", "-", "--out", str(tmp_path)]) == 0

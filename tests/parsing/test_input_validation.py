@@ -3,6 +3,7 @@ that are not trees, dev / eval data with nothing to score, empty input to second
 
 from __future__ import annotations
 
+import io
 import math
 import warnings
 
@@ -381,22 +382,13 @@ def test_second_order_model_on_empty_input(models, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------- standard input
 
-class _Stdin:
-    """A stand-in for ``sys.stdin``: text mode over a byte buffer, as a terminal or pipe gives."""
-
-    def __init__(self, data: bytes) -> None:
-        import io
-
-        self.buffer = io.BytesIO(data)
-
-
 def test_predict_reads_standard_input_for_a_dash(models, monkeypatch, capsys):
     text = models["train"].read_text()
     assert main(["predict", "--model", str(models["first"]), "--input", str(models["train"]), "--quiet"]) == 0
     from_file = capsys.readouterr().out
-    monkeypatch.setattr("sys.stdin", _Stdin(("\ufeff" + text).encode()))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(("\ufeff" + text).encode())))
     assert main(["predict", "--model", str(models["first"]), "--input", "-", "--quiet"]) == 0
     assert capsys.readouterr().out == from_file and from_file.count("\n") == text.count("\n")
-    monkeypatch.setattr("sys.stdin", _Stdin(b"1\tw\xff\tw\tNOUN\t_\t_\t0\t_\t_\t_\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"1\tw\xff\tw\tNOUN\t_\t_\t0\t_\t_\t_\n")))
     assert main(["predict", "--model", str(models["first"]), "--input", "-", "--quiet"]) == 2
     assert "--input: standard input is not UTF-8 text" in _one_error_line(capsys)
