@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import run
+from _common import positive_int, run
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ud_english_ewt"
 
@@ -53,10 +53,6 @@ TRAINING = ("train_sentences", "epochs", "max_seconds", "lr", "lr_first", "train
 
 def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Options that would be ignored, and paths that would fail after the work, refused before it."""
-    for name in ("epochs", "train_iter", "bits", "top_k", "mf_iter", "bp_iter", "train_sentences", "dev_every"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     for path in [*args.arc, *([] if args.model.is_file() else [args.first])]:
         if not path.is_file():
             ap.error(f"no model file at {path}")
@@ -75,19 +71,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--first", type=Path, required=True, help="trained first-order DependencyParser (pruner, init)")
     ap.add_argument("--model", type=Path, required=True, help="second-order model: loaded if present, else trained")
     ap.add_argument("--arc", type=Path, nargs="*", default=[], help="arc-factored models to report as rows too")
-    ap.add_argument("--train-sentences", type=int, default=None, help="use the first K training sentences")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--train-sentences", type=positive_int, default=None, help="use the first K training sentences")
+    ap.add_argument("--epochs", type=positive_int, default=3)
     ap.add_argument("--max-seconds", type=float, default=None, help="stop training after this many seconds")
     ap.add_argument("--lr", type=float, default=0.05, help="AdaGrad rate of the second-order weights")
     ap.add_argument("--lr-first", type=float, default=0.01, help="AdaGrad rate of the first-order weights")
-    ap.add_argument("--train-iter", type=int, default=5, help="Bethe-RDA iterations per minibatch")
-    ap.add_argument("--bits", type=int, default=22, help="2^bits second-order weights")
+    ap.add_argument("--train-iter", type=positive_int, default=5, help="Bethe-RDA iterations per minibatch")
+    ap.add_argument("--bits", type=positive_int, default=22, help="2^bits second-order weights")
     ap.add_argument("--no-context", action="store_true", help="second-order parts without the context templates")
-    ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--top-k", type=positive_int, default=5)
     ap.add_argument("--min-prob", type=float, default=1e-4)
-    ap.add_argument("--dev-every", type=int, default=None, help="dev evaluation every N steps (default per epoch)")
-    ap.add_argument("--mf-iter", type=int, default=10, help="Bethe-RDA iterations at test time")
-    ap.add_argument("--bp-iter", type=int, default=20, help="loopy BP iterations at test time")
+    ap.add_argument("--dev-every", type=positive_int, default=None,
+                    help="dev evaluation every N steps (default per epoch)")
+    ap.add_argument("--mf-iter", type=positive_int, default=10, help="Bethe-RDA iterations at test time")
+    ap.add_argument("--bp-iter", type=positive_int, default=20, help="loopy BP iterations at test time")
     ap.add_argument("--damping", type=float, default=0.3, help="loopy BP damping (chosen on dev)")
     ap.add_argument("--split", choices=("dev", "test"), default="test")
     ap.add_argument("--quiet", action="store_true")
