@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_count, check_nonnegative
-from .._files import torch_save
+from .._files import torch_load, torch_save
 from ..energies.base import Energy
 from ..inference.decode import decode
 from ..inference.pieces import solve_global
@@ -155,9 +155,20 @@ class NonLocalCRF(nn.Module):
         torch_save(self.state_dict(), path)
 
     def load(self, path: str | Path) -> NonLocalCRF:
-        """Read parameters written by :meth:`save` into this model (built with the same structure)."""
+        """Read parameters written by :meth:`save` into this model (built with the same structure).
+
+        ``FileNotFoundError`` for a missing file; ``ValueError`` naming ``path`` for a file that is not such a
+        checkpoint or one saved from a model of another structure."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint at {path}")
-        self.load_state_dict(torch.load(path, weights_only=True))
+        state = torch_load(path, "checkpoint written by NonLocalCRF.save")
+        if not isinstance(state, dict):
+            raise ValueError(f"{path} is not a checkpoint written by NonLocalCRF.save (it holds a "
+                             f"{type(state).__name__}, not a state dict)")
+        try:
+            self.load_state_dict(state)
+        except RuntimeError as err:  # missing, unexpected or differently shaped parameters
+            first = (str(err).strip().splitlines() or [""])[-1].strip()
+            raise ValueError(f"{path} was saved from a model of another structure ({first})") from None
         return self

@@ -141,6 +141,14 @@ def test_fit_predict_save_load_roundtrip(tmp_path):
     assert torch.equal(clone.predict(x, lengths), pred)
     with pytest.raises(FileNotFoundError, match="checkpoint"):
         clone.load(tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="junk.pt is not a checkpoint"):
+        clone.load(tmp_path / "junk.pt")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(ValueError, match="list.pt is not a checkpoint.*list"):
+        clone.load(tmp_path / "list.pt")
+    with pytest.raises(ValueError, match="model.pt was saved from a model of another structure"):
+        NonLocalCRF(LinearChainCRF(7, 4)).load(tmp_path / "model.pt")
 
 
 def test_save_to_a_path_that_cannot_be_written_is_an_os_error_naming_it(tmp_path):
