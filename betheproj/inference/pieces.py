@@ -22,7 +22,7 @@ __all__ = ["solve_global"]
 
 
 @torch.no_grad()
-def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method: str = "rda",
+def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method: str = "md",
                  **options) -> Solution:
     """Solve (2) for ``energy = min_k L_k``: all (example, piece) rows in one batched :func:`solve` (with
     ``method`` and ``options``), then per example the row with the lowest objective.  Examples with no
