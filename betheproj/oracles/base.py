@@ -263,13 +263,22 @@ class Oracle(Protocol):
     theorem on arcs that lie in no tree) provides it, so that the solvers do not read that noise as mass.
     """
 
-    def marginals(self, potentials: PairwisePotentials) -> Marginals: ...
+    def marginals(self, potentials: PairwisePotentials) -> Marginals:
+        """Node (and edge) marginals and ``log Z`` [B] of the MRF with log-potentials ``potentials`` (eq. 1's
+        optimum); zero past each example's length."""
+        ...
 
-    def map(self, potentials: PairwisePotentials) -> Tensor: ...
+    def map(self, potentials: PairwisePotentials) -> Tensor:
+        """The most probable configuration (eq. 3): labels [B, N] (long), ``-1`` past each length."""
+        ...
 
-    def entropy(self, marginals: Marginals) -> Tensor: ...
+    def entropy(self, marginals: Marginals) -> Tensor:
+        """The Bethe entropy ``H_B(mu)`` [B] of ``marginals`` (exact on trees)."""
+        ...
 
-    def degree(self, lengths: Tensor, n: int) -> Tensor: ...
+    def degree(self, lengths: Tensor, n: int) -> Tensor:
+        """How many edges touch each node [B, N] (the counting numbers of ``H_B``), for lengths ``lengths``."""
+        ...
 
 
 class _LogPartition(torch.autograd.Function):

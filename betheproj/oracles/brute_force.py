@@ -54,6 +54,7 @@ class BruteForce:
         return ys, score
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
+        """Node and edge marginals and ``log Z`` by summing over every labelling (the tests' reference)."""
         pot = check_potentials(potentials)
         b, n, c = pot.node.shape
         node_m = torch.zeros_like(pot.node)
@@ -78,6 +79,7 @@ class BruteForce:
         return log_partition(self, potentials)
 
     def map(self, potentials: PairwisePotentials) -> Tensor:
+        """The highest-scoring labelling [B, N], ``-1`` past each length."""
         potentials = check_potentials(potentials)
         b, n, _ = potentials.node.shape
         labels = torch.full((b, n), -1, dtype=torch.long, device=potentials.node.device)
@@ -100,9 +102,11 @@ class BruteForce:
         return out
 
     def degree(self, lengths: Tensor, n: int) -> Tensor:
+        """Number of valid edges at each node [B, N]."""
         return Tree(self._parents(n)).degree(lengths, n)
 
     def entropy(self, marginals: Marginals) -> Tensor:
+        """Bethe entropy [B] of ``marginals`` (exact on chains and trees)."""
         marginals = check_marginals(marginals)
         return bethe_entropy(marginals.node, marginals.edge, self.degree(marginals.lengths, marginals.node.shape[1]))
 

@@ -108,6 +108,7 @@ class Tree:
         return node, edge, valid, parents, levels, shift, inside, up, fin, cnt
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
+        """Node and edge marginals and ``log Z`` by sum-product in log space, leaves to root and back."""
         pot = self._check(potentials)
         with torch.no_grad():
             node, edge, valid, parents, levels, shift, inside, up, fin, cnt = self._upward(pot)
@@ -161,6 +162,7 @@ class Tree:
         return labels
 
     def degree(self, lengths: Tensor, n: int) -> Tensor:
+        """Number of valid edges at each node [B, N] (a node's valid children and its parent)."""
         valid = torch.arange(n, device=lengths.device) < lengths[:, None]
         deg = torch.zeros(valid.shape, dtype=torch.long, device=lengths.device)
         child_valid = valid[:, 1:].long()
