@@ -92,6 +92,7 @@ class Energy:
     edge_totals: bool = False
 
     def value(self, marginals: Marginals) -> Tensor:
+        """``L_psi(mu)`` [B], one value per example: the one method a new energy must write."""
         raise NotImplementedError(f"{type(self).__name__} must implement value(marginals)")
 
     def grad(self, marginals: Marginals) -> Gradient:
