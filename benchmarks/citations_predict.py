@@ -12,13 +12,12 @@ Run by hand:  python benchmarks/citations_predict.py --data ../shared/data/umass
 from __future__ import annotations
 
 import argparse
-import gzip
 import re
 from pathlib import Path
 
 from _common import run
 
-from betheproj.data.citations import SPLITS, citation_file, parse_citation, tokenize_citation
+from betheproj.data.citations import SPLITS, citation_lines, parse_citation, tokenize_citation
 from betheproj.experiments.citations import to_nested_tags
 
 TAGS = re.compile(r"</?[A-Za-z][\w.-]*>")
@@ -36,12 +35,7 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="folder holding training.docs(.gz), dev.docs(.gz), ...")
     parser.add_argument("--split", default="dev", choices=sorted(SPLITS))
     args = parser.parse_args()
-    path = citation_file(Path(args.data) / SPLITS[args.split])
-    if not path.is_file():
-        raise FileNotFoundError(f"--data: expected {SPLITS[args.split]} (or {SPLITS[args.split]}.gz) in {args.data}")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        lines = [line for line in handle if line.strip()]
+    lines = citation_lines(Path(args.data) / SPLITS[args.split])
     cites = [parse_citation(line) for line in lines]
     same_tokens = sum(tokenize_citation(detokenize(c.tokens)) == c.tokens for c in cites)
     print(f"tokenizer: {same_tokens} of {len(cites)} {args.split} citations give back their exact tokens")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Citation", "parse_citation", "read_citations", "load_citations", "tokenize_citation", "escape_tags",
-           "citation_file", "SPLITS"]
+           "citation_file", "citation_lines", "SPLITS"]
 
 SPLITS = {"train": "training.docs", "dev": "dev.docs", "test": "testing.docs"}
 _TAG = re.compile(r"(</?[A-Za-z][\w.-]*>)")
@@ -145,11 +145,11 @@ def citation_file(path: str | Path) -> Path:
     return gz if not path.is_file() and gz.is_file() else path
 
 
-def read_citations(path: str | Path) -> list[Citation]:
-    """Every line of a ``.docs`` file (or its ``.docs.gz``) that holds a token; lines of tags alone are skipped.
+def citation_lines(path: str | Path) -> list[str]:
+    """The non-blank lines of a ``.docs`` file (or its ``.docs.gz``), unparsed.
 
-    ``ValueError`` (naming the file) if it cannot be read as UTF-8 (gzip) text or holds no tag at all, as
-    files in another format (e.g. one ``token label`` pair a line) would otherwise read as unlabelled."""
+    ``FileNotFoundError`` if neither exists; ``ValueError`` (naming the file) if it cannot be read as UTF-8
+    (gzip) text."""
     path = citation_file(path)
     if not path.is_file():
         raise FileNotFoundError(f"expected the citation file {path.name} (or {path.name}.gz) at {path}")
@@ -160,6 +160,16 @@ def read_citations(path: str | Path) -> list[Citation]:
     except (OSError, EOFError, UnicodeDecodeError) as err:
         kind = "gzip-compressed UTF-8 text" if path.suffix == ".gz" else "UTF-8 text"
         raise ValueError(f"cannot read {path} as {kind} ({err})") from None
+    return lines
+
+
+def read_citations(path: str | Path) -> list[Citation]:
+    """Every line of a ``.docs`` file (or its ``.docs.gz``) that holds a token; lines of tags alone are skipped.
+
+    ``ValueError`` (naming the file) if it cannot be read as UTF-8 (gzip) text or holds no tag at all, as
+    files in another format (e.g. one ``token label`` pair a line) would otherwise read as unlabelled."""
+    path = citation_file(path)
+    lines = citation_lines(path)
     if lines and not any(_TAG.search(line) for line in lines):
         raise ValueError(f"{path} holds no tags: expected one citation a line in the nested-tag format "
                          "(<authors> <person> ... </person> </authors> <title> ... </title> ...)")
