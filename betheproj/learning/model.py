@@ -169,6 +169,6 @@ class NonLocalCRF(nn.Module):
         try:
             self.load_state_dict(state)
         except RuntimeError as err:  # missing, unexpected or differently shaped parameters
-            first = (str(err).strip().splitlines() or [""])[-1].strip()
-            raise ValueError(f"{path} was saved from a model of another structure ({first})") from None
+            last = (str(err).strip().splitlines() or [""])[-1].strip()     # torch lists the mismatches last
+            raise ValueError(f"{path} was saved from a model of another structure ({last})") from None
         return self
