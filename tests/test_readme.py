@@ -22,8 +22,9 @@ def test_a_readme_example_runs(index, tmp_path, monkeypatch, capsys):
     script.write_text(BLOCKS[index], encoding="utf-8")
     torch.manual_seed(0)                                 # the first example draws its instance unseeded
     scope = runpy.run_path(str(script))
-    if index == 0:                                       # the default solver meets the tolerance on every chain
-        assert bool(scope["sol"].converged.all())
+    if index == 0:       # the default solver meets the tolerance on every chain (measured: 4-27 iterations;
+        sol = scope["sol"]   # Bethe-RDA, the default before, on none in 200)
+        assert bool(sol.converged.all()) and bool((sol.iterations < 200).all())
     else:                                                # the energy corrects the base CRF, as its comment says
         base, energy = (float(v) for v in re.findall(r"\d\.\d{3}", capsys.readouterr().out))
         assert energy > base + 0.2 and (tmp_path / "model.pt").is_file()
