@@ -98,37 +98,34 @@ def test_each_ocr_row_is_run_once(runs_stubbed, monkeypatch, capsys):
     assert asked == [["2gram"]]
 
 
-def test_citation_predict_drops_a_byte_order_mark(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def tagger_stubbed(monkeypatch):
+    """``citations --predict`` with no model: each input line comes back as its repr."""
     from betheproj.experiments import citations
 
-    source = tmp_path / "raw.txt"
-    source.write_bytes("\ufeffJ. Smith. A title. 2005.\n".encode())
     monkeypatch.setattr(citations, "load_model", lambda path: (None, None))
     monkeypatch.setattr(citations, "tag_strings", lambda lines, index, model: [repr(line) for line in lines])
+
+
+def test_citation_predict_drops_a_byte_order_mark(tagger_stubbed, tmp_path, capsys):
+    source = tmp_path / "raw.txt"
+    source.write_bytes("\ufeffJ. Smith. A title. 2005.\n".encode())
     assert main(["citations", "--predict", str(source), "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out == "'J. Smith. A title. 2005.'\n"
 
 
-def test_citation_predict_reads_standard_input_for_a_dash(tmp_path, monkeypatch, capsys):
+def test_citation_predict_reads_standard_input_for_a_dash(tagger_stubbed, tmp_path, monkeypatch, capsys):
     import io
-
-    from betheproj.experiments import citations
 
     raw = "\ufeffJ. Smith. A title. 2005.\r\nB. Jones. Another. 2006.\n".encode()
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(raw)))          # a pipe's stdin: bytes underneath
-    monkeypatch.setattr(citations, "load_model", lambda path: (None, None))
-    monkeypatch.setattr(citations, "tag_strings", lambda lines, index, model: [repr(line) for line in lines])
     assert main(["citations", "--predict", "-", "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out == "'J. Smith. A title. 2005.'\n'B. Jones. Another. 2006.'\n"
 
 
-def test_citation_predict_refuses_a_seed(tmp_path, monkeypatch, capsys):
-    from betheproj.experiments import citations
-
+def test_citation_predict_refuses_a_seed(tagger_stubbed, tmp_path, capsys):
     source = tmp_path / "raw.txt"
     source.write_text("J. Smith. A title. 2005.\n")
-    monkeypatch.setattr(citations, "load_model", lambda path: (None, None))
-    monkeypatch.setattr(citations, "tag_strings", lambda lines, index, model: [repr(line) for line in lines])
     assert main(["citations", "--predict", str(source), "--out", str(tmp_path), "--seed", "3"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--seed is for training" in err
@@ -365,12 +362,9 @@ def test_library_warnings_are_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err == "betheproj: warning: first line second line\n"
 
 
-def test_citation_predict_on_a_file_that_is_not_utf8(tmp_path, monkeypatch, capsys):
-    from betheproj.experiments import citations
-
+def test_citation_predict_on_a_file_that_is_not_utf8(tagger_stubbed, tmp_path, capsys):
     source = tmp_path / "raw.txt"
-    source.write_bytes(b"\xff\xfe citation")
-    monkeypatch.setattr(citations, "load_model", lambda path: (None, None))   # a stub model: the text fails
+    source.write_bytes(b"\xff\xfe citation")                                # a stub model: the text fails
     assert main(["citations", "--predict", str(source), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not UTF-8 text" in err
