@@ -114,7 +114,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     # fast path: scaled probability space, time-major [N, B, C] so every step touches contiguous memory
     p = torch.empty(n, b, c, dtype=dtype, device=device)
     p.copy_(node.transpose(0, 1))                                 # [N, B, C], a copy (modified below)
-    node_max = p.amax(-1, keepdim=True)                           # [N, B, 1]
+    node_max = _row_max(p)                                        # [N, B, 1]
     node_max = torch.where(torch.isfinite(node_max), node_max, zero)
     p.sub_(node_max).exp_()
     edge = pot.edge
@@ -265,6 +265,18 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     if shared:
         mu.edge_sum = edge_sum
     return mu
+
+
+def _row_max(x: Tensor) -> Tensor:
+    """``x.amax(-1, keepdim=True)``, exactly, by halving the last dimension with elementwise maxima first: a
+    reduction over a short contiguous dimension is several times slower in PyTorch on CPU than elementwise
+    passes (2.2 ms against 1.0 ms at [14, 6877, 26])."""
+    k = x.shape[-1]
+    while k > 8:
+        h = (k + 1) // 2                       # the two halves overlap by one entry when k is odd
+        x = torch.maximum(x[..., :h], x[..., k - h:])
+        k = h
+    return x.amax(-1, keepdim=True)
 
 
 def _log_forward_backward(pot: PairwisePotentials) -> tuple[Tensor, Tensor, Tensor]:

@@ -222,3 +222,15 @@ def test_log_space_path_keeps_small_scores_beside_a_huge_constant():
     node[0, 2] = -1e30                                               # a constant position only rescales Z
     mu = bp.LinearChain().marginals(bp.ChainPotentials(node, edge))
     assert torch.allclose(mu.node, ref.node) and torch.allclose(mu.edge, ref.edge)
+
+
+@pytest.mark.parametrize("c", [1, 2, 8, 9, 13, 26, 97])
+def test_row_max_is_amax_for_every_label_count(c):
+    from betheproj.oracles.chain import _row_max
+
+    gen = torch.Generator().manual_seed(c)
+    x = torch.randn(3, 5, c, generator=gen, dtype=DT)
+    x[0, 0] = -INF                                                   # a row of -inf only
+    x[1, 1, -1] = 1e30                                               # the maximum in the last entry
+    x[2, 2, c // 2] = 1e30                                           # and in the middle (the halves overlap there)
+    assert torch.equal(_row_max(x), x.amax(-1, keepdim=True))
