@@ -145,8 +145,9 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     r = torch.empty(n, b, dtype=dtype, device=device)
     beta[n - 1] = 1.0
     mt = m.t() if shared else None
+    v = torch.empty(b, c, dtype=dtype, device=device)
     for t in range(n - 2, -1, -1):
-        v = p[t + 1] * beta[t + 1]
+        torch.mul(p[t + 1], beta[t + 1], out=v)
         if shared:
             torch.mm(v, mt, out=beta[t])
         else:
