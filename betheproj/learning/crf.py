@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from .._checks import check_count, check_nonnegative
 from ..oracles import LinearChain
-from ..oracles.base import Oracle, PairwisePotentials
+from ..oracles.base import Oracle, PairwisePotentials, tree_parents
 from ..progress import progress_bar
 from ._checks import check_sequences
 
@@ -29,19 +29,30 @@ def _check_labels(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
     return labels.long().clamp(0, c - 1)
 
 
-def sequence_score(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
-    """``<theta, S(y)>`` [B]: node scores of the labels plus edge scores of consecutive pairs."""
+def _edge_rows(y: Tensor, parents: Tensor | None) -> Tensor:
+    """The label at the row end of every edge [B, N-1]: node ``k`` on a chain, ``parents[k+1]`` on a tree."""
+    return y[:, :-1] if parents is None else y[:, parents[1:].to(y.device)]
+
+
+def sequence_score(potentials: PairwisePotentials, labels: Tensor, parents: Tensor | None = None) -> Tensor:
+    """``<theta, S(y)>`` [B]: node scores of the labels plus the edge scores of the label pairs each edge couples:
+    consecutive positions on a chain (``parents=None``), ``(parents[k+1], k+1)`` for edge ``k`` on a tree (see
+    :func:`~betheproj.oracles.base.tree_parents`)."""
     y = _check_labels(potentials, labels)
     b, n, _ = potentials.node.shape
+    if parents is not None and len(parents) != n:
+        raise ValueError(f"parents must have N={n} entries, got {len(parents)}")
     pos = torch.arange(n, device=y.device)
     valid = pos < potentials.lengths[:, None]
     node = potentials.node.gather(2, y[..., None]).squeeze(-1)
     score = torch.where(valid, node, torch.zeros((), dtype=node.dtype)).sum(-1)
     if n > 1:
+        rows = _edge_rows(y, parents)
         if potentials.shared_edge:        # index the [C, C] matrix itself: its gradient stays [C, C]
-            pair = potentials.edge[y[:, :-1], y[:, 1:]]
+            pair = potentials.edge[rows, y[:, 1:]]
         else:
-            pair = potentials.edge[torch.arange(b, device=y.device)[:, None], pos[None, : n - 1], y[:, :-1], y[:, 1:]]
+            pair = potentials.edge[torch.arange(b, device=y.device)[:, None], pos[None, : n - 1], rows, y[:, 1:]]
+        # edge k is valid when its child k+1 is (parents precede children, so its parent is too)
         score = score + torch.where(valid[:, 1:], pair, torch.zeros((), dtype=pair.dtype)).sum(-1)
     return score
 
@@ -57,7 +68,7 @@ def _check_gold_score(gold_score: Tensor) -> None:
 def crf_nll(oracle: Oracle, potentials: PairwisePotentials, labels: Tensor) -> Tensor:
     """Negative log-likelihood [B], differentiable in the potentials (its gradient is ``mu - S(y)``). Labels on a
     forbidden part (a ``-inf`` potential) are a ``ValueError``, as in :func:`~.losses.structured_loss`."""
-    score = sequence_score(potentials, labels)
+    score = sequence_score(potentials, labels, tree_parents(oracle, potentials.node.shape[1]))
     _check_gold_score(score.detach())
     return oracle.log_partition(potentials) - score
 

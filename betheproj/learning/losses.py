@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 
 from .._checks import check_nonnegative, check_real
-from ..oracles.base import Oracle, PairwisePotentials, _unchecked, log_partition
-from .crf import _check_gold_score, _check_labels, sequence_score
+from ..oracles.base import Oracle, PairwisePotentials, _unchecked, log_partition, tree_parents
+from .crf import _check_gold_score, _check_labels, _edge_rows, sequence_score
 
 __all__ = ["LOSSES", "LossGradient", "resolve_loss", "hamming_cost", "cost_augmented", "structured_loss",
            "loss_and_gradient"]
@@ -122,12 +122,13 @@ def structured_loss(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor
     if loss is None and beta is None and gamma is None:
         raise ValueError("give a loss name (crf, svm, softmax_margin, perceptron) or beta and gamma")
     beta, gamma = resolve_loss(loss, beta, gamma)
-    gold_score = sequence_score(potentials, gold)
+    parents = tree_parents(oracle, potentials.node.shape[1])
+    gold_score = sequence_score(potentials, gold, parents)
     _check_gold_score(gold_score.detach())
     aug, q = cost_augmented(potentials, gold, gamma, beta, cost)
     if math.isinf(beta):
         y_hat = oracle.map(aug)
-        value = sequence_score(aug, y_hat)
+        value = sequence_score(aug, y_hat, parents)
     else:
         value = log_partition(oracle, aug) / beta
     value = value - gold_score
@@ -157,12 +158,12 @@ def _onehot(potentials: PairwisePotentials, y: Tensor) -> Tensor:
     return out
 
 
-def _pair_counts(potentials: PairwisePotentials, y: Tensor) -> Tensor:
+def _pair_counts(potentials: PairwisePotentials, y: Tensor, parents: Tensor | None) -> Tensor:
     """``S(y)`` on the edge parts: [B, N-1, C, C] indicators, or their batch sum [C, C] for a shared table."""
     b, n, c = potentials.node.shape
     y = y.clamp_min(0)
     valid = (torch.arange(n - 1, device=y.device) < (potentials.lengths[:, None] - 1)).to(potentials.node.dtype)
-    flat = y[:, :-1] * c + y[:, 1:]                                     # [B, N-1]
+    flat = _edge_rows(y, parents) * c + y[:, 1:]                        # [B, N-1]
     if potentials.shared_edge:
         out = potentials.node.new_zeros(c * c)
         out.index_add_(0, flat.reshape(-1), valid.reshape(-1))
@@ -182,16 +183,18 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
         raise ValueError("give a loss name (crf, svm, softmax_margin, perceptron) or beta and gamma")
     beta, gamma = resolve_loss(loss, beta, gamma)
     y = _check_labels(potentials, gold)
+    parents = tree_parents(oracle, potentials.node.shape[1])
     with torch.no_grad():
         aug, q = cost_augmented(potentials, gold, gamma, beta, cost)
-        gold_score = sequence_score(potentials, y)
+        gold_score = sequence_score(potentials, y, parents)
         _check_gold_score(gold_score)
         prediction = None
         if math.isinf(beta):
             prediction = oracle.map(aug)
-            value = sequence_score(aug, prediction) - gold_score
+            value = sequence_score(aug, prediction, parents) - gold_score
             g_node = _onehot(potentials, prediction) - _onehot(potentials, y)
-            g_edge = _pair_counts(potentials, prediction) - _pair_counts(potentials, y) if edge else None
+            g_edge = (_pair_counts(potentials, prediction, parents) - _pair_counts(potentials, y, parents)
+                      if edge else None)
         else:
             mu = oracle.marginals(aug)
             value = mu.log_partition / beta - gold_score
@@ -203,7 +206,7 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
                     mu_edge = mu.edge_sum(ones) if mu.edge_sum is not None else mu.edge.sum((0, 1))
                 else:
                     mu_edge = mu.edge
-                g_edge = mu_edge - _pair_counts(potentials, y)
+                g_edge = mu_edge - _pair_counts(potentials, y, parents)
         if q is not None:
             value = value + q
     return LossGradient(value, g_node, g_edge, prediction)

@@ -14,7 +14,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "bethe_entropy", "log_partition"]
+__all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "bethe_entropy", "log_partition",
+           "tree_parents"]
 
 
 def _check_float(name: str, x: object, ndim: tuple[int, ...]) -> Tensor:
@@ -261,6 +262,10 @@ class Oracle(Protocol):
     Optionally ``support(potentials) -> Tensor`` [B, N, C] (bool): the node entries some configuration with
     finite score uses.  An oracle whose marginals can put rounding-level mass elsewhere (the matrix-tree
     theorem on arcs that lie in no tree) provides it, so that the solvers do not read that noise as mass.
+
+    Optionally ``parents`` (a parent array [N], or ``None``): an oracle whose edges are not a chain's says
+    which nodes each edge couples (edge ``k``: node ``parents[k+1]`` with node ``k+1``), so that the score of
+    a labelling, ``<theta, S(y)>``, pairs the right labels (:func:`tree_parents`).
     """
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
@@ -279,6 +284,17 @@ class Oracle(Protocol):
     def degree(self, lengths: Tensor, n: int) -> Tensor:
         """How many edges touch each node [B, N] (the counting numbers of ``H_B``), for lengths ``lengths``."""
         ...
+
+
+def tree_parents(oracle: Oracle, n: int) -> Tensor | None:
+    """The parent array [N] of ``oracle``'s structure (its ``parents``), or ``None`` for a chain (edge ``k``
+    couples nodes ``k`` and ``k+1``); a ``ValueError`` if the tree has other than ``n`` nodes."""
+    parents = getattr(oracle, "parents", None)
+    if parents is None:
+        return None
+    if len(parents) != n:
+        raise ValueError(f"potentials have N={n} positions but the oracle's tree has {len(parents)} nodes")
+    return torch.as_tensor(parents, dtype=torch.long)
 
 
 class _LogPartition(torch.autograd.Function):

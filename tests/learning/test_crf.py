@@ -11,15 +11,29 @@ from betheproj.learning import LinearChainCRF, crf_nll, fit_crf, sequence_score
 DT = torch.float64
 
 
-def test_nll_is_minus_log_probability_under_brute_force():
-    pot = bp.ChainPotentials(torch.randn(3, 4, 3, dtype=DT), torch.randn(3, 3, 3, 3, dtype=DT), torch.tensor([4, 2, 1]))
+@pytest.mark.parametrize("parents", [None, [-1, 0, 0, 1], [-1, 0, 0, 0]], ids=["chain", "tree", "star"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_nll_is_minus_log_probability_under_brute_force(parents, shared):
+    # on a tree, edge k scores the labels of nodes parents[k+1] and k+1, not of k and k+1
+    edge = torch.randn(3, 3, dtype=DT) if shared else torch.randn(3, 3, 3, 3, dtype=DT)
+    pot = bp.ChainPotentials(torch.randn(3, 4, 3, dtype=DT), edge, torch.tensor([4, 2, 1]))
     labels = torch.tensor([[0, 2, 1, 1], [2, 2, -1, -1], [1, -1, -1, -1]])
-    nll = crf_nll(bp.LinearChain(), pot, labels)
+    oracle = bp.LinearChain() if parents is None else bp.Tree(parents)
+    nll = crf_nll(oracle, pot, labels)
     for b in range(3):
-        ys, score = bp.BruteForce()._joint(pot, b)
+        ys, score = bp.BruteForce(parents)._joint(pot, b)
         row = (ys == labels[b, : ys.shape[1]]).all(1).nonzero().item()
         assert torch.allclose(nll[b], torch.logsumexp(score, 0) - score[row])
     assert torch.allclose(sequence_score(pot, labels)[2], pot.node[2, 0, 1])
+
+
+def test_a_tree_of_another_size_is_refused():
+    pot = bp.ChainPotentials(torch.randn(1, 4, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
+    labels = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="N=4 positions but the oracle's tree has 3 nodes"):
+        crf_nll(bp.Tree([-1, 0, 0]), pot, labels)
+    with pytest.raises(ValueError, match="parents must have N=4 entries, got 3"):
+        sequence_score(pot, labels, torch.tensor([-1, 0, 0]))
 
 
 def test_nll_gradient_against_finite_differences():

@@ -25,10 +25,17 @@ def _problem(seed=0, b=3, n=4, c=3, shared=False, scale=1.0):
     return bp.ChainPotentials(node, edge * scale, lengths), gold
 
 
-def _brute(pot, gold, beta, gamma):
+STAR = [-1, 0, 0, 1]          # a tree that is no chain: edge k couples STAR[k+1] with k+1
+
+
+def _oracle(parents):
+    return bp.LinearChain() if parents is None else bp.Tree(parents)
+
+
+def _brute(pot, gold, beta, gamma, parents=None):
     out = []
     for b in range(pot.node.shape[0]):
-        ys, score = bp.BruteForce()._joint(pot, b)
+        ys, score = bp.BruteForce(parents)._joint(pot, b)
         y = gold[b, : ys.shape[1]]
         s_gold = score[(ys == y).all(1)].item()
         cost = (ys != y).sum(1).to(DT)
@@ -40,12 +47,13 @@ def _brute(pot, gold, beta, gamma):
 @pytest.mark.parametrize("beta,gamma", [(1.0, 0.0), (1.0, 1.0), (0.5, 2.0), (3.0, 0.5), (INF, 1.0), (INF, 0.0),
                                         (INF, 2.5)])
 @pytest.mark.parametrize("shared", [False, True])
-def test_loss_matches_brute_force(beta, gamma, shared):
+@pytest.mark.parametrize("parents", [None, STAR], ids=["chain", "tree"])
+def test_loss_matches_brute_force(beta, gamma, shared, parents):
     pot, gold = _problem(shared=shared)
-    expected = _brute(pot, gold, beta, gamma)
-    got = structured_loss(bp.LinearChain(), pot, gold, beta, gamma)
+    expected = _brute(pot, gold, beta, gamma, parents)
+    got = structured_loss(_oracle(parents), pot, gold, beta, gamma)
     assert torch.allclose(got, expected, atol=1e-10)
-    lg = loss_and_gradient(bp.LinearChain(), pot, gold, beta, gamma)
+    lg = loss_and_gradient(_oracle(parents), pot, gold, beta, gamma)
     assert torch.allclose(lg.loss, expected, atol=1e-10)
     assert (lg.prediction is not None) == math.isinf(beta)
 
@@ -62,12 +70,13 @@ def test_gradient_against_finite_differences(beta, gamma):
 
 @pytest.mark.parametrize("beta,gamma", [(1.0, 1.0), (2.0, 0.0), (INF, 1.0), (INF, 0.0)])
 @pytest.mark.parametrize("shared", [False, True])
-def test_explicit_gradient_equals_autograd(beta, gamma, shared):
+@pytest.mark.parametrize("parents", [None, STAR], ids=["chain", "tree"])
+def test_explicit_gradient_equals_autograd(beta, gamma, shared, parents):
     pot, gold = _problem(seed=2, shared=shared)
     node = pot.node.clone().requires_grad_(True)
     edge = pot.edge.clone().requires_grad_(True)
-    structured_loss(bp.LinearChain(), bp.ChainPotentials(node, edge, pot.lengths), gold, beta, gamma).sum().backward()
-    lg = loss_and_gradient(bp.LinearChain(), pot, gold, beta, gamma)
+    structured_loss(_oracle(parents), bp.ChainPotentials(node, edge, pot.lengths), gold, beta, gamma).sum().backward()
+    lg = loss_and_gradient(_oracle(parents), pot, gold, beta, gamma)
     assert torch.allclose(lg.node, node.grad, atol=1e-10)
     assert torch.allclose(lg.edge, edge.grad, atol=1e-10)
     valid = torch.arange(4) < pot.lengths[:, None]
