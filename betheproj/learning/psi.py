@@ -25,7 +25,9 @@ def _check_batch(features: Tensor, lengths: Tensor) -> None:
 
 
 def _finite(name: str, value: float | Tensor) -> Tensor:
-    value = torch.as_tensor(value, dtype=torch.get_default_dtype())
+    """``value`` as a tensor (a float tensor keeps its dtype; numbers take the default dtype), checked finite."""
+    if not (isinstance(value, Tensor) and value.is_floating_point()):
+        value = torch.as_tensor(value, dtype=torch.get_default_dtype())
     if not bool(torch.isfinite(value).all()):
         raise ValueError(f"{name} must be finite, got {value.tolist()}")
     return value

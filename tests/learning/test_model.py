@@ -407,3 +407,10 @@ def test_predict_on_an_empty_batch_is_empty():
         assert out.shape == (0, 5) and out.dtype == model.predict(x, lengths).dtype
     with pytest.raises(ValueError, match="batch_size"):
         NonLocalCRF(LinearChainCRF(6, 4)).predict(x, lengths, batch_size=0)
+
+
+def test_constant_psi_keeps_the_dtype_of_a_float_tensor():
+    assert ConstantPsi(torch.tensor([0.7, 0.2], dtype=DT)).value.dtype == DT
+    assert ConstantPsi(torch.tensor(0.7, dtype=torch.float32)).value.dtype == torch.float32
+    assert ConstantPsi(0.7).value.dtype == torch.get_default_dtype()
+    assert ConstantPsi(torch.tensor(2)).value.dtype == torch.get_default_dtype()   # an integer tensor: a number
