@@ -7,11 +7,12 @@ from torch import Tensor, nn
 
 from .._checks import check_count, check_nonnegative
 from ..oracles import LinearChain
-from ..oracles.base import Oracle, PairwisePotentials, tree_parents
+from ..oracles.base import Marginals, Oracle, PairwisePotentials, tree_parents
 from ..progress import progress_bar
 from ._checks import check_sequences
 
-__all__ = ["LinearChainCRF", "SparseChainCRF", "sequence_score", "crf_nll", "fit_crf", "length_chunks"]
+__all__ = ["LinearChainCRF", "SparseChainCRF", "sequence_score", "sufficient_statistics", "crf_nll", "fit_crf",
+           "length_chunks"]
 
 
 def _check_labels(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
@@ -55,6 +56,45 @@ def sequence_score(potentials: PairwisePotentials, labels: Tensor, parents: Tens
         # edge k is valid when its child k+1 is (parents precede children, so its parent is too)
         score = score + torch.where(valid[:, 1:], pair, torch.zeros((), dtype=pair.dtype)).sum(-1)
     return score
+
+
+def _node_indicators(potentials: PairwisePotentials, y: Tensor) -> Tensor:
+    """``S(y)`` on the node parts: one-hot labels [B, N, C], zero past each length."""
+    b, n, c = potentials.node.shape
+    valid = torch.arange(n, device=y.device) < potentials.lengths[:, None]
+    out = torch.zeros_like(potentials.node)
+    out.scatter_(2, y.clamp_min(0)[..., None], valid[..., None].to(out.dtype))
+    return out
+
+
+def _edge_indicators(potentials: PairwisePotentials, y: Tensor, parents: Tensor | None,
+                     total: bool = False) -> Tensor:
+    """``S(y)`` on the edge parts: [B, N-1, C, C] indicators of the label pair each edge couples, zero past each
+    length (``total``: their sum over the batch, [C, C])."""
+    b, n, c = potentials.node.shape
+    y = y.clamp_min(0)
+    valid = (torch.arange(n - 1, device=y.device) < (potentials.lengths[:, None] - 1)).to(potentials.node.dtype)
+    flat = _edge_rows(y, parents) * c + y[:, 1:]                        # [B, N-1]
+    if total:
+        out = potentials.node.new_zeros(c * c)
+        out.index_add_(0, flat.reshape(-1), valid.reshape(-1))
+        return out.reshape(c, c)
+    out = potentials.node.new_zeros(b, max(n - 1, 0), c * c)
+    out.scatter_(2, flat[..., None], valid[..., None])
+    return out.reshape(b, max(n - 1, 0), c, c)
+
+
+def sufficient_statistics(potentials: PairwisePotentials, labels: Tensor, parents: Tensor | None = None
+                          ) -> Marginals:
+    """``S(y)``, a labelling's sufficient statistics, as (integral) marginals: one-hot node [B, N, C] and edge
+    [B, N-1, C, C] indicators (edge ``k`` pairs the labels of nodes ``parents[k+1]`` and ``k+1``; consecutive
+    positions when ``parents`` is None), zero past each length, no ``log_partition``.  An energy evaluated on
+    them is ``L(S(y))``, the energy of the labelling itself."""
+    y = _check_labels(potentials, labels)
+    if parents is not None and len(parents) != potentials.node.shape[1]:
+        raise ValueError(f"parents must have N={potentials.node.shape[1]} entries, got {len(parents)}")
+    return Marginals(_node_indicators(potentials, y), lambda: _edge_indicators(potentials, y, parents), None,
+                     potentials.lengths)
 
 
 def _check_gold_score(gold_score: Tensor) -> None:

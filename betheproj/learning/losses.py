@@ -39,7 +39,7 @@ from torch import Tensor
 
 from .._checks import check_nonnegative, check_real
 from ..oracles.base import Oracle, PairwisePotentials, _unchecked, log_partition, tree_parents
-from .crf import _check_gold_score, _check_labels, _edge_rows, sequence_score
+from .crf import _check_gold_score, _check_labels, _edge_indicators, _node_indicators, sequence_score
 
 __all__ = ["LOSSES", "LossGradient", "resolve_loss", "hamming_cost", "cost_augmented", "structured_loss",
            "loss_and_gradient"]
@@ -150,29 +150,6 @@ class LossGradient:
     prediction: Tensor | None = None
 
 
-def _onehot(potentials: PairwisePotentials, y: Tensor) -> Tensor:
-    b, n, c = potentials.node.shape
-    valid = torch.arange(n, device=y.device) < potentials.lengths[:, None]
-    out = torch.zeros_like(potentials.node)
-    out.scatter_(2, y.clamp_min(0)[..., None], valid[..., None].to(out.dtype))
-    return out
-
-
-def _pair_counts(potentials: PairwisePotentials, y: Tensor, parents: Tensor | None) -> Tensor:
-    """``S(y)`` on the edge parts: [B, N-1, C, C] indicators, or their batch sum [C, C] for a shared table."""
-    b, n, c = potentials.node.shape
-    y = y.clamp_min(0)
-    valid = (torch.arange(n - 1, device=y.device) < (potentials.lengths[:, None] - 1)).to(potentials.node.dtype)
-    flat = _edge_rows(y, parents) * c + y[:, 1:]                        # [B, N-1]
-    if potentials.shared_edge:
-        out = potentials.node.new_zeros(c * c)
-        out.index_add_(0, flat.reshape(-1), valid.reshape(-1))
-        return out.reshape(c, c)
-    out = potentials.node.new_zeros(b, max(n - 1, 0), c * c)
-    out.scatter_(2, flat[..., None], valid[..., None])
-    return out.reshape(b, max(n - 1, 0), c, c)
-
-
 def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor, beta: float | None = None,
                       gamma: float | None = None, cost: str | CostFn = "hamming", loss: str | None = None,
                       edge: bool = True) -> LossGradient:
@@ -192,13 +169,14 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
         if math.isinf(beta):
             prediction = oracle.map(aug)
             value = sequence_score(aug, prediction, parents) - gold_score
-            g_node = _onehot(potentials, prediction) - _onehot(potentials, y)
-            g_edge = (_pair_counts(potentials, prediction, parents) - _pair_counts(potentials, y, parents)
-                      if edge else None)
+            g_node = _node_indicators(potentials, prediction) - _node_indicators(potentials, y)
+            shared = potentials.shared_edge
+            g_edge = (_edge_indicators(potentials, prediction, parents, shared)
+                      - _edge_indicators(potentials, y, parents, shared) if edge else None)
         else:
             mu = oracle.marginals(aug)
             value = mu.log_partition / beta - gold_score
-            g_node = mu.node - _onehot(potentials, y)
+            g_node = mu.node - _node_indicators(potentials, y)
             g_edge = None
             if edge:
                 if potentials.shared_edge:
@@ -206,7 +184,7 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
                     mu_edge = mu.edge_sum(ones) if mu.edge_sum is not None else mu.edge.sum((0, 1))
                 else:
                     mu_edge = mu.edge
-                g_edge = mu_edge - _pair_counts(potentials, y, parents)
+                g_edge = mu_edge - _edge_indicators(potentials, y, parents, potentials.shared_edge)
         if q is not None:
             value = value + q
     return LossGradient(value, g_node, g_edge, prediction)

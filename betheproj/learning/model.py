@@ -15,9 +15,9 @@ from ..inference.decode import decode
 from ..inference.pieces import solve_global
 from ..inference.solve import METHODS, Solution, solve
 from ..oracles import LinearChain
-from ..oracles.base import Marginals, Oracle, PairwisePotentials
+from ..oracles.base import Marginals, Oracle, PairwisePotentials, tree_parents
 from ._checks import check_lengths_like
-from .crf import crf_nll
+from .crf import crf_nll, sequence_score, sufficient_statistics
 
 __all__ = ["NonLocalCRF", "surrogate_nll"]
 
@@ -118,6 +118,21 @@ class NonLocalCRF(nn.Module):
             marginals = self.infer(features, lengths).marginals
         return surrogate_nll(self.oracle, self.potentials(features, lengths), self.energy(features, lengths),
                              marginals, labels).mean()
+
+    def score(self, features: Tensor, labels: Tensor, lengths: Tensor) -> Tensor:
+        """``<theta, S(y)> - L_psi(S(y))`` [B]: the log-probability of the labels under ``P_c(y|x)`` (eq. 8) up to
+        its log-normaliser, the energy evaluated on the labelling itself rather than on marginals.  Of two
+        labellings of an input the model prefers the one with the higher score; MAP under it (section 4's
+        combinatorial problem) is what Proposition 1's decoding approximates.  Without an energy: the CRF's
+        ``<theta, S(y)>``.  Labels past each length are ignored."""
+        check_lengths_like(features, lengths)
+        potentials = self.potentials(features, lengths)
+        parents = tree_parents(self.oracle, potentials.node.shape[1])
+        value = sequence_score(potentials, labels, parents)
+        energy = self.energy(features, lengths)
+        if energy is None:
+            return value
+        return value - energy.value(sufficient_statistics(potentials, labels, parents))
 
     @torch.no_grad()
     def predict(self, features: Tensor, lengths: Tensor, batch_size: int = 2048, max_iter: int | None = None

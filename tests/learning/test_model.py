@@ -409,6 +409,42 @@ def test_predict_on_an_empty_batch_is_empty():
         NonLocalCRF(LinearChainCRF(6, 4)).predict(x, lengths, batch_size=0)
 
 
+@pytest.mark.parametrize("parents", [None, [-1, 0, 0, 1]], ids=["chain", "tree"])
+def test_score_is_eq_8_log_probability_up_to_its_normaliser(parents):
+    """score(y) = <theta, S(y)> - L(S(y)), counted here by hand over positions and edges (on the tree, edge k
+    pairs the labels of nodes parents[k+1] and k+1)."""
+    gen = torch.Generator().manual_seed(3)
+    b, n, f, c = 3, 4, 5, 3
+    theta = LinearChainCRF(f, c).double()
+    with torch.no_grad():
+        for w in theta.parameters():
+            w.copy_(torch.randn(w.shape, generator=gen, dtype=DT))
+    x = torch.randn(b, n, f, generator=gen, dtype=DT)
+    lengths = torch.tensor([4, 3, 1])
+    labels = torch.tensor([[0, 1, 0, 1], [1, 0, 1, -1], [2, -1, -1, -1]])
+
+    def energy(psi):   # "label 0 at most once" (squared hinge) and "no edge (0, 1)", with an edge part
+        return FunctionEnergy(lambda m: psi * ((m.node[..., 0].sum(-1) - 1).clamp_min(0) ** 2
+                                               + 2 * m.edge[..., 0, 1].sum(-1)))
+
+    oracle = bp.LinearChain() if parents is None else bp.Tree(parents)
+    model = NonLocalCRF(theta, energy, psi=ConstantPsi(torch.tensor(0.7, dtype=DT)), oracle=oracle)
+    pot = theta(x, lengths)
+    node, edge = pot.node.detach(), pot.edge.detach()
+    rows = list(range(n - 1)) if parents is None else [parents[k + 1] for k in range(n - 1)]
+    got = model.score(x, labels, lengths).detach()        # differentiable in theta and psi
+    for i in range(b):
+        y, m = labels[i].tolist(), int(lengths[i])
+        s = sum(float(node[i, t, y[t]]) for t in range(m))
+        s += sum(float(edge[y[rows[k]], y[k + 1]]) for k in range(m - 1))
+        zeros, pairs = sum(y[t] == 0 for t in range(m)), sum((y[rows[k]], y[k + 1]) == (0, 1) for k in range(m - 1))
+        expected = s - 0.7 * (max(zeros - 1, 0) ** 2 + 2 * pairs)
+        assert got[i].item() == pytest.approx(expected, abs=1e-12)
+    plain = NonLocalCRF(theta, oracle=oracle)
+    assert torch.allclose(plain.score(x, labels, lengths).detach(),
+                          bp.learning.sequence_score(pot, labels, bp.oracles.tree_parents(oracle, n)))
+
+
 def test_constant_psi_keeps_the_dtype_of_a_float_tensor():
     assert ConstantPsi(torch.tensor([0.7, 0.2], dtype=DT)).value.dtype == DT
     assert ConstantPsi(torch.tensor(0.7, dtype=torch.float32)).value.dtype == torch.float32
