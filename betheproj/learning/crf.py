@@ -30,6 +30,11 @@ def _check_labels(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
     return labels.long().clamp(0, c - 1)
 
 
+def _check_parents(parents: Tensor | None, n: int) -> None:
+    if parents is not None and len(parents) != n:
+        raise ValueError(f"parents must have N={n} entries, got {len(parents)}")
+
+
 def _edge_rows(y: Tensor, parents: Tensor | None) -> Tensor:
     """The label at the row end of every edge [B, N-1]: node ``k`` on a chain, ``parents[k+1]`` on a tree."""
     return y[:, :-1] if parents is None else y[:, parents[1:].to(y.device)]
@@ -41,8 +46,7 @@ def sequence_score(potentials: PairwisePotentials, labels: Tensor, parents: Tens
     :func:`~betheproj.oracles.base.tree_parents`)."""
     y = _check_labels(potentials, labels)
     b, n, _ = potentials.node.shape
-    if parents is not None and len(parents) != n:
-        raise ValueError(f"parents must have N={n} entries, got {len(parents)}")
+    _check_parents(parents, n)
     pos = torch.arange(n, device=y.device)
     valid = pos < potentials.lengths[:, None]
     node = potentials.node.gather(2, y[..., None]).squeeze(-1)
@@ -91,8 +95,7 @@ def sufficient_statistics(potentials: PairwisePotentials, labels: Tensor, parent
     positions when ``parents`` is None), zero past each length, no ``log_partition``.  An energy evaluated on
     them is ``L(S(y))``, the energy of the labelling itself."""
     y = _check_labels(potentials, labels)
-    if parents is not None and len(parents) != potentials.node.shape[1]:
-        raise ValueError(f"parents must have N={potentials.node.shape[1]} entries, got {len(parents)}")
+    _check_parents(parents, potentials.node.shape[1])
     return Marginals(_node_indicators(potentials, y), lambda: _edge_indicators(potentials, y, parents), None,
                      potentials.lengths)
 
