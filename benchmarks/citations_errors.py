@@ -8,13 +8,20 @@ Run by hand, after ``betheproj citations --data DIR --out citations-results`` (w
 For the baseline (Viterbi in theta) and the non-local row (Viterbi in theta - grad L(mu*)) it counts the gold
 segments each one misses, by kind:
 
-* ``label``: a predicted segment has the same span and another field (an editor's name read as an author's);
+* ``label``: a predicted segment has the same span and another field (a title read as a booktitle);
+* ``level``: the same span and leaf field under another group (an editor's last name read as an author's,
+  ``venue/editor/person/person-last`` as ``authors/person/person-last``; a year inside or outside ``venue``);
 * ``boundary``: a predicted segment of the same field overlaps it with other ends (a title one token short);
-* ``other``: neither (the tokens went to several fields, or to none),
+* ``other``: none of these (the tokens went to several fields, or to none),
 
 and lists the most frequent (gold field -> predicted field or "boundary") confusions of the non-local row. A
-count or order constraint moves whole fields, so it can fix ``label`` errors; a boundary error is a local
-decision that the templates reach only through a field's length.
+count or order constraint moves whole fields, so it can fix ``label`` and ``level`` errors; a boundary error is
+a local decision that the templates reach only through a field's length.
+
+Then it asks whether the non-local row's remaining errors are the search's or the model's: for each citation it
+gets wrong, is the gold labelling's score under the learned model, ``<theta, S(y)> - L_c(S(y))``
+(``NonLocalCRF.score``, the log-probability of eq. 8 up to its normaliser), above that of the prediction?
+Where it is not, the model itself prefers its wrong answer, and no better decoder of this model would fix it.
 """
 
 from __future__ import annotations
@@ -22,10 +29,14 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+import torch
 from _common import positive_int, run
+from torch import Tensor
 
-from betheproj.data.citations import SPLITS, bio_segments, load_citations
+from betheproj.data.citation_features import FeatureIndex
+from betheproj.data.citations import SPLITS, Citation, bio_segments, load_citations
 from betheproj.experiments.citations import f1_of, load_model, nonlocal_predictor, viterbi_predictor
+from betheproj.learning import NonLocalCRF
 
 
 def breakdown(gold: list[list[str]], pred: list[list[str]]) -> tuple[Counter, Counter, int]:
@@ -41,8 +52,9 @@ def breakdown(gold: list[list[str]], pred: list[list[str]]) -> tuple[Counter, Co
             same_span = [q for q in extra if q[1] == start and q[2] == end]
             overlap = [q for q in extra if q[0] == field and q[1] < end and start < q[2]]
             if same_span:
-                kinds["label"] += 1
-                pairs[(field, same_span[0][0])] += 1
+                got = same_span[0][0]
+                kinds["level" if got.split("/")[-1] == field.split("/")[-1] else "label"] += 1
+                pairs[(field, got)] += 1
             elif overlap:
                 kinds["boundary"] += 1
                 pairs[(field, "boundary")] += 1
@@ -50,6 +62,31 @@ def breakdown(gold: list[list[str]], pred: list[list[str]]) -> tuple[Counter, Co
                 kinds["other"] += 1
                 pairs[(field, "other")] += 1
     return kinds, pairs, wrong
+
+
+def search_or_model(model: NonLocalCRF, index: FeatureIndex, cites: list[Citation],
+                    encoded: tuple[Tensor, Tensor, Tensor], pred: list[list[str]]) -> tuple[int, int, int]:
+    """Of the citations ``pred`` gets wrong whose gold paths all occur in training (an unseen path has no label
+    id): how many there are, how many the model scores the gold labelling above ``pred`` in, and how many not."""
+    x, _, n = encoded
+    rows = [i for i, (c, p) in enumerate(zip(cites, pred, strict=True))
+            if c.labels != p and all(label in index.label_ids for label in c.labels)]
+    if not rows:
+        return 0, 0, 0
+    idx = torch.tensor(rows)
+    width = int(n[idx].max())
+
+    def ids(seqs: list[list[str]]) -> Tensor:
+        out = torch.full((len(rows), width), -1, dtype=torch.long)
+        for r, i in enumerate(rows):
+            out[r, : len(seqs[i])] = torch.tensor([index.label_ids[label] for label in seqs[i]])
+        return out
+
+    with torch.no_grad():
+        gold = model.score(x[idx, :width], ids([c.labels for c in cites]), n[idx])
+        got = model.score(x[idx, :width], ids(pred), n[idx])
+    higher = int((gold > got).sum())
+    return len(rows), higher, len(rows) - higher
 
 
 def main() -> None:
@@ -69,15 +106,19 @@ def main() -> None:
     n_gold = sum(len(bio_segments(g)) for g in gold)
     predictors = {"baseline": viterbi_predictor(model.theta), "non-local": nonlocal_predictor(model, model.max_iter)}
     print(f"{args.split}: {len(cites)} citations, {n_gold} gold segments")
-    print(f"{'':<12}{'F1':>7}{'wrong cit.':>12}{'missed':>8}{'label':>7}{'boundary':>10}{'other':>7}")
+    print(f"{'':<12}{'F1':>7}{'wrong cit.':>12}{'missed':>8}{'label':>7}{'level':>7}{'boundary':>10}{'other':>7}")
     for name, predict in predictors.items():
         f1, pred = f1_of(predict, index, cites, enc)
         kinds, pairs, wrong = breakdown(gold, pred)
-        print(f"{name:<12}{f1:>7.2f}{wrong:>12}{sum(kinds.values()):>8}{kinds['label']:>7}{kinds['boundary']:>10}"
-              f"{kinds['other']:>7}")
+        print(f"{name:<12}{f1:>7.2f}{wrong:>12}{sum(kinds.values()):>8}{kinds['label']:>7}{kinds['level']:>7}"
+              f"{kinds['boundary']:>10}{kinds['other']:>7}")
     print("most frequent misses of the non-local row (gold field -> predicted):")
     for (field, got), count in pairs.most_common(args.top):                  # pairs: the last row's
         print(f"{count:>5}  {field} -> {got}")
+    total, higher, lower = search_or_model(model, index, cites, enc, pred)   # pred: the non-local row's
+    print(f"search or model: of the {total} citations the non-local row gets wrong (gold paths all seen in "
+          f"training), the learned model scores the gold labels higher in {higher} (a better decoder could fix "
+          f"these) and its own wrong answer at least as high in {lower} (only another model could)")
 
 
 if __name__ == "__main__":

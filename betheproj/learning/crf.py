@@ -186,7 +186,8 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     distance.  The model is still a CRF (decode and take marginals in the plain potentials).
 
     ``chunk_size`` evaluates the (same) objective over length-sorted chunks of that many sequences, each
-    trimmed to its longest member, accumulating gradients: the memory of one chunk, little padding.
+    trimmed to its longest member (on a chain; a tree oracle's potentials keep all its nodes), accumulating
+    gradients: the memory of one chunk, little padding.
     ``progress`` shows a bar over the objective evaluations (L-BFGS's budget of ``1.25 max_iter``; torch checks it
     between line searches, so the last line search can run a few evaluations past it)."""
     from .losses import resolve_loss, structured_loss  # losses builds on this module
@@ -201,6 +202,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
         raise ValueError(f"gamma applies to loss='softmax_margin' only, got gamma={gamma} with loss='crf'")
     _, gamma = resolve_loss(loss, gamma=gamma)        # the preset's gamma (1) by default; checks it
     oracle = oracle or LinearChain()
+    full = None if tree_parents(oracle, features.shape[1]) is None else features.shape[1]
 
     def objective(potentials: PairwisePotentials, gold: Tensor) -> Tensor:
         if loss == "crf":
@@ -219,6 +221,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
         opt.zero_grad()
         value = 0.0
         for idx, n in chunks:
+            n = full or n
             part = objective(model(features[idx, :n], lengths[idx]), labels[idx, :n]).sum() / total
             part.backward()
             value += part.item()

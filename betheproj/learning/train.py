@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_count, check_int, check_nonnegative, check_positive
-from ..oracles.base import Marginals
+from ..oracles.base import Marginals, tree_parents
 from ..progress import progress_bar
 from ._checks import check_sequences
 from .model import NonLocalCRF
@@ -187,10 +187,11 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     eval_every = eval_every or per_epoch
     bar = progress_bar(epochs * per_epoch, progress, "Algorithm 3")
     start = time.perf_counter()
+    full = None if tree_parents(model.oracle, features.shape[1]) is None else features.shape[1]
     for _ in range(epochs):
         for idx in _batches(features.shape[0], batch_size, gen):
             x, y, n = features[idx], labels[idx], lengths[idx]
-            width = int(n.max())
+            width = full or int(n.max())                  # a chain's batch loses its padding, a tree's cannot
             x, y = x[:, :width], y[:, :width]
             sol = model.infer(x, n, train_iter)
             opt.zero_grad()

@@ -197,3 +197,25 @@ def test_features_of_the_wrong_kind_or_range_are_named():
         LinearChainCRF(3, 2)([1, 2])
     theta, _ = tagging_instance(batch=4, length=1)               # lengths drawn from [1, 1], never 0
     assert theta.lengths.tolist() == [1, 1, 1, 1]
+
+
+def test_a_tree_trains_on_examples_shorter_than_the_tree():
+    """Training trims a batch to its longest example only on a chain: a tree's potentials keep all its nodes."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 4, 5, generator=gen, dtype=DT)
+    labels = torch.randint(0, 3, (8, 4), generator=gen)
+    lengths = torch.tensor([3, 2, 3, 2, 3, 3, 2, 2])          # none as long as the tree
+    tree = bp.Tree([-1, 0, 0, 1])
+    histories = []
+    for chunk_size in (None, 3):
+        torch.manual_seed(0)
+        model = LinearChainCRF(5, 3).double()
+        histories.append(fit_crf(model, x, labels, lengths, oracle=tree, max_iter=5, chunk_size=chunk_size))
+    assert histories[0][0] == pytest.approx(histories[1][0], abs=1e-12)      # the same objective, chunked or not
+    torch.manual_seed(0)
+    untrained = LinearChainCRF(5, 3).double()
+    with torch.no_grad():
+        first = float(crf_nll(tree, untrained(x, lengths), labels).mean()
+                      + 0.5e-3 * sum((p * p).sum() for p in untrained.parameters()))
+    assert histories[0][0] == pytest.approx(first, abs=1e-12)
+    assert histories[0][-1] < histories[0][0]

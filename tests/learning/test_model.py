@@ -450,3 +450,18 @@ def test_constant_psi_keeps_the_dtype_of_a_float_tensor():
     assert ConstantPsi(torch.tensor(0.7, dtype=torch.float32)).value.dtype == torch.float32
     assert ConstantPsi(0.7).value.dtype == torch.get_default_dtype()
     assert ConstantPsi(torch.tensor(2)).value.dtype == torch.get_default_dtype()   # an integer tensor: a number
+
+
+def test_algorithm_3_trains_on_a_tree_with_examples_shorter_than_the_tree():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 4, 5, generator=gen, dtype=DT)
+    labels = torch.randint(0, 3, (8, 4), generator=gen)
+    lengths = torch.tensor([3, 2, 3, 2, 3, 3, 2, 2])
+    energy = lambda psi: LinearMeasurements(node=torch.ones(1, 3, dtype=DT), offset=1.0, psi=psi)  # noqa: E731
+    model = NonLocalCRF(LinearChainCRF(5, 3).double(), energy, psi=ConstantPsi(torch.tensor(0.5, dtype=DT)),
+                        oracle=bp.Tree([-1, 0, 0, 1]))
+    with torch.no_grad():
+        before = model.loss(x, labels, lengths).item()
+    model.fit(x, labels, lengths, epochs=5, batch_size=4, lr=0.1)
+    with torch.no_grad():
+        assert model.loss(x, labels, lengths).item() < before
