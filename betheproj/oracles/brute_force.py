@@ -11,6 +11,7 @@ from torch import Tensor
 from .base import (
     Marginals,
     PairwisePotentials,
+    _max_shifted,
     bethe_entropy,
     check_marginals,
     check_potentials,
@@ -61,11 +62,13 @@ class BruteForce:
         edge_m = pot.node.new_zeros(b, n - 1, c, c)
         log_z = pot.node.new_zeros(b)
         parents = self._parents(n)
+        shifted, shift = _max_shifted(pot)          # scores of order 1 to sum, not raw 1e4s (float32)
         for i in range(b):
-            ys, score = self._joint(pot, i)
+            ys, score = self._joint(shifted, i)
             length = ys.shape[1]
             log_z[i] = torch.logsumexp(score, 0)
             prob = torch.exp(score - log_z[i])
+            log_z[i] = log_z[i] + shift[i]
             for t in range(length):
                 node_m[i, t].index_add_(0, ys[:, t], prob)
             for t in range(1, length):
@@ -83,8 +86,9 @@ class BruteForce:
         potentials = check_potentials(potentials)
         b, n, _ = potentials.node.shape
         labels = torch.full((b, n), -1, dtype=torch.long, device=potentials.node.device)
+        shifted, _ = _max_shifted(potentials)
         for i in range(b):
-            ys, score = self._joint(potentials, i)
+            ys, score = self._joint(shifted, i)
             _raise_if_infeasible(score, i)
             labels[i, : ys.shape[1]] = ys[score.argmax()]
         return labels
@@ -93,8 +97,9 @@ class BruteForce:
         """Entropy of the joint distribution, ``-sum_y p(y) log p(y)`` [B]."""
         potentials = check_potentials(potentials)
         out = potentials.node.new_zeros(potentials.node.shape[0])
+        shifted, _ = _max_shifted(potentials)
         for i in range(len(out)):
-            _, score = self._joint(potentials, i)
+            _, score = self._joint(shifted, i)
             _raise_if_infeasible(score, i)
             logp = score - torch.logsumexp(score, 0)
             p = torch.exp(logp)
