@@ -130,6 +130,8 @@ def _warm_offsets(warm: PairwisePotentials | None, theta: PairwisePotentials, ne
     if warm.node.shape != theta.node.shape:
         raise ValueError(f"warm_start must have the potentials' node shape {tuple(theta.node.shape)}, got "
                          f"{tuple(warm.node.shape)}")
+    if warm.node.dtype != theta.node.dtype:
+        raise TypeError(f"warm_start must have the potentials' dtype {theta.node.dtype}, got {warm.node.dtype}")
     finite = torch.isfinite(theta.node)
     d_node = torch.where(finite, warm.node - torch.where(finite, theta.node, 0.0), 0.0)
     d_edge = None
@@ -244,6 +246,9 @@ class SolverState:
                 self.allowed_node = self.allowed_node & can
         self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
         self.val = energy.value(self._point(mu_node, mu_edge, lengths))     # L at the iterate (MD step test)
+        if self.val.dtype != mu_node.dtype:
+            raise TypeError(f"energy.value returned {self.val.dtype} for {mu_node.dtype} marginals: build the "
+                            f"energy's tensors in the potentials' dtype")
         f = -self.log_z + _inner(self.delta_node, mu_node) + self.val
         if need_edges:
             f = f + _inner(self.delta_edge, mu_edge)

@@ -102,6 +102,9 @@ def cost_augmented(potentials: PairwisePotentials, gold: Tensor, gamma: float, b
         q = None
     else:
         p_node, p_edge, q = _cost_fn(cost)(potentials, gold)
+        for name, part in (("p_node", p_node), ("p_edge", p_edge), ("q", q)):
+            if part is not None and part.dtype != potentials.node.dtype:
+                raise TypeError(f"cost returned {name} of dtype {part.dtype} for {potentials.node.dtype} potentials")
         pot = potentials.shifted(gamma * p_node, None if p_edge is None else gamma * p_edge)
         q = None if q is None else gamma * q
     if scale != 1.0:

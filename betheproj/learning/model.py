@@ -36,6 +36,9 @@ def surrogate_nll(oracle: Oracle, potentials: PairwisePotentials, energy: Energy
         return crf_nll(oracle, potentials, labels)
     if marginals is None:
         raise ValueError("marginals (the solution mu of (2)) are required with an energy")
+    if marginals.node.dtype != potentials.node.dtype:
+        raise TypeError(f"marginals must have the potentials' dtype {potentials.node.dtype}, got "
+                        f"{marginals.node.dtype}")
     if marginals.node.shape != potentials.node.shape:
         raise ValueError(f"marginals must have the potentials' node shape [B, N, C]={tuple(potentials.node.shape)}, "
                          f"got {tuple(marginals.node.shape)}")
@@ -56,7 +59,7 @@ class NonLocalCRF(nn.Module):
     Args:
         theta: module ``(features [B, N, F], lengths [B]) -> PairwisePotentials`` (e.g. ``LinearChainCRF``).
         energy: ``psi -> Energy``, building the energy for a batch from its weights (``None``: a plain CRF).
-        psi: module ``(features, lengths) -> psi`` ([B] or [B, J]); default a learned constant.
+        psi: module ``(features, lengths) -> psi`` ([B] or [B, J]); default a learned constant in theta's dtype.
         oracle: the marginal oracle of the base structure (default ``LinearChain()``).
         method, max_iter, tol: passed to :func:`betheproj.solve` for inference.
         search: ``"local"`` runs the solver from the base marginals (a stationary point of (2));
@@ -88,7 +91,10 @@ class NonLocalCRF(nn.Module):
 
         self.theta = theta
         self.energy_fn = energy
-        self.psi = psi if psi is not None or energy is None else ConstantPsi(1.0)
+        if psi is None and energy is not None:           # a learned scalar in theta's dtype
+            dtype = next((w.dtype for w in theta.parameters() if w.is_floating_point()), torch.get_default_dtype())
+            psi = ConstantPsi(torch.tensor(1.0, dtype=dtype))
+        self.psi = psi
         self.oracle = LinearChain() if oracle is None else oracle
         self.method, self.max_iter, self.tol, self.search = method, max_iter, tol, search
 

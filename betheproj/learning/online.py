@@ -159,6 +159,8 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     every epoch (e.g. to evaluate on held-out data).  Returns the averaged weights (line 10)."""
     beta, gamma = resolve_loss(loss, beta, gamma)
     num_features = check_count("num_features", num_features)
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     epochs = check_count("epochs", epochs)
     lam = check_positive("lam (lambda)", lam)
     m = len(examples)

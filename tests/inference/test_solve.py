@@ -663,3 +663,17 @@ def test_rounding_mass_on_arcs_in_no_tree_does_not_stall_the_solver(method):
     want = bp.solve(tree, bp.arc_potentials(masked), energy, method=method, max_iter=300)
     assert got.objective.item() == pytest.approx(want.objective.item(), abs=1e-7)
     assert want.objective.item() < -7.36
+
+
+def test_mixed_dtypes_are_type_errors_naming_the_argument():
+    gen = torch.Generator().manual_seed(0)
+    node, edge = torch.randn(2, 4, 3, generator=gen, dtype=torch.float64), torch.randn(3, 3, generator=gen,
+                                                                                        dtype=torch.float64)
+    p64, p32 = bp.ChainPotentials(node, edge), bp.ChainPotentials(node.float(), edge.float())
+    energy = LinearMeasurements(node=torch.ones(1, 3), offset=1.0, psi=1.0)
+    warm = bp.solve(bp.LinearChain(), p64, energy).potentials
+    with pytest.raises(TypeError, match="warm_start must have the potentials' dtype torch.float32, got torch.float64"):
+        bp.solve(bp.LinearChain(), p32, energy, warm_start=warm)
+    weights = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(TypeError, match="energy.value returned torch.float64 for torch.float32 marginals"):
+        bp.solve(bp.LinearChain(), p32, FunctionEnergy(lambda m: (m.node * weights).sum((1, 2))))

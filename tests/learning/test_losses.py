@@ -225,3 +225,11 @@ def test_gold_on_a_forbidden_part_is_refused(loss):
     ok = bp.ChainPotentials(node, pot.edge, pot.lengths)
     assert torch.isfinite(structured_loss(bp.LinearChain(), ok, gold, loss=loss)).all()
     assert torch.isfinite(loss_and_gradient(bp.LinearChain(), ok, gold, loss=loss).loss).all()
+
+
+def test_a_cost_of_another_dtype_is_a_type_error():
+    pot, gold = _problem()
+    pot32 = bp.ChainPotentials(pot.node.float(), pot.edge.float(), pot.lengths)
+    cost = lambda p, g: (torch.ones(p.node.shape, dtype=DT), None, None)  # noqa: E731
+    with pytest.raises(TypeError, match="cost returned p_node of dtype torch.float64 for torch.float32 potentials"):
+        structured_loss(bp.LinearChain(), pot32, gold, loss="softmax_margin", cost=cost)

@@ -465,3 +465,13 @@ def test_algorithm_3_trains_on_a_tree_with_examples_shorter_than_the_tree():
     model.fit(x, labels, lengths, epochs=5, batch_size=4, lr=0.1)
     with torch.no_grad():
         assert model.loss(x, labels, lengths).item() < before
+
+
+def test_marginals_of_another_dtype_are_a_type_error_and_the_default_psi_follows_theta():
+    node, edge, lengths, labels, mu = _problem()
+    pot32 = bp.ChainPotentials(node.float(), edge.float(), lengths)
+    with pytest.raises(TypeError, match="marginals must have the potentials' dtype torch.float32, got torch.float64"):
+        surrogate_nll(bp.LinearChain(), pot32, _quadratic(torch.tensor(1.0)), mu, labels)
+    model = NonLocalCRF(LinearChainCRF(4, 3).double(), _quadratic)
+    assert model.psi.value.dtype == DT
+    assert NonLocalCRF(LinearChainCRF(4, 3), _quadratic).psi.value.dtype == torch.float32

@@ -217,3 +217,10 @@ def test_compact_examples_score_as_their_global_ids_and_mixed_label_counts_pad_w
     node = sparse_potentials(w, [examples[1], narrow], D).node
     n = len(narrow.gold)
     assert torch.isinf(node[1, :n, 2]).all() and torch.isfinite(node[1, :n, :2]).all()
+
+
+def test_dtype_must_be_a_float_type_torch_can_train_in():
+    ex = SparseExample(torch.zeros(2, 3, 1, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    for dtype in (torch.float16, torch.long):
+        with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
+            fit_online(bp.LinearChain(), [ex], num_features=1, dtype=dtype)
