@@ -166,12 +166,20 @@ class DependencyMarginals(Marginals):
     it exists so that the solvers, which track edge marginals for their accelerated method, run unchanged).
     """
 
-    def __init__(self, node: Tensor, log_partition: Tensor, lengths: Tensor, theta: Tensor, structure: tuple):
+    def __init__(self, node: Tensor, log_partition: Tensor, lengths: Tensor, theta: Tensor, structure: tuple,
+                 shift: Tensor | None = None, shifted_log_partition: Tensor | None = None):
         b, n, c = node.shape
         super().__init__(node, lambda: node.new_zeros(b, n - 1, c, c), log_partition, lengths)
         self.edge_sum = lambda weights: node.new_zeros(c, c)
         self.theta = theta            # [B, N, N+1], -inf at ignored or forbidden arcs
         self.structure = structure
+        # [B, N]: each modifier's largest arc score, and log Z less their sum: every tree takes one head per
+        # modifier, so log Z - <theta, mu> is exact as (log Z - sum shift) - <theta - shift, mu>, both O(1)
+        # where theta is large (float32 rounds log Z itself at |theta| = 1e4 to 0.008)
+        if (shift is None) != (shifted_log_partition is None):
+            raise ValueError("give shift and shifted_log_partition together")
+        self.shift = torch.zeros_like(log_partition)[:, None].expand(b, n) if shift is None else shift
+        self.shifted_log_partition = log_partition if shift is None else shifted_log_partition
 
 
 def _damped_step(evals: Tensor, evecs: Tensor, g_eig: Tensor, g: Tensor, cut: Tensor, lam: Tensor,
@@ -224,11 +232,15 @@ class _DependencyOracle:
     def marginals(self, potentials: PairwisePotentials) -> DependencyMarginals:
         """Arc marginals [B, N, N+1] (zero at padding rows and invalid heads) and ``log Z`` [B]."""
         scores, lengths = self._scores(potentials)
+        top = scores.amax(1, keepdim=True)                         # [B, 1, N+1]: each modifier's best head
+        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype, device=top.device))
         with torch.no_grad():
-            log_z, marg = self._marginals_core(scores, lengths)
+            shifted_log_z, marg = self._marginals_core(scores - top, lengths)
         node = marg[:, :, 1:].transpose(1, 2).contiguous()
         theta = scores[:, :, 1:].transpose(1, 2)
-        return DependencyMarginals(node, log_z, lengths, theta, self._structure())
+        shift = top[:, 0, 1:]
+        return DependencyMarginals(node, shifted_log_z + shift.sum(-1), lengths, theta, self._structure(), shift,
+                                   shifted_log_z)
 
     def support(self, potentials: PairwisePotentials) -> Tensor:
         """Arcs [B, N, N+1] (node layout) that lie in some tree of finite score.  The marginals of the others
@@ -271,10 +283,10 @@ class _DependencyOracle:
         if c != n + 1:
             raise ValueError(f"marginals.node must be arc marginals [B, N, N+1], got {tuple(marginals.node.shape)}")
         if isinstance(marginals, DependencyMarginals) and marginals.structure == self._structure():
-            mu, theta = marginals.node, marginals.theta
+            mu, theta = marginals.node, marginals.theta - marginals.shift[..., None]
             lin = torch.where(mu > 0, theta * mu, torch.zeros((), dtype=mu.dtype, device=mu.device))
-            # rounding of log Z - <theta, mu> with |theta| large leaves ~eps |theta| below 0 for one-tree inputs
-            return (marginals.log_partition - lin.flatten(1).sum(-1)).clamp_min(0.0)
+            # rounding of log Z - <theta, mu> leaves ~eps below 0 for one-tree inputs
+            return (marginals.shifted_log_partition - lin.flatten(1).sum(-1)).clamp_min(0.0)
         with torch.no_grad():
             return self._conjugate_entropy(marginals.node, marginals.lengths).clamp_min(0.0)
 
