@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..energies.base import Energy, Gradient
-from ..oracles.base import Marginals, Oracle, PairwisePotentials, _unchecked
+from ..oracles.base import Marginals, Oracle, PairwisePotentials, _unchecked, tree_parents
 
 _MAX_STEP = 1e6
 _MIN_STEP = 1e-20   # bounds of the step-size control (eta for MD; 1/beta, 1/L for the others)
@@ -288,7 +288,8 @@ class SolverState:
         ``(None, None)`` if none did.  Feasibility is read off the marginals of the potentials with every finite
         entry set to 0 (the uniform distribution over the configurations theta allows), in float64."""
         valid = base.node_mask()[..., None]
-        if not bool(((base.node == 0) & torch.isfinite(potentials.node) & valid).any()):
+        if not bool(((base.node == 0) & torch.isfinite(potentials.node) & valid).any()) \
+                and not self._edge_underflowed(oracle, potentials, base):
             return None, None
         def flat(x: Tensor) -> Tensor:
             return torch.where(torch.isfinite(x), 0.0, -torch.inf).to(torch.float64)
@@ -302,6 +303,23 @@ class SolverState:
         if self.totals:
             return node, (base.edge_total() > 0) | (uniform.edge_total() > 0)
         return node, (base.edge > 0) | (uniform.edge > 0)
+
+    def _edge_underflowed(self, oracle: Oracle, potentials: PairwisePotentials, base: Marginals) -> bool:
+        """Whether an edge entry with a finite potential between two labels of positive marginal has an exact 0
+        edge marginal (positive in exact arithmetic, so underflow), at a position whose edge marginals carry
+        mass (the dependency oracles' edges are all-zero placeholders)."""
+        n = potentials.node.shape[1]
+        if not self.need_edges or n < 2:
+            return False
+        parents = tree_parents(oracle, n)
+        rows = torch.arange(n - 1, device=base.node.device) if parents is None else parents[1:].to(base.node.device)
+        pos = base.node > 0
+        possible = pos[:, rows, :, None] & pos[:, 1:, None, :] & torch.isfinite(potentials.full_edge())
+        if self.totals:
+            edge = base.edge_total()
+            return bool((possible.any(1) & (edge == 0) & (edge.sum((-1, -2)) > 0)[:, None, None]).any())
+        edge = base.edge
+        return bool((possible & (edge == 0) & (edge.sum((-1, -2)) > 0)[..., None, None]).any())
 
     # -- views of the state --------------------------------------------------------------------------------
     def _point(self, node: Tensor, edge: Tensor | None, lens: Tensor) -> Marginals:

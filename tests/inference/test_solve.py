@@ -677,3 +677,28 @@ def test_mixed_dtypes_are_type_errors_naming_the_argument():
     weights = torch.ones(3, dtype=torch.float64)
     with pytest.raises(TypeError, match="energy.value returned torch.float64 for torch.float32 marginals"):
         bp.solve(bp.LinearChain(), p32, FunctionEnergy(lambda m: (m.node * weights).sum((1, 2))))
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared edge", "per-position edges"])
+def test_an_underflowed_edge_is_solved_alone_as_in_a_batch(shared):
+    """A transition 800 nats down has an edge marginal of exactly 0; an energy asking for that transition must
+    move it whether or not another example of the batch has an underflowed node (which once alone switched on
+    the solver's handling of underflow, so the example alone stopped at iteration 0 at the base marginals)."""
+    dt = torch.float64
+    table = torch.tensor([[0.0, -800.0], [0.0, 0.0]], dtype=dt)
+    want = torch.zeros(1, 2, 2, dtype=dt)
+    want[0, 0, 1] = -1.0                                           # "transition 0 -> 1 at least once"
+    a = torch.tensor([[0.3, -0.2], [0.1, 0.4], [-0.5, 0.2]], dtype=dt)
+    other = torch.tensor([[0.0, -800.0], [0.2, 0.1], [0.0, 0.0]], dtype=dt)   # a node underflow
+
+    def run(nodes):
+        edge = table if shared else table.expand(len(nodes), 2, 2, 2)
+        pot = bp.ChainPotentials(torch.stack(nodes), edge, torch.tensor([3] * len(nodes)))
+        energy = LinearMeasurements(edge=want, offset=-1.0, loss="squared", psi=1000.0)
+        return bp.solve(bp.LinearChain(), pot, energy, tol=1e-8, max_iter=500)
+
+    alone, batched = run([a]), run([a, other])
+    assert bool(alone.converged[0]) and int(alone.iterations[0]) > 0
+    assert float(alone.marginals.edge[0, :, 0, 1].sum()) > 0.1          # the energy moved the transition
+    assert alone.objective[0].item() == pytest.approx(batched.objective[0].item(), abs=1e-8)
+    assert torch.allclose(alone.marginals.node[0], batched.marginals.node[0], atol=1e-7)
