@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..energies.base import Energy, Gradient
-from ..oracles.base import Marginals, Oracle, PairwisePotentials, _unchecked, tree_parents
+from ..oracles.base import Marginals, Oracle, PairwisePotentials, _unchecked, edge_row_ends, tree_parents
 
 _MAX_STEP = 1e6
 _MIN_STEP = 1e-20   # bounds of the step-size control (eta for MD; 1/beta, 1/L for the others)
@@ -311,10 +311,9 @@ class SolverState:
         n = potentials.node.shape[1]
         if not self.need_edges or n < 2:
             return False
-        parents = tree_parents(oracle, n)
-        rows = torch.arange(n - 1, device=base.node.device) if parents is None else parents[1:].to(base.node.device)
         pos = base.node > 0
-        possible = pos[:, rows, :, None] & pos[:, 1:, None, :] & torch.isfinite(potentials.full_edge())
+        rows = edge_row_ends(pos, tree_parents(oracle, n))
+        possible = rows[..., :, None] & pos[:, 1:, None, :] & torch.isfinite(potentials.full_edge())
         if self.totals:
             edge = base.edge_total()
             return bool((possible.any(1) & (edge == 0) & (edge.sum((-1, -2)) > 0)[:, None, None]).any())

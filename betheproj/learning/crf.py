@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from .._checks import check_count, check_nonnegative
 from ..oracles import LinearChain
-from ..oracles.base import Marginals, Oracle, PairwisePotentials, tree_parents
+from ..oracles.base import Marginals, Oracle, PairwisePotentials, edge_row_ends, tree_parents
 from ..progress import progress_bar
 from ._checks import check_sequences
 
@@ -35,11 +35,6 @@ def _check_parents(parents: Tensor | None, n: int) -> None:
         raise ValueError(f"parents must have N={n} entries, got {len(parents)}")
 
 
-def _edge_rows(y: Tensor, parents: Tensor | None) -> Tensor:
-    """The label at the row end of every edge [B, N-1]: node ``k`` on a chain, ``parents[k+1]`` on a tree."""
-    return y[:, :-1] if parents is None else y[:, parents[1:].to(y.device)]
-
-
 def sequence_score(potentials: PairwisePotentials, labels: Tensor, parents: Tensor | None = None) -> Tensor:
     """``<theta, S(y)>`` [B]: node scores of the labels plus the edge scores of the label pairs each edge couples:
     consecutive positions on a chain (``parents=None``), ``(parents[k+1], k+1)`` for edge ``k`` on a tree (see
@@ -52,7 +47,7 @@ def sequence_score(potentials: PairwisePotentials, labels: Tensor, parents: Tens
     node = potentials.node.gather(2, y[..., None]).squeeze(-1)
     score = torch.where(valid, node, torch.zeros((), dtype=node.dtype)).sum(-1)
     if n > 1:
-        rows = _edge_rows(y, parents)
+        rows = edge_row_ends(y, parents)
         if potentials.shared_edge:        # index the [C, C] matrix itself: its gradient stays [C, C]
             pair = potentials.edge[rows, y[:, 1:]]
         else:
@@ -78,7 +73,7 @@ def _edge_indicators(potentials: PairwisePotentials, y: Tensor, parents: Tensor 
     b, n, c = potentials.node.shape
     y = y.clamp_min(0)
     valid = (torch.arange(n - 1, device=y.device) < (potentials.lengths[:, None] - 1)).to(potentials.node.dtype)
-    flat = _edge_rows(y, parents) * c + y[:, 1:]                        # [B, N-1]
+    flat = edge_row_ends(y, parents) * c + y[:, 1:]                        # [B, N-1]
     if total:
         out = potentials.node.new_zeros(c * c)
         out.index_add_(0, flat.reshape(-1), valid.reshape(-1))

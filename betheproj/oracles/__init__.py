@@ -1,6 +1,15 @@
 """Marginal-inference oracles: tractable base structures behind one protocol."""
 
-from .base import ChainPotentials, Marginals, Oracle, PairwisePotentials, bethe_entropy, log_partition, tree_parents
+from .base import (
+                   ChainPotentials,
+                   Marginals,
+                   Oracle,
+                   PairwisePotentials,
+                   bethe_entropy,
+                   edge_row_ends,
+                   log_partition,
+                   tree_parents,
+)
 from .brute_force import BruteForce
 from .chain import LinearChain
 from .dependency import DependencyMarginals, arc_potentials, arcs_to_heads, heads_to_arcs
@@ -9,6 +18,6 @@ from .projective import Projective, eisner, eisner_map
 from .tree import Tree
 
 __all__ = ["BruteForce", "ChainPotentials", "LinearChain", "Marginals", "Oracle", "PairwisePotentials",
-           "Tree", "bethe_entropy", "log_partition", "tree_parents",
+           "Tree", "bethe_entropy", "log_partition", "tree_parents", "edge_row_ends",
            "DependencyMarginals", "NonProjective", "Projective", "arc_potentials", "arcs_to_heads",
            "chu_liu_edmonds", "eisner", "eisner_map", "heads_to_arcs", "matrix_tree"]

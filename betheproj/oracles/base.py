@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "bethe_entropy", "log_partition",
-           "tree_parents"]
+           "tree_parents", "edge_row_ends"]
 
 
 def _check_float(name: str, x: object, ndim: tuple[int, ...]) -> Tensor:
@@ -295,6 +295,12 @@ def tree_parents(oracle: Oracle, n: int) -> Tensor | None:
     if len(parents) != n:
         raise ValueError(f"potentials have N={n} positions but the oracle's tree has {len(parents)} nodes")
     return torch.as_tensor(parents, dtype=torch.long)
+
+
+def edge_row_ends(x: Tensor, parents: Tensor | None) -> Tensor:
+    """``x`` [B, N, ...] at the row end of every edge, [B, N-1, ...]: node ``k`` on a chain (``parents=None``),
+    node ``parents[k+1]`` on a tree (the column end is always ``x[:, 1:]``)."""
+    return x[:, :-1] if parents is None else x[:, parents[1:].to(x.device)]
 
 
 class _LogPartition(torch.autograd.Function):
