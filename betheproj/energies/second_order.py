@@ -55,6 +55,24 @@ def _version(t: Tensor | None) -> int | object | None:
     return object() if t.is_inference() else t._version
 
 
+def _check_parts(name: str, idx: object, shape: torch.Size) -> None:
+    """``idx`` lists distinct entries of a [B, C, C, C] score tensor as an integer tensor [4, P]."""
+    if not isinstance(idx, Tensor) or idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():
+        raise TypeError(f"parts: {name} indices must be an integer tensor [4, P], got "
+                        f"{idx.dtype if isinstance(idx, Tensor) else type(idx).__name__}")
+    if idx.dim() != 2 or idx.shape[0] != 4:
+        raise ValueError(f"parts: {name} indices must be [4, P], got shape {tuple(idx.shape)}")
+    if idx.shape[1] == 0:
+        return
+    bound = torch.tensor(tuple(shape), device=idx.device)[:, None]
+    if bool((idx < 0).any()) or bool((idx >= bound).any()):
+        raise ValueError(f"parts: {name} indices must lie in [0, {tuple(shape)}) row by row (b, and three "
+                         f"positions < C), got one out of range")
+    flat = ((idx[0] * shape[1] + idx[1]) * shape[2] + idx[2]) * shape[3] + idx[3]
+    if torch.unique(flat).numel() != flat.numel():
+        raise ValueError(f"parts: {name} indices list a part more than once (it would be counted twice)")
+
+
 class SecondOrderArcs(Energy):
     """``L(mu) = -sum S[h,m,s] mu(h->m) mu(h->s) - sum G[g,h,m] mu(g->h) mu(h->m)`` (eq. 9 on second-order parts).
 
@@ -67,7 +85,7 @@ class SecondOrderArcs(Energy):
             ``(b, h, m, s)`` / ``(b, g, h, m)`` that may be non-zero (the others are taken as 0).  The value and
             gradient are then sums over the listed parts, ``O(P)`` instead of ``O(B C^3)``: the fast path for
             pruned parsers.  List a part whatever its current score (a score that is 0 now still needs its
-            gradient when learning).
+            gradient when learning).  Each part at most once, every index inside the score tensors.
 
     Both must be finite floating-point tensors; they may require grad (learning through
     :func:`betheproj.learning.model.surrogate_nll`).  The energy is non-convex in general (eq. 9).
@@ -103,9 +121,8 @@ class SecondOrderArcs(Energy):
             for name, idx, t in (("sibling", parts[0], sibling), ("grandparent", parts[1], grandparent)):
                 if (idx is None) != (t is None):
                     raise ValueError(f"parts: give {name} indices exactly when {name} scores are given")
-                if idx is not None and (not isinstance(idx, Tensor) or idx.dim() != 2 or idx.shape[0] != 4
-                                        or idx.is_floating_point()):
-                    raise ValueError(f"parts: {name} indices must be an integer tensor [4, P]")
+                if idx is not None:
+                    _check_parts(name, idx, shape)
         self.sibling = sibling
         self.grandparent = grandparent
         self.parts = parts

@@ -138,6 +138,25 @@ def test_part_lists_equal_the_dense_form():
         SecondOrderArcs(s, None, parts=(None, None))
 
 
+
+def test_part_lists_are_checked():
+    """A part list names entries of the score tensors, each once: a negative index (which would wrap to the
+    other end), one past the end, a repeated part (counted twice) and a bool or float list are refused."""
+    _, mu, s, _ = _setup(5)
+    ok = torch.tensor([[0, 0], [0, 1], [1, 2], [2, 3]])
+    SecondOrderArcs(s, None, parts=(ok, None)).value(mu)
+    for bad, match in ((torch.tensor([[0], [0], [-3], [2]]), "out of range"),
+                       (torch.tensor([[0], [0], [s.shape[1]], [2]]), "out of range"),
+                       (torch.tensor([[s.shape[0]], [0], [1], [2]]), "out of range"),
+                       (torch.tensor([[0, 0], [0, 0], [1, 1], [2, 2]]), "more than once"),
+                       (ok[:3], r"\[4, P\]")):
+        with pytest.raises(ValueError, match=match):
+            SecondOrderArcs(s, None, parts=(bad, None))
+    for bad in (ok.bool(), ok.double(), ok.tolist()):
+        with pytest.raises(TypeError, match="integer tensor"):
+            SecondOrderArcs(s, None, parts=(bad, None))
+    SecondOrderArcs(s, None, parts=(ok[:, :0], None)).value(mu)      # no parts: allowed
+
 @pytest.mark.parametrize("sparse", [False, True])
 def test_cache_sees_in_place_score_changes(sparse):
     """Prepared scores are keyed on the score tensors and their versions: ``S.mul_(2)`` doubles the value."""
