@@ -25,7 +25,21 @@ from scipy.sparse import coo_matrix
 from .._checks import check_real
 from .graph import FactorGraph
 
-__all__ = ["LPBuilder", "LPResult", "lp_map"]
+__all__ = ["LPBuilder", "LPResult", "lp_map", "maximize_linear"]
+
+
+def maximize_linear(score: np.ndarray, **constraints: object) -> OptimizeResult:
+    """``max score . x`` by ``linprog(method="highs")`` under ``constraints`` (its keyword arguments), the
+    objective scaled to ``max |score|`` in [0.5, 1) for the solve (by a power of two: exact both ways).
+    HiGHS's optimality tolerances are absolute (about 1e-7), so unscaled scores of that size were declared
+    optimal at a wrong vertex.  ``res.fun`` is ``-max``, in the units of ``score``."""
+    score = np.asarray(score, dtype=np.float64)
+    largest = float(np.max(np.abs(score))) if score.size else 0.0
+    scale = float(np.ldexp(1.0, int(np.frexp(largest)[1]))) if largest > 0.0 else 1.0
+    res = linprog(-score / scale, method="highs", **constraints)
+    if res.fun is not None:
+        res.fun = float(res.fun) * scale
+    return res
 
 
 class LPBuilder:
@@ -100,7 +114,7 @@ class LPBuilder:
         a_eq, b_eq = self._matrix(self._eq)
         a_ub, b_ub = self._matrix(self._ub)
         bounds = np.stack([np.zeros_like(upper), upper], axis=1)
-        return linprog(-score, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs")
+        return maximize_linear(score, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=bounds)
 
 
 @dataclass

@@ -31,8 +31,9 @@ def exact_map(mrf: PairwiseMRF, *, max_configurations: int = MAX_CONFIGURATIONS)
     """Exact MAP, eq. (1) ``argmax_y score(y)``, by enumerating all ``prod_i c_i`` labellings.
 
     Ties are broken towards the lexicographically smallest labelling (``num_ties`` counts the other optima within
-    ``1e-9`` relative).  Raises ``ValueError`` above ``max_configurations`` labellings or when every labelling is
-    forbidden (score ``-inf``)."""
+    ``1e-9`` times the largest finite ``|score|``, a count that does not change with the potentials' scale).
+    Raises ``ValueError`` above ``max_configurations`` labellings or when every labelling is forbidden (score
+    ``-inf``)."""
     mrf = _check_mrf(mrf)
     scores = mrf.all_scores(max_configurations)
     flat = scores.reshape(-1)
@@ -40,7 +41,8 @@ def exact_map(mrf: PairwiseMRF, *, max_configurations: int = MAX_CONFIGURATIONS)
     best = float(flat[k])
     if best == -np.inf:
         raise ValueError("every labelling of the MRF has score -inf (contradictory potentials)")
-    ties = int(np.sum(flat >= best - 1e-9 * max(1.0, abs(best)))) - 1
+    finite = flat[np.isfinite(flat)]
+    ties = int(np.sum(flat >= best - 1e-9 * float(np.max(np.abs(finite))))) - 1
     y = np.array(np.unravel_index(k, mrf.cardinalities), dtype=np.int64).reshape(-1)
     return MAPResult("exact", y, mrf.one_hot(y), best, True, num_ties=ties)
 
