@@ -42,7 +42,7 @@ def as_variables(name: str, variables: object, min_arity: int = 1, max_arity: in
     out = tuple(as_index(f"{name}[{k}]", v) for k, v in enumerate(variables))
     if len(out) < min_arity or (max_arity is not None and len(out) > max_arity):
         want = f"exactly {min_arity}" if min_arity == max_arity else f"at least {min_arity}"
-        raise ValueError(f"{name} must hold {want} variables, got {len(out)}")
+        raise ValueError(f"{name} must hold {want} variable{'' if want.endswith(' 1') else 's'}, got {len(out)}")
     if len(set(out)) != len(out):
         raise ValueError(f"{name} must not repeat a variable, got {out}")
     return out

@@ -130,10 +130,13 @@ class FactorGraph:
             if not isinstance(edge, (Sequence, np.ndarray)) or len(edge) != 2:
                 raise ValueError(f"edges[{e}] must be a pair (i, j), got {edge!r}")
             i, j = (g._check_var(f"edges[{e}][{k}]", edge[k]) for k in range(2))
+            if i == j:
+                raise ValueError(f"edges[{e}] is a self-loop ({i}, {j}): an edge joins two different variables")
             table = shared if shared is not None else as_log_array(f"tables[{e}]", tables[e], ndim=2)
             want = (g._cards[i], g._cards[j])
             if table.shape != want:
-                raise ValueError(f"tables[{e}] must have shape {want} for edge ({i}, {j}), got {table.shape}")
+                name = "tables (shared)" if shared is not None else f"tables[{e}]"
+                raise ValueError(f"{name} must have shape {want} for edge {e} ({i}, {j}), got {table.shape}")
             g.add_factor(Dense((i, j), table))
         return g
 
