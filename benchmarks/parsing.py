@@ -20,7 +20,7 @@ end to end (features, pruning, decoding) in tokens per second on this machine, o
 
 trains the second-order model if ``--model`` does not exist (else loads it: the training options, ``--top-k`` and
 ``--min-prob`` are then an error, since the saved model fixes them) and prints the table rows.  The figures and the
-command of the README's rows are in the README ("Dependency parsing"); this script's earlier runs are in
+command of the README's rows are in docs/measurements.md ("Dependency parsing"); this script's earlier runs are in
 docs/remeasurements.md.
 """
 
