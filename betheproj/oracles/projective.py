@@ -89,7 +89,11 @@ def _column_shifted(s: Tensor) -> tuple[Tensor, Tensor]:
     has one arc into each word, so this only rescales Z, and a huge constant cannot absorb O(1) scores."""
     col = s.amax(1, keepdim=True)
     col = torch.where(torch.isfinite(col), col, torch.zeros((), dtype=s.dtype, device=s.device))
-    return s - col, col.sum((1, 2))
+    shifted = s - col
+    if bool((torch.isneginf(shifted) & torch.isfinite(s)).any()):
+        raise ValueError(f"arc scores into one word differ by more than {s.dtype}'s range (an allowed arc would "
+                         f"read as forbidden): rescale the scores")
+    return shifted, col.sum((1, 2))
 
 
 def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:

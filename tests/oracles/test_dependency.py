@@ -301,6 +301,17 @@ def test_chu_liu_edmonds_and_eisner_map_directly():
         chu_liu_edmonds(torch.full((3, 3), -INF, dtype=DT))
 
 
+def test_eisner_names_scores_beyond_the_dtype_range():
+    """Shifting a column by its maximum overflows when its scores are more than the float range apart: an
+    allowed arc would read as forbidden and Eisner would report no tree (it did) where Chu-Liu-Edmonds finds one."""
+    s = torch.tensor([[-INF, 1e308, 1e308], [-INF, -INF, -1e308], [-INF, -1e308, -INF]], dtype=DT)
+    assert chu_liu_edmonds(s, single_root=True).tolist() == [0, 1]
+    for f in (lambda: eisner_map(s[None], torch.tensor([2]), single_root=True),
+              lambda: eisner(s[None], torch.tensor([2]))):
+        with pytest.raises(ValueError, match="range"):
+            f()
+
+
 def _flow_lp_best(s):
     """Score of the best tree of ``s[h, m]`` by the multi-commodity flow LP (integral for arborescences)."""
     from betheproj.factor_graphs import FactorGraph, Tree, lp_map
