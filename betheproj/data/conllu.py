@@ -168,12 +168,35 @@ def _read(lines: Iterable[str], name: str) -> list[Sentence]:
         if len(cols) != _COLUMNS:
             raise ValueError(f"{name}:{lineno}: expected {_COLUMNS} tab-separated columns, got {len(cols)}")
         if "-" in cols[ID] or "." in cols[ID]:              # multi-word token or empty node
+            _check_extra_id(cols[ID], len(cur.words), f"{name}:{lineno}")
             cur.extra.append((len(cur.words), cols))
         else:
             cur.words.append(cols)
             word_lines.append(lineno)
     finish(lineno + 1)
     return sentences
+
+
+_RANGE = re.compile(r"(\d+)-(\d+)")
+_EMPTY = re.compile(r"(\d+)\.(\d+)")
+
+
+def _check_extra_id(token_id: str, words_before: int, where: str) -> None:
+    """A multi-word token ``a-b`` must start at the next word (``a = words_before + 1``) with ``b > a``; an empty
+    node ``i.k`` must follow word ``i = words_before`` (``k >= 1``)."""
+    rng, empty = _RANGE.fullmatch(token_id), _EMPTY.fullmatch(token_id)
+    if rng is not None:
+        a, b = int(rng[1]), int(rng[2])
+        if a != words_before + 1 or b <= a:
+            raise ValueError(f"{where}: multi-word token ID {token_id!r} must be a range a-b with b > a starting "
+                             f"at the next word ({words_before + 1})")
+    elif empty is not None:
+        if int(empty[1]) != words_before or int(empty[2]) < 1:
+            raise ValueError(f"{where}: empty node ID {token_id!r} must be {words_before}.k with k >= 1 (it "
+                             f"follows word {words_before})")
+    else:
+        raise ValueError(f"{where}: ID {token_id!r} is neither a word (an integer), a multi-word token (a-b) nor "
+                         f"an empty node (i.k)")
 
 
 def parse_conllu(text: str, name: str = "<string>") -> list[Sentence]:

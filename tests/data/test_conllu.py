@@ -75,7 +75,7 @@ def test_missing_head_and_errors(tmp_path):
         parse_conllu("1\ta\ta\tX\t_\t_\t5\t_\t_\t_\n")
     # the line of the bad word, not of the sentence's first (comment) line
     with pytest.raises(ValueError, match=r"^<string>:4: HEAD of word 2 must be an integer in 0..2"):
-        parse_conllu("# sent_id = 1\n1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n1-2\tab\t_\t_\t_\t_\t_\t_\t_\t_\n"
+        parse_conllu("# sent_id = 1\n1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n2-3\tab\t_\t_\t_\t_\t_\t_\t_\t_\n"
                      "2\tb\tb\tX\t_\t_\t7\t_\t_\t_\n")
     with pytest.raises(ValueError, match=r"^<string>:3: word IDs must be 1..2 in order, got '3' at word 2"):
         parse_conllu("# c\n1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n3\tb\tb\tX\t_\t_\t1\t_\t_\t_\n")
@@ -106,6 +106,9 @@ def test_uas_excludes_gold_punctuation():
         uas(gold, [[0, 1], [0, 1]])
     with pytest.raises(TypeError, match="predicted heads must be integers, got float64"):
         uas(gold, [np.array([4.7, 4, 1, 0, 1]), [0, 1]])
+    for bad, value in (([4, 4, 1, 0, 6], 6), ([4, -1, 1, 0, 1], -1)):   # scored as wrong once, silently
+        with pytest.raises(ValueError, match=rf"sentence 0: predicted heads must lie in \[0, 5\].*got {value}"):
+            attachment_counts(gold, [bad, [0, 1]])
 
 
 @pytest.mark.skipif(not EWT.is_dir(), reason="../shared/data/ud_english_ewt is absent")
@@ -177,3 +180,13 @@ def test_a_failed_write_names_the_file():
     with pytest.raises(OSError) as info:
         write_conllu(sentences, "/dev/full")
     assert info.value.filename == "/dev/full" and info.value.strerror
+
+
+@pytest.mark.parametrize("token_id, message", [
+    ("-1", "neither a word"), ("1-", "neither a word"), ("1.x", "neither a word"), ("2-3", "starting at the next word"),
+    ("1-1", "b > a"), ("2.1", "must be 0.k"), ("0.0", "k >= 1")])
+def test_malformed_multiword_and_empty_node_ids_are_named(token_id, message):
+    line = token_id + "\tx" + "\t_" * 8 + "\n"
+    with pytest.raises(ValueError, match=rf"^<string>:1: .*{re.escape(message)}"):
+        parse_conllu(line + "1\ta\t_\tX\t_\t_\t0\t_\t_\t_\n")
+    assert len(parse_conllu("0.1\tx" + "\t_" * 8 + "\n1\ta\t_\tX\t_\t_\t0\t_\t_\t_\n")[0]) == 1   # a node before word 1
