@@ -118,7 +118,11 @@ def _as_labels(z: object) -> np.ndarray | None:
         arr = arr[0]
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"a prediction must be integer labels, LocalMarginals or a MAPResult, got {z!r}")
-    return arr[arr >= 0].astype(np.int64)                   # drop the oracles' -1 padding
+    n = int(np.argmax(arr < 0)) if (arr < 0).any() else arr.size
+    if (arr[n:] != -1).any():
+        raise ValueError(f"a prediction must hold labels >= 0, followed only by the oracles' -1 padding, got "
+                         f"{arr.tolist()}")
+    return arr[:n].astype(np.int64)                         # drop the oracles' -1 padding
 
 
 def _gold_labels(k: int, gold: object) -> np.ndarray:
@@ -220,9 +224,9 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
 def predict(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, w: np.ndarray) -> list[bool]:
     """Whether ``map_fn(x, w)`` returns exactly the gold labelling, per example (fractional = wrong)."""
     out = []
-    for x, gold in _check_examples(examples):
+    for k, (x, gold) in enumerate(_check_examples(examples)):
         labels = _as_labels(map_fn(x, np.asarray(w, dtype=np.float64)))
-        g = _as_labels(gold)
+        g = _gold_labels(k, gold)
         out.append(labels is not None and labels.shape == g.shape and bool(np.all(labels == g)))
     return out
 

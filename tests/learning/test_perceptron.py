@@ -140,6 +140,15 @@ def test_bad_inputs():
         oracle_map(bp.LinearChain())(model, np.ones(3))
     with pytest.raises(ValueError, match=r"z must hold 3 integer label indices"):
         structured_perceptron(ok, lambda x, w: np.array([0, 0]), num_features=3)
+    # -1 inside a prediction was dropped like padding, so [1, -1, 0, 0] matched the gold [1, 0, 0]: no mistake
+    for bad in (np.array([1, -1, 0, 0]), np.array([1, 0, 0, -2])):
+        with pytest.raises(ValueError, match="followed only by the oracles' -1 padding"):
+            structured_perceptron(ok, lambda x, w, z=bad: z, num_features=3)
+        with pytest.raises(ValueError, match="followed only by the oracles' -1 padding"):
+            predict(ok, lambda x, w, z=bad: z, np.zeros(3))
+    assert predict(ok, lambda x, w: np.array([1, 0, 0, -1, -1]), np.zeros(3)) == [True]   # trailing padding
+    with pytest.raises(ValueError, match=r"examples\[0\]: the gold labelling must hold labels >= 0"):
+        predict([(model, np.array([-1, 0, 0]))], run, np.zeros(3))     # predict reads gold as training does
 
 
 def test_mistake_bound_without_a_positive_margin_is_infinite():
