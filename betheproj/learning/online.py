@@ -8,7 +8,9 @@ For ``t = 1..T = mK`` (``m`` examples, ``K`` epochs), on example ``(x_t, y_t)``:
 * line 7: ``eta_t = min(1 / (lambda m), L / ||g||^2)``;
 * line 8: ``w <- w - eta_t g``;
 
-and the averaged weights ``(1/T) sum_t w_{t+1}`` are returned.  The features are sparse and hashed: every
+and the averaged weights ``(1/T) sum_t w_{t+1}`` are returned (line 10 prints ``(1/T) sum_t theta_t``, which
+starts at ``theta_1 = 0`` and stops before the last update; averaging the weights after every step, as averaged
+perceptrons do, differs from it by ``(w_{T+1} - w_1) / T``).  The features are sparse and hashed: every
 node part ``(n, c)`` of an example (position ``n`` with label ``c``; for a dependency tree, modifier ``n + 1``
 with head ``c``) carries ``K`` feature ids, so ``theta.node[n, c] = sum_k w[ids[n, c, k]]``, and ``F(x) v`` is a
 scatter-add of ``v`` over those ids.  Optionally a dense ``[C, C]`` block of the weight vector holds shared
@@ -83,8 +85,8 @@ class SparseExample:
 
 @dataclass
 class OnlineResult:
-    """What Algorithm 1 returns: the averaged weights (line 10), the last iterate, per-epoch mean loss, the step
-    sizes ``eta_t`` (when recorded) and the wall-clock time."""
+    """What Algorithm 1 returns: the averaged weights (line 10, over the weights after each step), the last
+    iterate, per-epoch mean loss, the step sizes ``eta_t`` (when recorded) and the wall-clock time."""
 
     weights: Tensor
     last: Tensor
@@ -156,7 +158,8 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     capped at ``1 / (lambda m)``), ``epochs`` passes (``K``) over ``examples`` in a fresh random order each
     (``seed``).  The weight vector has ``num_features + 1`` entries (the last one, the unused slot, stays 0)
     plus ``transitions^2`` for a shared transition block.  ``callback(epoch, averaged_weights, mean_loss)`` runs after
-    every epoch (e.g. to evaluate on held-out data).  Returns the averaged weights (line 10)."""
+    every epoch (e.g. to evaluate on held-out data).  Returns the averaged weights (line 10, over the weights after
+    each step: see the module docstring)."""
     beta, gamma = resolve_loss(loss, beta, gamma)
     num_features = check_count("num_features", num_features)
     if dtype not in (torch.float32, torch.float64):
