@@ -93,6 +93,33 @@ def _cost_fn(cost: str | CostFn) -> CostFn:
     return _COSTS[cost]
 
 
+def _check_cost_parts(potentials: PairwisePotentials, p_node: object, p_edge: object, q: object) -> None:
+    """A cost's ``(p_node, p_edge, q)``: finite tensors of the potentials' dtype, ``p_node`` shaped like the node
+    potentials, ``p_edge`` like the edge potentials or per example [B, N-1, C, C], ``q`` [B]; ``p_edge`` and ``q``
+    may be ``None``."""
+    b, n, c = potentials.node.shape
+    shapes = {"p_node": [potentials.node.shape], "p_edge": [potentials.edge.shape, torch.Size((b, n - 1, c, c))],
+              "q": [torch.Size((b,))]}
+    for name, part in (("p_node", p_node), ("p_edge", p_edge), ("q", q)):
+        if part is None and name != "p_node":
+            continue
+        if not isinstance(part, Tensor):
+            raise TypeError(f"cost returned {name} of type {type(part).__name__}, expected a tensor")
+        if part.dtype != potentials.node.dtype:
+            raise TypeError(f"cost returned {name} of dtype {part.dtype} for {potentials.node.dtype} potentials")
+        if part.shape not in shapes[name]:
+            raise ValueError(f"cost returned {name} of shape {tuple(part.shape)}, expected "
+                             f"{' or '.join(str(tuple(t)) for t in dict.fromkeys(shapes[name]))}")
+        if not bool(torch.isfinite(part.detach()).all()):
+            raise ValueError(f"cost returned {name} with NaN or infinite entries")
+
+
+def _check_potentials(potentials: object) -> None:
+    if not isinstance(potentials, PairwisePotentials):
+        raise TypeError(f"potentials must be PairwisePotentials (node and edge scores), got "
+                        f"{type(potentials).__name__}")
+
+
 def cost_augmented(potentials: PairwisePotentials, gold: Tensor, gamma: float, beta: float = 1.0,
                    cost: str | CostFn = "hamming") -> tuple[PairwisePotentials, Tensor | None]:
     """``beta (theta + gamma p)`` (``beta = inf``: ``theta + gamma p``) and ``gamma q`` [B] (or ``None``)."""
@@ -102,9 +129,7 @@ def cost_augmented(potentials: PairwisePotentials, gold: Tensor, gamma: float, b
         q = None
     else:
         p_node, p_edge, q = _cost_fn(cost)(potentials, gold)
-        for name, part in (("p_node", p_node), ("p_edge", p_edge), ("q", q)):
-            if part is not None and part.dtype != potentials.node.dtype:
-                raise TypeError(f"cost returned {name} of dtype {part.dtype} for {potentials.node.dtype} potentials")
+        _check_cost_parts(potentials, p_node, p_edge, q)
         pot = potentials.shifted(gamma * p_node, None if p_edge is None else gamma * p_edge)
         q = None if q is None else gamma * q
     if scale != 1.0:
@@ -125,6 +150,7 @@ def structured_loss(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor
     if loss is None and beta is None and gamma is None:
         raise ValueError("give a loss name (crf, svm, softmax_margin, perceptron) or beta and gamma")
     beta, gamma = resolve_loss(loss, beta, gamma)
+    _check_potentials(potentials)
     parents = tree_parents(oracle, potentials.node.shape[1])
     gold_score = sequence_score(potentials, gold, parents)
     _check_gold_score(gold_score.detach())
@@ -162,6 +188,7 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
     if loss is None and beta is None and gamma is None:
         raise ValueError("give a loss name (crf, svm, softmax_margin, perceptron) or beta and gamma")
     beta, gamma = resolve_loss(loss, beta, gamma)
+    _check_potentials(potentials)
     y = _check_labels(potentials, gold)
     parents = tree_parents(oracle, potentials.node.shape[1])
     with torch.no_grad():

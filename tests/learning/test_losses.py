@@ -233,3 +233,24 @@ def test_a_cost_of_another_dtype_is_a_type_error():
     cost = lambda p, g: (torch.ones(p.node.shape, dtype=DT), None, None)  # noqa: E731
     with pytest.raises(TypeError, match="cost returned p_node of dtype torch.float64 for torch.float32 potentials"):
         structured_loss(bp.LinearChain(), pot32, gold, loss="softmax_margin", cost=cost)
+
+
+def test_a_cost_of_the_wrong_shape_or_with_nan_is_named_and_potentials_are_checked():
+    pot, gold = _problem(shared=True)
+    b, n, c = pot.node.shape
+    chain = bp.LinearChain()
+    good = torch.zeros(b, n - 1, c, c, dtype=DT)                     # a per-example edge cost on a shared table
+    structured_loss(chain, pot, gold, loss="softmax_margin", cost=lambda p, g: (torch.zeros_like(p.node), good, None))
+    for parts, error, message in [
+            ((None, None, None), TypeError, "p_node of type NoneType"),
+            ((torch.zeros(b, n, c + 1, dtype=DT), None, None), ValueError, r"p_node of shape \(3, 4, 4\)"),
+            ((torch.zeros(b, n, c, dtype=DT), torch.zeros(2, 2, dtype=DT), None), ValueError, "p_edge of shape"),
+            ((torch.zeros(b, n, c, dtype=DT), None, torch.zeros(b + 1, dtype=DT)), ValueError, "q of shape"),
+            ((torch.full((b, n, c), math.nan, dtype=DT), None, None), ValueError, "p_node with NaN"),
+            ((torch.zeros(b, n, c, dtype=DT), None, torch.full((b,), math.inf, dtype=DT)), ValueError, "q with NaN")]:
+        for f in (structured_loss, loss_and_gradient):
+            with pytest.raises(error, match=f"cost returned {message}"):
+                f(chain, pot, gold, loss="softmax_margin", cost=lambda p, g, parts=parts: parts)
+    for f in (structured_loss, loss_and_gradient):
+        with pytest.raises(TypeError, match="potentials must be PairwisePotentials"):
+            f(chain, pot.node, gold, loss="crf")
