@@ -67,20 +67,28 @@ class SparseExample:
         return self.ids if self.table is None else self.table[self.ids.long()]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.ids, Tensor) or self.ids.dim() != 3 or self.ids.is_floating_point():
-            raise TypeError("ids must be an integer tensor [N, C, K]")
+        if not isinstance(self.ids, Tensor) or self.ids.dim() != 3 or self.ids.dtype not in _ID_DTYPES:
+            raise TypeError(f"ids must be an int32 or int64 tensor [N, C, K], got "
+                            f"{_described(self.ids)}")
         n, c, _ = self.ids.shape
         if not isinstance(self.gold, Tensor) or self.gold.shape != (n,) or self.gold.is_floating_point() \
                 or self.gold.dtype == torch.bool:
             raise ValueError(f"gold must be an integer tensor [N]=({n},)")
         if self.allowed is not None and (self.allowed.shape != (n, c) or self.allowed.dtype != torch.bool):
             raise ValueError(f"allowed must be a bool tensor [N, C]=({n}, {c})")
-        if self.table is not None and (self.table.dim() != 1 or self.table.is_floating_point()
-                                       or self.table.dtype == torch.bool):
-            raise TypeError("table must be an integer tensor [U]")
+        if self.table is not None and (not isinstance(self.table, Tensor) or self.table.dim() != 1
+                                       or self.table.dtype not in _ID_DTYPES):
+            raise TypeError(f"table must be an int32 or int64 tensor [U], got {_described(self.table)}")
         if self.table is not None and not bool((self.table[1:] > self.table[:-1]).all()):
             raise ValueError("table must be strictly increasing (distinct ids, sorted; the unused slot last), "
                              "e.g. from torch.unique")
+
+
+_ID_DTYPES = (torch.int32, torch.int64)     # uint8 would index as a boolean mask, int8/int16 overflow
+
+
+def _described(t: object) -> str:
+    return f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
 
 
 @dataclass
@@ -109,7 +117,9 @@ def _check_ids(ex: SparseExample, num_features: int) -> None:
 def _check_gold(ex: SparseExample, i: int) -> None:
     """Gold labels in ``[0, C)`` and on allowed parts (a forbidden gold part scores ``-inf``: an infinite loss)."""
     n, c, _ = ex.ids.shape
-    if n and (int(ex.gold.min()) < 0 or int(ex.gold.max()) >= c):
+    if n == 0 or c == 0:
+        raise ValueError(f"examples[{i}] is empty (N = {n} positions, C = {c} labels): it has nothing to learn from")
+    if int(ex.gold.min()) < 0 or int(ex.gold.max()) >= c:
         raise ValueError(f"examples[{i}]: gold labels must lie in [0, {c})")
     if ex.allowed is not None:
         bad = (~ex.allowed[torch.arange(n), ex.gold.long()]).nonzero().flatten().tolist()
