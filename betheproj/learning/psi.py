@@ -82,9 +82,12 @@ class MeanMapPsi(nn.Module):
     def mean_map(self, features: Tensor, lengths: Tensor) -> Tensor:
         """``mean_n z(x_n)`` over each sequence's valid positions: [B, D]."""
         _check_batch(features, lengths)
-        mask = (torch.arange(features.shape[1], device=features.device) < lengths[:, None]).to(features.dtype)
-        z = self.features(features) * mask[..., None]
-        return z.sum(1) / lengths.clamp(min=1).to(features.dtype)[:, None]
+        mask = torch.arange(features.shape[1], device=features.device) < lengths[:, None]
+        z = self.features(features)
+        if features.is_floating_point() and not bool(torch.isfinite(features[mask]).all()):
+            raise ValueError("features hold NaN or infinite values at valid positions (padding may hold anything)")
+        z = torch.where(mask[..., None], z, torch.zeros((), dtype=z.dtype, device=z.device))   # padding: any value
+        return z.sum(1) / lengths.clamp(min=1).to(z.dtype)[:, None]
 
     def forward(self, features: Tensor, lengths: Tensor) -> Tensor:
         out = self.linear(self.mean_map(features, lengths).to(self.linear.weight.dtype))

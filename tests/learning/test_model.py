@@ -307,6 +307,11 @@ def test_mean_map_psi_averages_over_valid_positions_only():
     y = x.clone()
     y[1, 2:] = 100.0                      # padding must not matter
     assert torch.allclose(psi.mean_map(x, lengths), psi.mean_map(y, lengths))
+    y[1, 3] = float("nan")                # nor NaN there (it made psi NaN through nan * 0)
+    assert torch.equal(psi.mean_map(x, lengths), psi.mean_map(y, lengths))
+    y[1, 1, 0] = float("inf")
+    with pytest.raises(ValueError, match="features hold NaN or infinite values at valid positions"):
+        psi.mean_map(y, lengths)
     assert torch.allclose(psi(x, lengths), torch.full((2,), 2.0))   # zero weights: the bias alone
     z = psi.features(torch.zeros(1, 3))
     assert torch.allclose((z * z).sum(), torch.tensor(1.0), atol=0.2)   # k(x, x) = 1 approximately
