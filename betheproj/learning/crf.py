@@ -129,6 +129,14 @@ class LinearChainCRF(nn.Module):
         if features.dim() != 3 or features.shape[-1] != self.node.in_features:
             raise ValueError(f"features must be [B, N, {self.node.in_features}], got {tuple(features.shape)}")
         node = self.node(features.to(self.node.weight.dtype))
+        if lengths is not None and isinstance(lengths, Tensor) and lengths.shape == node.shape[:1] \
+                and not lengths.is_floating_point():
+            valid = torch.arange(node.shape[1], device=node.device) < lengths.to(node.device)[:, None]
+            if not bool(torch.isfinite(node[valid]).all()):
+                raise ValueError("features give NaN or infinite node scores at valid positions")
+            node = torch.where(valid[..., None], node, torch.zeros((), dtype=node.dtype, device=node.device))
+        elif not bool(torch.isfinite(node).all()):
+            raise ValueError("features give NaN or infinite node scores")
         return PairwisePotentials(node, self.transitions, lengths)
 
 

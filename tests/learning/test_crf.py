@@ -219,3 +219,19 @@ def test_a_tree_trains_on_examples_shorter_than_the_tree():
                       + 0.5e-3 * sum((p * p).sum() for p in untrained.parameters()))
     assert histories[0][0] == pytest.approx(first, abs=1e-12)
     assert histories[0][-1] < histories[0][0]
+
+
+def test_linear_chain_crf_ignores_padding_features_and_names_bad_valid_ones():
+    torch.manual_seed(0)
+    model = LinearChainCRF(4, 3).double()
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    lengths = torch.tensor([5, 3])
+    y = x.clone()
+    y[1, 3:] = float("nan")                              # padding: was 'node contains NaN'
+    chain = bp.LinearChain()
+    assert torch.equal(chain.marginals(model(x, lengths)).node, chain.marginals(model(y, lengths)).node)
+    y[1, 1, 2] = float("inf")
+    with pytest.raises(ValueError, match="features give NaN or infinite node scores at valid positions"):
+        model(y, lengths)
+    with pytest.raises(ValueError, match="features give NaN or infinite node scores"):
+        model(y)
