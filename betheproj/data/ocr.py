@@ -30,7 +30,14 @@ class OCRData:
         return len(self.words)
 
     def subset(self, mask: Tensor) -> OCRData:
-        """The words where ``mask`` [W] is true, re-padded to their longest length."""
+        """The words where ``mask`` [W] (a bool tensor, one entry per word) is true, re-padded to their longest
+        length."""
+        w = len(self.lengths)
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+            raise TypeError(f"mask must be a bool tensor [W]=({w},), one entry per word, got {got}")
+        if mask.shape != (w,):
+            raise ValueError(f"mask must have shape [W]=({w},), one entry per word, got {tuple(mask.shape)}")
         idx = torch.nonzero(mask).flatten()
         n = int(self.lengths[idx].max()) if idx.numel() else 1
         return OCRData(self.pixels[idx, :n], self.labels[idx, :n], self.lengths[idx], self.folds[idx],

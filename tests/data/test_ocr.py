@@ -98,3 +98,18 @@ def test_a_file_that_is_not_a_zip_archive_says_so(tmp_path):
     pickled.write_bytes(b"\x80\x04K\x01.")
     with pytest.raises(ValueError, match=r"pickled.npz as a NumPy .npz archive: not a zip file; is it ocr_letters"):
         load_ocr(pickled)
+
+
+def test_subset_takes_a_bool_mask_with_one_entry_per_word():
+    from betheproj.data.ocr import OCRData
+    lengths = torch.tensor([2, 3, 1])
+    labels = torch.full((3, 3), -1)
+    for i, n in enumerate(lengths.tolist()):
+        labels[i, :n] = i
+    data = OCRData(torch.zeros(3, 3, 4), labels, lengths, torch.tensor([0, 1, 0]), ["aa", "bbb", "c"])
+    sub = data.subset(torch.tensor([False, True, True]))
+    assert sub.words == ["bbb", "c"] and sub.pixels.shape == (2, 3, 4)
+    with pytest.raises(TypeError, match=r"mask must be a bool tensor \[W\]=\(3,\).*got torch.int64"):
+        data.subset(torch.tensor([0, 2]))                 # indices were read as a mask: word 1 only
+    with pytest.raises(ValueError, match=r"mask must have shape \[W\]=\(3,\).*got \(2,\)"):
+        data.subset(torch.tensor([True, True]))           # a short mask was accepted
