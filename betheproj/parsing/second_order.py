@@ -224,8 +224,10 @@ class SecondOrderParser:
         sentences = list(sentences)
         if candidates is None:
             candidates = prune(self.first, self.pruner, sentences, self.top_k, self.min_prob)
-        if len(candidates.lengths) != len(sentences):
-            raise ValueError("candidates do not belong to these sentences")
+        if len(candidates.lengths) != len(sentences) or any(
+                int(n) != len(s) for n, s in zip(candidates.lengths, sentences, strict=True)):
+            raise ValueError(f"candidates do not belong to these sentences (they were pruned for "
+                             f"{len(candidates.lengths)} sentences of other lengths or number; prune these)")
         out: list[np.ndarray] = [None] * len(sentences)  # type: ignore[list-item]
         batches = _length_batches(candidates.lengths.tolist(), max_batch, budget)
         bar = progress_bar(len(sentences), progress, f"parse ({method})")

@@ -111,6 +111,11 @@ def test_parser_bad_inputs(tmp_path):
     parser = SecondOrderParser(first, bits=10)
     with pytest.raises(ValueError, match="method"):
         parser.predict(_grandparent_treebank(1), method="exact")
+    sents = _grandparent_treebank(1)
+    other = [_sentence(["a", "b"], ["F", "F"], [0, 1]), sents[1]]          # same number, other lengths
+    cands = prune(first, parser.pruner, other, parser.top_k, parser.min_prob)
+    with pytest.raises(ValueError, match="candidates do not belong to these sentences"):
+        parser.predict(sents, candidates=cands)                  # a bare IndexError before
     with pytest.raises(ValueError, match="no training"):
         parser.fit([])
     with pytest.raises(FileNotFoundError, match="expected a second-order parser model .* at .*missing.pt"):
