@@ -31,6 +31,15 @@ def test_adjacent_instances_of_one_field_are_separate_segments():
     assert [s[1:] for s in c.segments()] == [(0, 1), (1, 2)]
 
 
+def test_a_tag_nested_in_one_of_the_same_name_is_one_segment():
+    """``<venue> <venue>`` counts once, in the path and in the segments (the innermost tag's instance split the
+    field: B- at every change between the two instances)."""
+    assert parse_citation("<venue> <venue> X </venue> Y </venue>").labels == ["B-venue", "I-venue"]
+    c = parse_citation("<venue> A <venue> B </venue> C </venue> <venue> D </venue>")
+    assert c.labels == ["B-venue", "I-venue", "I-venue", "B-venue"]
+    assert [s[1:] for s in c.segments()] == [(0, 3), (3, 4)]
+
+
 def test_repairs_of_malformed_lines():
     # a mismatched closer closes the innermost tag; the data's <person-middle> ... </person-first>
     c = parse_citation("<authors> <person> <person-middle> J. </person-first> <person-last> Doe </person-last> "
