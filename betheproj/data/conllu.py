@@ -87,10 +87,31 @@ class Sentence:
             raise ValueError(f"heads must have shape ({len(self.words)},), got {heads.shape}")
         if len(heads) and (heads.min() < 0 or heads.max() > len(self.words)):
             raise ValueError(f"heads must lie in [0, {len(self.words)}]")
+        cycle = _on_a_cycle(heads)
+        if cycle is not None:
+            raise ValueError(f"heads must form a tree rooted at 0, but word {cycle} is on a cycle (a word that is its "
+                             f"own head or an ancestor of its head)")
         words = [list(w) for w in self.words]
         for w, h in zip(words, heads.tolist(), strict=True):
             w[HEAD] = str(int(h))
         return Sentence(list(self.comments), words, [(k, list(c)) for k, c in self.extra], self.line)
+
+
+def _on_a_cycle(heads: np.ndarray) -> int | None:
+    """A word (1-based) whose head chain never reaches the root 0, or ``None`` when every chain does."""
+    state = [0] * (len(heads) + 1)                       # 0 unseen, 1 on the current walk, 2 reaches the root
+    state[0] = 2
+    for start in range(1, len(heads) + 1):
+        walk, w = [], start
+        while state[w] == 0:
+            state[w] = 1
+            walk.append(w)
+            w = int(heads[w - 1])
+        if state[w] == 1:
+            return w
+        for v in walk:
+            state[v] = 2
+    return None
 
 
 def _lines(source: str | Path | TextIO) -> Iterator[str]:

@@ -62,6 +62,10 @@ def test_round_trip_and_predicted_heads(tmp_path):
         write_conllu(sentences, buf, heads=[[0]])
     with pytest.raises(ValueError, match=r"heads must lie in \[0, 2\]"):
         sentences[1].with_heads([0, 3])
+    for heads, word in (([0, 2], 2), ([2, 1], 1), ([3, 3, 1, 0, 4], 1)):       # a self-loop, two cycles
+        with pytest.raises(ValueError, match=f"heads must form a tree rooted at 0, but word {word} is on a cycle"):
+            sentences[0 if len(heads) == 5 else 1].with_heads(heads)
+    assert sentences[0].with_heads([0, 0, 2, 2, 1]).heads.tolist() == [0, 0, 2, 2, 1]       # a forest under 0: fine
 
 
 def test_missing_head_and_errors(tmp_path):
