@@ -20,8 +20,9 @@ marginal polytope, so the solvers are anytime.  Because ``-H_B(mu) - <theta_t, m
   ``nu_t = oracle(theta - g_t / (1 + 4L/(t(t+1))))``, ``mu_t = (1 - c_t) mu_{t-1} + c_t nu_t``.
 
 Step-size control: a candidate whose objective is not finite, or rises by more than a tolerance over the
-previous iterate, is rejected and recomputed with a smaller step (``beta_t`` doubled for RDA, ``eta_t``
-halved for MD, ``L`` doubled for the accelerated method), up to ``max_backtracks`` times; the solution
+previous iterate, is rejected and recomputed with a smaller step (RDA restarts from the current point as its
+new prox-centre, and doubles ``beta_t`` when a fresh start fails too; ``eta_t`` halved for MD; ``L`` doubled for
+the accelerated method), up to ``max_backtracks`` times; the solution
 reports which examples needed it.  Mirror descent asks for sufficient decrease, not only descent: the objective
 must fall by at least ``KL(mu_t || mu_{t+1})``, the divergence between the two oracle distributions (the part of
 a composite Bregman step's guarantee ``(1 + 1/eta) KL`` that holds for every ``eta``), so that a step which jumps
@@ -67,7 +68,9 @@ class Solution:
         iterations: [B] iterations each example ran (oracle calls beyond the first, retries excluded).
         converged: [B] whether the example met the tolerance within ``max_iter``.
         objective: [B] final value of (2).
-        objectives: [B, T+1] the objective at every iteration (the final value repeated once converged).
+        objectives: [B, T+1] the objective at every iteration (the final value repeated once converged), with
+            ``T = max_iter``: an example the accelerated method hands to mirror descent keeps its accelerated
+            iterations there and its final value in the last column (its ``iterations`` count both phases).
         safeguarded: [B] whether step-size control had to shrink a step for the example.
         residual: [B] the stationarity residual at the last check (``inf`` if never checked).
         oracle_calls: total oracle calls, summed over examples (retries included).

@@ -587,7 +587,8 @@ def test_md_decides_steps_below_the_objectives_rounding():
 
 
 def _hinge_and_barrier(seed, label):
-    """8 random chains (float64) with "at least 2 of ``label``" as a smoothed hinge plus a log barrier on label 0:
+    """8 random chains (float64) with "at least 2 of ``label``" as a smoothed hinge plus a log barrier on the
+    first position's marginals:
     ``benchmarks/solver_float32.py``'s problems of its first kind."""
     torch.manual_seed(seed)
     b, n, c = 8, 12, 5
