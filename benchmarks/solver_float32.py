@@ -3,10 +3,10 @@
 Problems shaped like the README's example: B = 8 chains of N = 12 positions (lengths 6-12), C = 5 labels, random
 potentials, and one of three energies in turn: a smoothed hinge on a label count (psi 8) plus a log barrier on the
 first position's marginals, a squared loss on three random linear measurements (psi 2), Poisson counts.  Default
-tolerances (1e-4 in float32, 1e-6 in float64), ``max_iter`` 200.  An example that is neither converged nor at ``max_iter`` stopped early: mirror
-descent's step reached its floor, where rounding hides progress (its step test, L(mu') - L(mu) + <delta', mu' - mu>
-<= 0 and its trapezoid estimate, is decided below the objective's rounding; decided on the objective, float32 stopped
-early on 98 of the 480 chains).
+tolerances (1e-4 in float32, 1e-6 in float64), ``max_iter`` 200.  An example that is neither converged nor at
+``max_iter`` stopped early: mirror descent's step reached its floor, where rounding hides progress (its step test,
+L(mu') - L(mu) + <delta', mu' - mu> <= 0 and its trapezoid estimate, is decided below the objective's rounding;
+decided on the objective, float32 stopped early on 98 of the 480 chains).
 
     python benchmarks/solver_float32.py [--problems 60]
 """
