@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     ocr.add_argument("--quiet", action="store_true", help="no progress bars or per-fold lines")
     cit = sub.add_parser("citations", help="citation field extraction with learned soft global constraints "
                          "(section 8.1, Table 1, Figures 1 and 2)")
-    cit.add_argument("--data", help="folder holding training.docs, dev.docs and testing.docs")
+    cit.add_argument("--data", help="folder holding training.docs, dev.docs and testing.docs (required to train; "
+                     "not with --predict)")
     cit.add_argument("--out", default="citations-results",
                      help="folder for results.json, the PNGs and model.pt (default citations-results)")
     cit.add_argument("--seed", type=_seed, default=None,
