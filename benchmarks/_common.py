@@ -6,9 +6,11 @@ shows the full traceback instead."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable
+from types import ModuleType
 
 from betheproj.cli import error_text, int_type
 
@@ -26,15 +28,27 @@ def positive_float(text: str) -> float:
     return value
 
 
+def require(module: str, package: str, extra: str) -> ModuleType:
+    """Import ``module`` for a peer or a plot; if it is missing, say which package (and extra) provides it in one
+    line and exit 2, before any work."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        print(f"{os.path.basename(sys.argv[0])}: error: this needs {package} (pip install {package}, or the "
+              f"package's extra: pip install -e \".[{extra}]\")", file=sys.stderr)
+        sys.exit(2)
+
+
 def run(main: Callable[[], object]) -> None:
-    """``main()``; a ``FileNotFoundError``, ``ValueError`` or other ``OSError`` becomes one line and exit 2."""
+    """``main()``; a ``FileNotFoundError``, ``ValueError``, ``ImportError`` (a missing optional package) or other
+    ``OSError`` becomes one line and exit 2."""
     name = os.path.basename(sys.argv[0])
     try:
         main()
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         sys.exit(130)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, ImportError) as err:
         if os.environ.get("BETHEPROJ_TRACEBACK"):
             raise
         print(f"{name}: error: {error_text(err)}", file=sys.stderr)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import positive_float, positive_int, run
+from _common import positive_float, positive_int, require, run
 
 from betheproj import LinearChain, solve
 from betheproj.cgm import default_model, interior_point, map_counts, simulate
@@ -71,6 +71,11 @@ def main() -> None:
     for flag, path in (("--png", args.png), ("--json", args.json)):
         if path and not Path(path).resolve().parent.is_dir():      # found before the work, not after it
             parser.error(f"{flag}: the folder of {path} does not exist")
+    if args.grids:                                                  # the peer, and the plot, before the work
+        require("cvxpy", "cvxpy", "cgm")
+        require("clarabel", "clarabel", "cgm")
+    if args.png:
+        require("matplotlib", "matplotlib", "plot")
 
     rows = []
     print(f"T = {args.steps}, population {args.population:,}, rate {args.rate}, {torch.get_num_threads()} threads")
@@ -83,6 +88,9 @@ def main() -> None:
                "converged": bool(res.converged.all()), "objective": float(res.objective.sum())}
         if g in args.grids:
             ip = interior_point(inst.potentials, inst.observed, inst.rate, inst.population)
+            failed = sorted({s for s in ip.status if s not in ("optimal", "optimal_inaccurate")})
+            if failed:
+                raise ValueError(f"CVXPY + Clarabel did not solve G = {g}: {'; '.join(failed)}")
             row.update(ip_seconds=ip.seconds, clarabel_seconds=ip.solve_seconds, ip_status=ip.status,
                        ip_objective=float(ip.objective.sum()),
                        relative_difference=abs(float(ip.objective.sum()) - row["objective"]) / abs(row["objective"]))

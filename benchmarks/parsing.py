@@ -27,6 +27,7 @@ docs/remeasurements.md.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -52,7 +53,19 @@ TRAINING = ("train_sentences", "epochs", "max_seconds", "lr", "lr_first", "train
 
 
 def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Options that would be ignored, and paths that would fail after the work, refused before it."""
+    """Options that would be ignored, values out of range, and paths that would fail after the work, refused before
+    it."""
+    ranges = (("lr", 0.0, None, True), ("lr_first", 0.0, None, False), ("max_seconds", 0.0, None, True),
+              ("damping", 0.0, 1.0, False), ("min_prob", 0.0, 1.0, False))
+    for name, low, high, open_low in ranges:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        too_low = value < low or (open_low and value == low)
+        too_high = high is not None and value >= high
+        if not math.isfinite(value) or too_low or too_high:
+            want = f"{'>' if open_low else '>='} {low:g}" + ("" if high is None else f" and < {high:g}")
+            ap.error(f"--{name.replace('_', '-')} must be a finite number {want}, got {value}")
     for path in [*args.arc, *([] if args.model.is_file() else [args.first])]:
         if not path.is_file():
             ap.error(f"no model file at {path}")

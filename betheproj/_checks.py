@@ -83,3 +83,12 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool | np.bool_):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return bool(value)
+
+
+def check_increasing_counts(name: str, values: object) -> tuple[int, ...]:
+    """``values``, a non-empty tuple or list of strictly increasing ints ``>= 1`` (an axis of iteration counts)."""
+    if (not isinstance(values, tuple | list) or not values
+            or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in values)
+            or any(b <= a for a, b in zip(values, values[1:], strict=False))):
+        raise ValueError(f"{name} must be strictly increasing positive iteration counts, got {values!r}")
+    return tuple(values)

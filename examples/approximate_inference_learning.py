@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from betheproj.cli import int_type
+from betheproj.cli import _out_folder, int_type
 from betheproj.learning.perceptron import lp_mistake_bound, mrf_map, structured_perceptron
 from betheproj.mrf import (
     TRIANGLE_INPUTS,
@@ -219,9 +219,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.fast:
         args.passes, args.instances, args.random_w, args.resolution = 25, 4, 6, 7
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f"--out: {args.out} exists and is not a folder")
-    os.makedirs(args.out, exist_ok=True)
+    try:                                 # a folder that takes the PNGs, before the work
+        _out_folder(args.out, ("weight_path.png", "feasible_regions.png"))
+    except ValueError as err:
+        parser.error(str(err))
     findings = {"section3": section3(args.random_w, args.seed), "section4": section4(args.passes),
                 "section5.1": section51(args.instances, args.seed)}
     s4 = findings["section4"]

@@ -27,6 +27,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .._checks import (
+    check_count,
+    check_increasing_counts,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_real,
+)
 from .._files import torch_load, torch_save
 from ..data.citation_constraints import (
     BigramExclusions,
@@ -41,6 +49,7 @@ from ..data.citations import Citation, escape_tags, tokenize_citation
 from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
 from ..inference import decode
+from ..inference.solve import METHODS
 from ..learning import ConstantPsi, NonLocalCRF, SparseChainCRF, fit_crf
 from ..learning.crf import length_chunks
 from ..learning.metrics import segment_f1
@@ -79,6 +88,29 @@ class CitationConfig:
     method: str = "md"
     test_iters: tuple[int, ...] = (1, 2, 5, 10, 20, 40)   # Figure 1's x axis; the last is the row's
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Every field checked here, not minutes into a run under an internal argument's name."""
+        for name in ("crf_iter", "chunk_size", "min_support", "batch_size", "epochs", "train_iter"):
+            check_count(name, getattr(self, name))
+        for name in ("crf_l2", "crf_gamma"):
+            check_nonnegative(name, getattr(self, name))
+        for name in ("hinge_width", "psi_lr"):
+            check_positive(name, getattr(self, name))
+        for name in ("margin", "psi_init"):
+            check_real(name, getattr(self, name))
+        check_real("min_agreement", self.min_agreement, 0.0, 1.0, low_open=True)
+        for name in ("length_agreement", "order_agreement"):
+            if getattr(self, name) is not None:
+                check_real(name, getattr(self, name), 0.0, 1.0, low_open=True)
+        if self.format_together is not None:
+            check_real("format_together", self.format_together, 0.0, 1.0)
+        if self.crf_loss not in ("crf", "softmax_margin"):
+            raise ValueError(f"crf_loss must be 'crf' or 'softmax_margin', got {self.crf_loss!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        check_increasing_counts("test_iters", self.test_iters)
+        check_int("seed", self.seed, 0)
 
 
 def _progress_log(log: Callable[[str], None] | None, text: str) -> None:

@@ -26,7 +26,15 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_count, check_int, check_nonnegative, check_positive, check_real
+from .._checks import (
+    check_bool,
+    check_count,
+    check_increasing_counts,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_real,
+)
 from ..data.ocr import OCRData
 from ..energies import NearestPrototype
 from ..inference import decode
@@ -92,11 +100,7 @@ class OCRConfig:
         check_int("seed", self.seed, 0)
         if self.unigram_search not in ("global", "local"):
             raise ValueError(f"unigram_search must be 'global' or 'local', got {self.unigram_search!r}")
-        iters = self.test_iters
-        if (not isinstance(iters, (tuple, list)) or not iters
-                or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in iters)
-                or any(b <= a for a, b in zip(iters, iters[1:], strict=False))):
-            raise ValueError(f"test_iters must be strictly increasing positive iteration counts, got {iters!r}")
+        check_increasing_counts("test_iters", self.test_iters)
 
 
 def word_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LABELS) -> tuple[Tensor, Tensor]:
@@ -306,9 +310,12 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
 
 
 def check_folds(data: OCRData, folds: Sequence[int]) -> None:
-    """``ValueError`` unless ``folds`` names at least one fold and every one of them holds words."""
+    """``ValueError`` unless ``folds`` names at least one fold, each once, and every one of them holds words."""
     if not folds:
         raise ValueError("folds must name at least one fold")
+    if len(set(folds)) != len(folds):
+        raise ValueError(f"folds must name each fold once (a repeated fold would count twice in the means), got "
+                         f"{list(folds)}")
     present = set(data.folds.tolist())
     missing = [f for f in folds if f not in present]
     if missing:

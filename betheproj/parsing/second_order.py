@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_count
+from .._checks import check_count, check_nonnegative, check_positive
 from .._files import torch_save
 from ..data.conllu import Sentence
 from ..energies.second_order import SecondOrderArcs
@@ -141,6 +141,10 @@ class SecondOrderParser:
             raise ValueError("no training sentences")
         epochs, train_iter = check_count("epochs", epochs), check_count("train_iter", train_iter)
         max_batch = check_count("max_batch", max_batch)
+        lr, lr_first = check_positive("lr", lr), check_nonnegative("lr_first", lr_first)
+        l2 = check_nonnegative("l2", l2)
+        if max_seconds is not None:
+            max_seconds = check_positive("max_seconds", max_seconds)
         check_gold_trees(sentences, self.first.single_root)
         if dev is not None and not scorable_words(dev):
             raise ValueError("dev has no words with a gold HEAD to score (punctuation excluded)")

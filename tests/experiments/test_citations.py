@@ -131,3 +131,20 @@ def test_cli_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["citations", "--seed", "one"])
     assert exit_.value.code == 2 and "argument --seed: must be an integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("crf_iter", 0, ValueError), ("chunk_size", 1.5, TypeError), ("min_support", 0, ValueError),
+    ("batch_size", 0, ValueError), ("epochs", True, TypeError), ("train_iter", -1, ValueError),
+    ("crf_l2", -1e-3, ValueError), ("crf_gamma", float("nan"), ValueError), ("hinge_width", 0.0, ValueError),
+    ("psi_lr", -1.0, ValueError), ("margin", float("inf"), ValueError), ("psi_init", "0", TypeError),
+    ("min_agreement", 0.0, ValueError), ("min_agreement", 1.5, ValueError), ("length_agreement", 2.0, ValueError),
+    ("order_agreement", 0.0, ValueError), ("format_together", -0.1, ValueError), ("crf_loss", "svm", ValueError),
+    ("method", "newton", ValueError), ("test_iters", (40, 20), ValueError), ("test_iters", (), ValueError),
+    ("seed", -1, ValueError),
+])
+def test_every_config_field_is_checked_at_construction(field, value, error):
+    """A bad setting is named at construction (psi_lr=-1 was reported as 'lr' by Algorithm 3, minutes in)."""
+    with pytest.raises(error, match=field):
+        citations.CitationConfig(**{field: value})
+    citations.CitationConfig(length_agreement=None, order_agreement=None, format_together=None)

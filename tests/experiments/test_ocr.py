@@ -126,6 +126,8 @@ def test_bad_arguments():
         ocr.energy_model("2gram", None, None, None, None, ocr.OCRConfig(), 1.0)
     with pytest.raises(ValueError, match="folds must name at least one fold"):
         ocr.run(data, [], ["2gram"])
+    with pytest.raises(ValueError, match=r"folds must name each fold once .*got \[0, 0\]"):
+        ocr.run(data, [0, 0], ["2gram"])                  # fold 0 trained and counted twice in the means
 
 
 @pytest.mark.parametrize("field, value, error", [

@@ -178,6 +178,11 @@ def test_example_script_smoke(tmp_path):
     assert not findings["section4"]["perceptron_lbp"].converged and findings["section4"]["perceptron_exact"].converged
     # measured labels follow the half-planes of section 4.3 (only cells on a boundary, e.g. w = 0, may differ)
     assert findings["figures"]["agree_exact"] > 0.95 and findings["figures"]["agree_lbp"] > 0.95
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as info:             # one argparse line before the work, not a traceback after
+        module.main(["--out", str(blocker / "sub"), "--fast"])
+    assert info.value.code == 2
 
 
 def test_a_zero_true_weight_vector_is_named():

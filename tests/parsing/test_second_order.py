@@ -118,6 +118,10 @@ def test_parser_bad_inputs(tmp_path):
         parser.predict(sents, candidates=cands)                  # a bare IndexError before
     with pytest.raises(ValueError, match="no training"):
         parser.fit([])
+    for bad, match in (({"lr": -1.0}, "lr must be"), ({"lr": 0.0}, "lr must be"), ({"lr_first": -0.1}, "lr_first"),
+                       ({"l2": float("nan")}, "l2"), ({"max_seconds": -1.0}, "max_seconds")):
+        with pytest.raises(ValueError, match=match):                # lr -1 trained, ascending the loss
+            parser.fit(_grandparent_treebank(1), **bad)
     with pytest.raises(FileNotFoundError, match="expected a second-order parser model .* at .*missing.pt"):
         SecondOrderParser.load(tmp_path / "missing.pt")
     with pytest.raises(ValueError, match="bits"):
