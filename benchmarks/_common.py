@@ -39,6 +39,17 @@ def require(module: str, package: str, extra: str) -> ModuleType:
         sys.exit(2)
 
 
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def run(main: Callable[[], object]) -> None:
     """``main()``; a ``FileNotFoundError``, ``ValueError``, ``ImportError`` (a missing optional package) or other
     ``OSError`` becomes one line and exit 2."""

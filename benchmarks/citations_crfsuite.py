@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import positive_float, positive_int, require, run
+from _common import nonnegative_float, positive_int, require, run
 
 from betheproj.data.citation_features import _shape
 from betheproj.data.citations import Citation, load_citations
@@ -68,7 +68,8 @@ def crfsuite_run(train: list[Citation], tests: dict[str, list[Citation]], c2: fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="folder with training.docs, dev.docs, testing.docs")
-    ap.add_argument("--c2", type=positive_float, default=1.0)
+    ap.add_argument("--c2", type=nonnegative_float, default=1.0,
+                    help="CRFsuite's L2 coefficient (0: none; default 1.0)")
     ap.add_argument("--max-iterations", type=positive_int, default=200)
     ap.add_argument("--ours", choices=("base", "none"), default="base")
     ap.add_argument("--threads", type=positive_int, default=None,

@@ -49,6 +49,7 @@ def main() -> None:
     except ValueError as err:
         parser.error(f"--outer: {err}")
     totals = {(row, avg): 0 for row in ROWS for avg in (False, True)}
+    print("wrong characters on the validation fold (fewer is better)")
     print(f"{'outer':>5}{'valid':>6}{'seed':>5}" + "".join(f"{r + (' mean' if a else ' last'):>14}"
                                                           for r in ROWS for a in (False, True)))
     for t in args.outer:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import positive_float, positive_int, require, run
+from _common import nonnegative_float, positive_int, require, run
 from torch import Tensor
 
 from betheproj.data.ocr import OCRData, load_ocr
@@ -124,7 +124,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/data/ocr", help="ocr_letters.npz or the folder holding it")
     parser.add_argument("--folds", type=int, nargs="+", default=list(range(10)))
-    parser.add_argument("--c2", type=positive_float, default=1.0)
+    parser.add_argument("--c2", type=nonnegative_float, default=1.0,
+                        help="CRFsuite's L2 coefficient (0: none; default 1.0)")
     parser.add_argument("--max-iterations", type=positive_int, default=100)
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch threads for our rows (default: torch's own; CRFsuite runs on one)")

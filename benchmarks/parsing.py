@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| model ({args.split}, gold UPOS) | UAS | tokens/s | training time (from the model file) |")
     print("|---|---|---|---|")
     for name, score, speed, secs in rows:
-        t = f"{secs / 60:.0f} min" if secs else "-"
+        t = "-" if not secs else f"{secs:.0f} s" if secs < 60 else f"{secs / 60:.0f} min"
         print(f"| {name} | {score:.2f} | {speed:.0f} | {t} |")
     print(f"pruning recall ({args.split}): {100 * cands.recall:.2f}%, top-{parser.top_k}, min_prob {parser.min_prob}")
 
