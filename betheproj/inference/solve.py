@@ -215,4 +215,5 @@ def _merge(sol: Solution, other: Solution, rows: Tensor) -> Solution:
 
 def objective(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, marginals: Marginals) -> Tensor:
     """Value of (2), ``-H_B(mu) - <theta, mu> + L(mu)`` [B], at any point of the marginal polytope."""
+    energy.validate(marginals)
     return _objective_parts(oracle, potentials, marginals) + energy.value(marginals)

@@ -46,6 +46,7 @@ def surrogate_nll(oracle: Oracle, potentials: PairwisePotentials, energy: Energy
                                                          potentials.lengths):
         raise ValueError("marginals must have the potentials' lengths (solve (2) for the same batch)")
     fixed = Marginals(marginals.node.detach(), lambda: marginals.edge.detach(), None, marginals.lengths)
+    energy.validate(fixed)
     with torch.enable_grad():
         g = energy.grad(fixed)
     rho = potentials.shifted(None if g.node is None else -g.node, None if g.edge is None else -g.edge)
@@ -138,7 +139,9 @@ class NonLocalCRF(nn.Module):
         energy = self.energy(features, lengths)
         if energy is None:
             return value
-        return value - energy.value(sufficient_statistics(potentials, labels, parents))
+        statistics = sufficient_statistics(potentials, labels, parents)
+        energy.validate(statistics)
+        return value - energy.value(statistics)
 
     @torch.no_grad()
     def predict(self, features: Tensor, lengths: Tensor, batch_size: int = 2048, max_iter: int | None = None

@@ -703,3 +703,15 @@ def test_an_underflowed_edge_is_solved_alone_as_in_a_batch(shared):
     assert float(alone.marginals.edge[0, :, 0, 1].sum()) > 0.1          # the energy moved the transition
     assert alone.objective[0].item() == pytest.approx(batched.objective[0].item(), abs=1e-8)
     assert torch.allclose(alone.marginals.node[0], batched.marginals.node[0], atol=1e-7)
+
+
+
+def test_objective_checks_the_energy_against_the_batch():
+    """An energy built for another batch size is named, not broadcast (Poisson counts of one example were reused
+    for both examples of the batch: objective() skipped validate)."""
+    torch.manual_seed(0)
+    theta = bp.ChainPotentials(torch.randn(2, 4, 3, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64))
+    chain = bp.LinearChain()
+    one = Poisson(torch.poisson(torch.ones(1, 4, 3, dtype=torch.float64)))
+    with pytest.raises(ValueError, match=r"counts have shape \(1, 4, 3\)"):
+        bp.objective(chain, theta, one, chain.marginals(theta))

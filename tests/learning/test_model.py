@@ -480,3 +480,18 @@ def test_marginals_of_another_dtype_are_a_type_error_and_the_default_psi_follows
     model = NonLocalCRF(LinearChainCRF(4, 3).double(), _quadratic)
     assert model.psi.value.dtype == DT
     assert NonLocalCRF(LinearChainCRF(4, 3), _quadratic).psi.value.dtype == torch.float32
+
+
+def test_surrogate_and_score_check_the_energy_against_the_batch():
+    """An energy built for another batch size is named, not broadcast (surrogate_nll and score skipped validate)."""
+    from betheproj.energies import Poisson
+    torch.manual_seed(0)
+    theta = bp.ChainPotentials(torch.randn(2, 4, 3, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64))
+    chain = bp.LinearChain()
+    one = Poisson(torch.poisson(torch.ones(1, 4, 3, dtype=torch.float64)))
+    labels = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"counts have shape \(1, 4, 3\)"):
+        surrogate_nll(chain, theta, one, chain.marginals(theta), labels)
+    model = NonLocalCRF(LinearChainCRF(5, 3).double(), lambda psi: one)
+    with pytest.raises(ValueError, match=r"counts have shape \(1, 4, 3\)"):
+        model.score(torch.randn(2, 4, 5, dtype=torch.float64), labels, torch.tensor([4, 4]))
