@@ -20,7 +20,7 @@ from typing import TextIO
 
 import numpy as np
 
-__all__ = ["Sentence", "parse_conllu", "read_conllu", "load_conllu", "format_conllu", "write_conllu"]
+__all__ = ["Sentence", "parse_conllu", "read_conllu", "load_conllu", "format_conllu", "write_conllu", "head_cycle"]
 
 _COLUMNS = 10
 _HEAD = re.compile(r"[0-9]+")            # ASCII digits only: str.isdigit() also accepts '²' and '١'
@@ -87,18 +87,19 @@ class Sentence:
             raise ValueError(f"heads must have shape ({len(self.words)},), got {heads.shape}")
         if len(heads) and (heads.min() < 0 or heads.max() > len(self.words)):
             raise ValueError(f"heads must lie in [0, {len(self.words)}]")
-        cycle = _on_a_cycle(heads)
+        cycle = head_cycle(heads)
         if cycle is not None:
-            raise ValueError(f"heads must form a tree rooted at 0, but word {cycle} is on a cycle (a word that is its "
-                             f"own head or an ancestor of its head)")
+            raise ValueError(f"heads must form a tree rooted at 0, but word {cycle[0]} is on a cycle (a word that is "
+                             f"its own head or an ancestor of its head)")
         words = [list(w) for w in self.words]
         for w, h in zip(words, heads.tolist(), strict=True):
             w[HEAD] = str(int(h))
         return Sentence(list(self.comments), words, [(k, list(c)) for k, c in self.extra], self.line)
 
 
-def _on_a_cycle(heads: np.ndarray) -> int | None:
-    """A word (1-based) whose head chain never reaches the root 0, or ``None`` when every chain does."""
+def head_cycle(heads: Sequence[int] | np.ndarray) -> list[int] | None:
+    """The words (1-based) of a cycle of ``heads`` (the HEAD of words ``1..n``, each in ``0..n``), in the order a
+    walk up the heads meets them, or ``None`` when every word's head chain reaches the root 0."""
     state = [0] * (len(heads) + 1)                       # 0 unseen, 1 on the current walk, 2 reaches the root
     state[0] = 2
     for start in range(1, len(heads) + 1):
@@ -108,7 +109,7 @@ def _on_a_cycle(heads: np.ndarray) -> int | None:
             walk.append(w)
             w = int(heads[w - 1])
         if state[w] == 1:
-            return w
+            return walk[walk.index(w):]
         for v in walk:
             state[v] = 2
     return None

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .._checks import check_count
 from .._files import torch_load, torch_save
-from ..data.conllu import Sentence
+from ..data.conllu import Sentence, head_cycle
 from ..learning.losses import resolve_loss
 from ..learning.online import SparseExample, fit_online
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
@@ -73,19 +73,9 @@ def tree_error(heads: np.ndarray, single_root: bool = False) -> str | None:
         return "gold heads are not a tree: no word is attached to the root 0"
     if single_root and roots > 1:
         return f"gold heads are not a tree with a single root: {roots} words are attached to the root 0"
-    state = [0] * (n + 1)                   # 0: not seen, 1: on the current path, 2: reaches the root
-    state[0] = 2
-    for m in range(1, n + 1):
-        path, v = [], m
-        while state[v] == 0:
-            state[v] = 1
-            path.append(v)
-            v = int(heads[v - 1])
-        if state[v] == 1:
-            cycle = path[path.index(v):]
-            return f"gold heads are not a tree: words {', '.join(map(str, cycle))} form a cycle"
-        for u in path:
-            state[u] = 2
+    cycle = head_cycle(heads)
+    if cycle is not None:
+        return f"gold heads are not a tree: words {', '.join(map(str, cycle))} form a cycle"
     return None
 
 
