@@ -45,7 +45,7 @@ from itertools import permutations
 import torch
 from torch import Tensor
 
-from .._checks import check_count
+from .._checks import check_count, check_real
 from .citations import Citation
 
 __all__ = ["BigramExclusions", "Constraints", "OrderConstraints", "bigram_exclusions", "citation_constraints",
@@ -102,8 +102,8 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
     ``length_agreement`` ``None`` leaves out the length templates."""
     if not citations:
         raise ValueError("citations must not be empty")
-    if not 0 < min_agreement <= 1 or not 0 < presence <= 1:
-        raise ValueError("min_agreement and presence must lie in (0, 1]")
+    min_agreement = check_real("min_agreement", min_agreement, 0.0, 1.0, low_open=True)
+    presence = check_real("presence", presence, 0.0, 1.0, low_open=True)
     if length_agreement is not None and not 0 < length_agreement <= 1:
         raise ValueError(f"length_agreement must lie in (0, 1] or be None, got {length_agreement!r}")
     min_support = check_count("min_support", min_support)
@@ -199,8 +199,7 @@ def order_constraints(citations: Sequence[Citation], labels: Sequence[str], min_
     """Instantiate the order templates on training ``citations`` for the label list ``labels`` (module docstring)."""
     if not citations:
         raise ValueError("citations must not be empty")
-    if not 0 < min_agreement <= 1:
-        raise ValueError(f"min_agreement must lie in (0, 1], got {min_agreement}")
+    min_agreement = check_real("min_agreement", min_agreement, 0.0, 1.0, low_open=True)
     min_support = check_count("min_support", min_support)
     _label_ids(labels)
     c = len(labels)
@@ -257,8 +256,7 @@ def bigram_exclusions(citations: Sequence[Citation], labels: Sequence[str], min_
     ``within`` group, pairs of them that (almost) never share a citation (module docstring)."""
     if not citations:
         raise ValueError("citations must not be empty")
-    if not 0 <= max_together < 1:
-        raise ValueError(f"max_together must lie in [0, 1), got {max_together}")
+    max_together = check_real("max_together", max_together, 0.0, 1.0, high_open=True)
     min_support = check_count("min_support", min_support)
     c = len(labels)
     ids, o = _label_ids(labels)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .._checks import check_count
 from .citations import Citation
 
 __all__ = ["token_features", "FeatureIndex"]
@@ -99,6 +100,7 @@ class FeatureIndex:
         citations = _check_citations(citations)
         if not citations:
             raise ValueError("citations must not be empty")
+        min_count, lexicon_count = check_count("min_count", min_count), check_count("lexicon_count", lexicon_count)
         leaves: dict[str, Counter] = defaultdict(Counter)
         for c in citations:
             for tok, path in zip(c.tokens, c.paths, strict=True):

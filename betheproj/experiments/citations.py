@@ -104,7 +104,7 @@ class CitationConfig:
             if getattr(self, name) is not None:
                 check_real(name, getattr(self, name), 0.0, 1.0, low_open=True)
         if self.format_together is not None:
-            check_real("format_together", self.format_together, 0.0, 1.0)
+            check_real("format_together", self.format_together, 0.0, 1.0, high_open=True)
         if self.crf_loss not in ("crf", "softmax_margin"):
             raise ValueError(f"crf_loss must be 'crf' or 'softmax_margin', got {self.crf_loss!r}")
         if self.method not in METHODS:

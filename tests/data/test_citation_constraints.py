@@ -195,3 +195,8 @@ def test_errors(cites):
         order_constraints([], ["O"])
     with pytest.raises(ValueError, match="min_agreement"):
         order_constraints(cites, labels_of(cites), min_agreement=1.5)
+    for make in (citation_constraints, order_constraints):      # a bool was read as 1
+        with pytest.raises(TypeError, match="min_agreement"):
+            make(cites, labels_of(cites), min_agreement=True)
+    with pytest.raises(ValueError, match="presence"):
+        citation_constraints(cites, labels_of(cites), presence=0.0)

@@ -78,3 +78,11 @@ def test_inputs_of_the_wrong_kind_are_type_errors():
     assert index.encode([])[2].dtype == torch.long
     with pytest.raises(TypeError, match="line must be a str, got NoneType"):
         parse_citation(None)
+
+
+def test_counts_of_the_feature_index_are_checked():
+    cite = parse_citation("<title> A title </title>")
+    for name, value, error in (("min_count", 0, ValueError), ("min_count", 1.5, TypeError),
+                               ("lexicon_count", 0, ValueError), ("lexicon_count", "2", TypeError)):
+        with pytest.raises(error, match=name):                # 0 and 1.5 were accepted silently
+            FeatureIndex([cite], **{name: value})

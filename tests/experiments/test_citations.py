@@ -139,7 +139,8 @@ def test_cli_errors(tmp_path, capsys):
     ("crf_l2", -1e-3, ValueError), ("crf_gamma", float("nan"), ValueError), ("hinge_width", 0.0, ValueError),
     ("psi_lr", -1.0, ValueError), ("margin", float("inf"), ValueError), ("psi_init", "0", TypeError),
     ("min_agreement", 0.0, ValueError), ("min_agreement", 1.5, ValueError), ("length_agreement", 2.0, ValueError),
-    ("order_agreement", 0.0, ValueError), ("format_together", -0.1, ValueError), ("crf_loss", "svm", ValueError),
+    ("order_agreement", 0.0, ValueError), ("format_together", -0.1, ValueError), ("format_together", 1.0, ValueError),
+    ("crf_loss", "svm", ValueError),
     ("method", "newton", ValueError), ("test_iters", (40, 20), ValueError), ("test_iters", (), ValueError),
     ("seed", -1, ValueError),
 ])
