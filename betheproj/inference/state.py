@@ -587,10 +587,12 @@ class SolverState:
             ok[tied] = new < cur
 
     def _force(self, trial: _Trial, pending: Tensor) -> Tensor:
-        """Out of backtracks: take any finite step, but as a failed one (for a descent method, not one that
-        raises the objective); returns the positions in ``pending`` taken that way."""
+        """Out of backtracks: take any finite step inside the trust region, but as a failed one (for a descent
+        method, not one that raises the objective); returns the positions in ``pending`` taken that way."""
         passed = trial.ok
         ok = torch.isfinite(trial.f) & torch.isfinite(trial.change) & ~trial.collapsed
+        if self.trust_region is not None:
+            ok &= trial.change <= self.trust_region
         if self.method == "md":
             ok &= trial.f <= self.f[trial.rows] + trial.floor
         trial.ok = ok

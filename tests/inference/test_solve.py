@@ -715,3 +715,22 @@ def test_objective_checks_the_energy_against_the_batch():
     one = Poisson(torch.poisson(torch.ones(1, 4, 3, dtype=torch.float64)))
     with pytest.raises(ValueError, match=r"counts have shape \(1, 4, 3\)"):
         bp.objective(chain, theta, one, chain.marginals(theta))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_forced_step_stays_inside_the_trust_region(method):
+    """With no backtracks left, the last candidate is taken only inside the trust region, as max_backtracks says:
+    RDA took a first step that moved log mu by 26-36 nats (the objective rose from 61 to 343) and never recovered
+    in 500 iterations (6.5e3 above the optimum)."""
+    g = torch.Generator().manual_seed(3)
+    theta = bp.ChainPotentials(torch.randn(2, 3, 3, generator=g, dtype=DT), torch.randn(2, 2, 3, 3, generator=g,
+                                                                                       dtype=DT))
+    g = torch.Generator().manual_seed(5)
+    energy = Poisson(torch.randint(0, 5, (2, 3, 3), generator=g).to(DT), scale=0.5)
+    chain = bp.LinearChain()
+    start = chain.marginals(theta).node.log()
+    one = bp.solve(chain, theta, energy, method=method, max_iter=1, max_backtracks=0, trust_region=10.0)
+    assert ((one.marginals.node.log() - start).abs().amax((1, 2)) <= 10.0 + 1e-9).all()
+    best = bp.solve(chain, theta, energy, method="md").objective
+    sol = bp.solve(chain, theta, energy, method=method, max_iter=500, max_backtracks=0)
+    assert (sol.objective - best).abs().max() < 1e-4
