@@ -71,7 +71,8 @@ class Solution:
         objectives: [B, T+1] the objective at every iteration (the final value repeated once converged), with
             ``T = max_iter``: an example the accelerated method hands to mirror descent keeps its accelerated
             iterations there and its final value in the last column (its ``iterations`` count both phases).
-        safeguarded: [B] whether step-size control had to shrink a step for the example.
+        safeguarded: [B] whether step-size control had to shrink a step for the example, or (the accelerated
+            method) mirror descent finished it.
         residual: [B] the stationarity residual at the last check (``inf`` if never checked).
         oracle_calls: total oracle calls, summed over examples (retries included).
     """

@@ -220,6 +220,8 @@ class SolverState:
         self.calls = b
         start_node, start_edge = _warm_offsets(warm_start, theta, need_edges, method)
         mu0 = base if start_node is None else oracle.marginals(theta.shifted(start_node, start_edge))
+        if start_node is not None:
+            self.calls += b                                 # the warm start's own oracle call
 
         self.mu_node = mu_node = mu0.node.clone()
         self.mu_edge = mu_edge = (mu0.edge_total() if totals else mu0.edge).clone() if need_edges else None

@@ -734,3 +734,21 @@ def test_a_forced_step_stays_inside_the_trust_region(method):
     best = bp.solve(chain, theta, energy, method="md").objective
     sol = bp.solve(chain, theta, energy, method=method, max_iter=500, max_backtracks=0)
     assert (sol.objective - best).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("method, warm", [("md", False), ("rda", False), ("md", True), ("accelerated", False)])
+def test_oracle_calls_counts_every_call(method, warm):
+    """``oracle_calls`` is the number of example-marginals the oracle computed (a warm start's own call was left out,
+    and so was the accelerated method's hand-over start)."""
+    class Counting(bp.LinearChain):
+        calls = 0
+
+        def marginals(self, potentials):
+            Counting.calls += potentials.node.shape[0]
+            return super().marginals(potentials)
+
+    theta, energy = _theta(), _convex_energy()
+    start = bp.solve(bp.LinearChain(), theta, energy, max_iter=3).potentials if warm else None
+    oracle = Counting()
+    sol = bp.solve(oracle, theta, energy, method=method, max_iter=30, warm_start=start)
+    assert sol.oracle_calls == Counting.calls > 0
