@@ -49,9 +49,26 @@ def _rows_all(x: Tensor) -> Tensor:
     return x.flatten(1).all(-1)
 
 
+def _check_gradient(energy: Energy, g: Gradient, mu: Marginals, edge_shape: tuple[int, ...]) -> None:
+    """The energy's gradient has the marginals' node shape and an edge part that broadcasts to ``edge_shape``."""
+    if g.node is not None and g.node.shape != mu.node.shape:
+        raise ValueError(f"{type(energy).__name__}.grad returned a node gradient of shape {tuple(g.node.shape)}; "
+                         f"the marginals are {tuple(mu.node.shape)}")
+    if g.edge is not None:
+        try:
+            fits = torch.broadcast_shapes(g.edge.shape, edge_shape) == edge_shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{type(energy).__name__}.grad returned an edge gradient of shape "
+                             f"{tuple(g.edge.shape)}; it must broadcast to {edge_shape}")
+
+
 def _masked_gradient(energy: Energy, mu: Marginals) -> Gradient:
     """``grad L`` with padding zeroed and edge gradients broadcast to [B, N-1, C, C]."""
     g = energy.grad(mu)
+    b, n, c = mu.node.shape
+    _check_gradient(energy, g, mu, (b, n - 1, c, c))
     node = g.node if g.node is not None else torch.zeros_like(mu.node)
     node = _masked(node, mu.node_mask())
     edge = None
@@ -65,6 +82,8 @@ def _total_gradient(energy: Energy, mu: Marginals) -> Gradient:
     """``grad L`` for an energy with ``edge_totals``: node [B, N, C] with padding zeroed, edge [B, C, C] (the
     gradient at every position)."""
     g = energy.total_grad(mu)
+    b, _, c = mu.node.shape
+    _check_gradient(energy, g, mu, (b, c, c))
     node = _masked(g.node if g.node is not None else torch.zeros_like(mu.node), mu.node_mask())
     return Gradient(node, g.edge)
 
@@ -150,15 +169,18 @@ def _objective_parts(oracle: Oracle, theta: PairwisePotentials, mu: Marginals) -
 
 
 @torch.no_grad()
-def _raise_infinite_gradient(rows: Tensor, start_name: str | None, dtype: torch.dtype) -> None:
-    """A gradient of the energy beyond ``dtype``'s range: at the start (``start_name`` says which) a ValueError,
-    since the problem does not fit the dtype; later (``None``) a FloatingPointError."""
+def _raise_infinite_gradient(rows: Tensor, start_name: str | None, dtype: torch.dtype, nan: bool = False) -> None:
+    """A gradient of the energy beyond ``dtype``'s range (or NaN: ``nan``): at the start (``start_name`` says
+    which) a ValueError, since the problem does not fit the dtype; later (``None``) a FloatingPointError."""
     bad = rows[:10].tolist()
-    why = (f"it exceeds what {dtype} can represent (~{torch.finfo(dtype).max:.1e}), e.g. Poisson counts or a "
-           f"-log barrier where a marginal is below ~1/{torch.finfo(dtype).max:.0e}")
+    if nan:
+        why = "it is NaN there (undefined: e.g. 0 * inf or 0 / 0 in the energy's value or gradient)"
+    else:
+        why = (f"it exceeds what {dtype} can represent (~{torch.finfo(dtype).max:.1e}), e.g. Poisson counts or a "
+               f"-log barrier where a marginal is below ~1/{torch.finfo(dtype).max:.0e}")
     if start_name is not None:
         raise ValueError(f"the energy gradient is not finite at {start_name} for examples {bad}: {why}"
-                         + ("; solve in float64" if dtype != torch.float64 else ""))
+                         + ("; solve in float64" if dtype != torch.float64 and not nan else ""))
     raise FloatingPointError(f"the energy gradient is not finite at an accepted iterate for examples {bad}: {why}")
 
 
@@ -389,7 +411,8 @@ class SolverState:
         if g_e is not None:
             finite &= _rows_all(torch.isfinite(g_e))
         if not finite.all():
-            _raise_infinite_gradient(a[~finite], self.start_name if it == 0 else None, self.dtype)
+            nan = bool(torch.isnan(g_n).any()) or (g_e is not None and bool(torch.isnan(g_e).any()))
+            _raise_infinite_gradient(a[~finite], self.start_name if it == 0 else None, self.dtype, nan)
 
         # converged: the current point is stationary (Proposition 1); no oracle call is needed.  The accelerated
         # method tests its oracle point nu with the gradient at nu (and returns nu if it passes)

@@ -752,3 +752,30 @@ def test_oracle_calls_counts_every_call(method, warm):
     oracle = Counting()
     sol = bp.solve(oracle, theta, energy, method=method, max_iter=30, warm_start=start)
     assert sol.oracle_calls == Counting.calls > 0
+
+
+def test_a_gradient_of_the_wrong_shape_or_nan_is_named():
+    """A closed-form gradient of the wrong shape was a bare broadcasting RuntimeError, and a NaN gradient was
+    reported as one beyond float64's range."""
+    from betheproj.energies import Energy
+    from betheproj.energies.base import Gradient
+
+    class Wrong(Energy):
+        def __init__(self, node=None, edge=None):
+            self.node, self.edge = node, edge
+
+        def value(self, m):
+            return (m.node ** 2).sum((1, 2))
+
+        def grad(self, m):
+            return Gradient(self.node(m) if self.node else 2 * m.node, self.edge(m) if self.edge else None)
+
+    theta = _theta()
+    b, n, c = theta.node.shape
+    for energy, match in ((Wrong(node=lambda m: m.node[..., :-1]), "Wrong.grad returned a node gradient of shape"),
+                          (Wrong(edge=lambda m: torch.zeros(b, n, c, c, dtype=DT)), "an edge gradient of shape"),
+                          (Wrong(node=lambda m: m.node * float("nan")), "it is NaN there")):
+        with pytest.raises(ValueError, match=match):
+            bp.solve(bp.LinearChain(), theta, energy)
+    sol = bp.solve(bp.LinearChain(), theta, Wrong(edge=lambda m: torch.zeros(c, c, dtype=DT)))   # [C, C] broadcasts
+    assert bool(sol.converged.all())
