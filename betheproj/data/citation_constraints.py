@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_count, check_real
-from .citations import Citation
+from .citations import Citation, check_citations
 
 __all__ = ["BigramExclusions", "Constraints", "OrderConstraints", "bigram_exclusions", "citation_constraints",
            "label_counts", "order_constraints"]
@@ -65,12 +65,15 @@ class Constraints:
 
     def violations(self, counts: Tensor) -> Tensor:
         """``a^T counts - b`` [B, J] for label counts [B, C] (positive = violated)."""
+        if not isinstance(counts, Tensor) or counts.dim() != 2 or counts.shape[1] != self.a.shape[1]:
+            got = tuple(counts.shape) if isinstance(counts, Tensor) else type(counts).__name__
+            raise ValueError(f"counts must be label counts [B, C={self.a.shape[1]}], got {got}")
         return counts.to(self.a) @ self.a.t() - self.b
 
 
 def _label_ids(labels: Sequence[str]) -> tuple[dict[str, int], int]:
     """Label -> id, and the id of ``O`` (which labels outside the list count as)."""
-    if isinstance(labels, str) or "O" not in labels:
+    if isinstance(labels, str) or not isinstance(labels, Sequence) or "O" not in labels:
         raise ValueError("labels must be a list of labels holding 'O' (labels outside the list count as O)")
     ids = {label: i for i, label in enumerate(labels)}
     return ids, ids["O"]
@@ -100,6 +103,7 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
                          length_agreement: float | None = None) -> Constraints:
     """Instantiate the templates on training ``citations`` for the label list ``labels`` (index = label id);
     ``length_agreement`` ``None`` leaves out the length templates."""
+    citations = check_citations(citations)
     if not citations:
         raise ValueError("citations must not be empty")
     min_agreement = check_real("min_agreement", min_agreement, 0.0, 1.0, low_open=True)
@@ -197,6 +201,7 @@ def _groups(label: str) -> list[str]:
 def order_constraints(citations: Sequence[Citation], labels: Sequence[str], min_support: int = 10,
                       min_agreement: float = 0.95) -> OrderConstraints:
     """Instantiate the order templates on training ``citations`` for the label list ``labels`` (module docstring)."""
+    citations = check_citations(citations)
     if not citations:
         raise ValueError("citations must not be empty")
     min_agreement = check_real("min_agreement", min_agreement, 0.0, 1.0, low_open=True)
@@ -254,12 +259,13 @@ def bigram_exclusions(citations: Sequence[Citation], labels: Sequence[str], min_
                       max_together: float = 0.01, within: str = "person") -> BigramExclusions:
     """Instantiate the name-format templates on training ``citations``: label bigrams with a label under a
     ``within`` group, pairs of them that (almost) never share a citation (module docstring)."""
+    citations = check_citations(citations)
     if not citations:
         raise ValueError("citations must not be empty")
     max_together = check_real("max_together", max_together, 0.0, 1.0, high_open=True)
     min_support = check_count("min_support", min_support)
-    c = len(labels)
     ids, o = _label_ids(labels)
+    c = len(labels)
     under = [within in label.removeprefix("B-").removeprefix("I-").split("/") for label in labels]
     seen: dict[tuple[int, int], set[int]] = {}
     for d, cite in enumerate(citations):

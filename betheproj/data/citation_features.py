@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_count
-from .citations import Citation
+from .citations import Citation, check_citations
 
 __all__ = ["token_features", "FeatureIndex"]
 
@@ -86,18 +86,11 @@ def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = 
     return feats
 
 
-def _check_citations(citations: object) -> list[Citation]:
-    if isinstance(citations, Citation) or isinstance(citations, str) or not isinstance(citations, Sequence) \
-            or not all(isinstance(c, Citation) for c in citations):
-        raise TypeError("citations must be a list of Citation (from parse_citation or load_citations)")
-    return list(citations)
-
-
 class FeatureIndex:
     """Feature and label numbering fitted on training citations; ``encode`` gives padded index tensors."""
 
     def __init__(self, citations: Sequence[Citation], min_count: int = 1, lexicon_count: int = 2):
-        citations = _check_citations(citations)
+        citations = check_citations(citations)
         if not citations:
             raise ValueError("citations must not be empty")
         min_count, lexicon_count = check_count("min_count", min_count), check_count("lexicon_count", lexicon_count)
@@ -133,7 +126,7 @@ class FeatureIndex:
     def encode(self, citations: Sequence[Citation]) -> tuple[Tensor, Tensor, Tensor]:
         """Feature indices [B, N, K] (0 = padding), label ids [B, N] (-1 padding; labels unseen in training
         map to ``O``) and lengths [B]."""
-        citations = _check_citations(citations)
+        citations = check_citations(citations)
         rows = [[[self.features[f] for f in fs if f in self.features] for fs in token_features(c.tokens, self.lexicon)]
                 for c in citations]
         b = len(rows)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import gzip
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Citation", "parse_citation", "read_citations", "load_citations", "tokenize_citation", "escape_tags",
-           "citation_file", "citation_lines", "SPLITS"]
+           "citation_file", "citation_lines", "check_citations", "SPLITS"]
 
 SPLITS = {"train": "training.docs", "dev": "dev.docs", "test": "testing.docs"}
 _TAG = re.compile(r"(</?[A-Za-z][\w.-]*>)")
@@ -64,6 +65,14 @@ def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
                 spans.append((kind, start, i))
             kind, start = (None, i) if label == "O" else (name, i)
     return spans
+
+
+def check_citations(citations: object) -> list[Citation]:
+    """``citations`` as a list, which must hold :class:`Citation` objects only (TypeError otherwise)."""
+    if isinstance(citations, Citation) or isinstance(citations, str) or not isinstance(citations, Sequence) \
+            or not all(isinstance(c, Citation) for c in citations):
+        raise TypeError("citations must be a list of Citation (from parse_citation or load_citations)")
+    return list(citations)
 
 
 def parse_citation(line: str) -> Citation:

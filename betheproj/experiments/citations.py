@@ -408,6 +408,9 @@ def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, m
     convention) with the non-local model; nested-tag output."""
     if isinstance(lines, str):
         raise TypeError("lines must be a list of citation strings, not one string (wrap it in a list)")
+    bad = next((i for i, line in enumerate(lines) if not isinstance(line, str)), None)
+    if bad is not None:
+        raise TypeError(f"lines[{bad}] must be a str, got {type(lines[bad]).__name__}")
     words = [tokenize_citation(line) for line in lines]
     cites = [Citation(w, [()] * len(w), ["O"] * len(w)) for w in words]
     keep = [i for i, c in enumerate(cites) if c.tokens]

@@ -200,3 +200,12 @@ def test_errors(cites):
             make(cites, labels_of(cites), min_agreement=True)
     with pytest.raises(ValueError, match="presence"):
         citation_constraints(cites, labels_of(cites), presence=0.0)
+    for make in (citation_constraints, order_constraints, bigram_exclusions):     # AttributeErrors before
+        for bad in (["a", "b"], cites[0]):
+            with pytest.raises(TypeError, match="citations must be a list of Citation"):
+                make(bad, labels_of(cites))
+        with pytest.raises(ValueError, match="labels must be a list of labels holding 'O'"):
+            make(cites, None)
+    con = citation_constraints(cites, labels_of(cites))
+    with pytest.raises(ValueError, match=r"counts must be label counts \[B, C="):
+        con.violations(torch.zeros(len(labels_of(cites))))                         # 1-D: was [J], silently

@@ -44,6 +44,8 @@ def test_nested_tags_refuse_what_cannot_be_read_back(tokens, labels, message):
 def test_tag_strings_takes_a_list_of_lines():
     with pytest.raises(TypeError, match="lines must be a list of citation strings, not one string"):
         citations.tag_strings("Jones, J. A title. 2005.", None, None)
+    with pytest.raises(TypeError, match=r"lines\[1\] must be a str, got NoneType"):
+        citations.tag_strings(["Jones, J. A title. 2005.", None], None, None)
 
 
 def test_nested_tags_rebuild_groups():
