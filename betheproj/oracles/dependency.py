@@ -158,6 +158,13 @@ def _differentiable(scores: Tensor, log_z: Tensor, marginals: Tensor) -> Tensor:
 
 # --------------------------------------------------------------------------------------------------- oracle base
 
+def _column_max(s: Tensor) -> Tensor:
+    """Each modifier's best arc score [B, 1, N+1] in head-major scores [B, N+1, N+1] (0 where it has none):
+    every tree takes one arc into each word, so shifting a column by it only rescales Z."""
+    col = s.amax(1, keepdim=True)
+    return torch.where(torch.isfinite(col), col, torch.zeros((), dtype=s.dtype, device=s.device))
+
+
 class DependencyMarginals(Marginals):
     """Arc marginals ``node[b, m-1, h] = P(head(m) = h)`` [B, N, N+1] with the (masked) potentials they came from.
 
@@ -232,8 +239,7 @@ class _DependencyOracle:
     def marginals(self, potentials: PairwisePotentials) -> DependencyMarginals:
         """Arc marginals [B, N, N+1] (zero at padding rows and invalid heads) and ``log Z`` [B]."""
         scores, lengths = self._scores(potentials)
-        top = scores.amax(1, keepdim=True)                         # [B, 1, N+1]: each modifier's best head
-        top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype, device=top.device))
+        top = _column_max(scores)
         with torch.no_grad():
             shifted_log_z, marg = self._marginals_core(scores - top, lengths)
         node = marg[:, :, 1:].transpose(1, 2).contiguous()
