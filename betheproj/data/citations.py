@@ -102,12 +102,12 @@ def parse_citation(line: str) -> Citation:
             else:
                 repairs += 1                               # a closing tag with nothing open: ignored
             continue
+        path = tuple(n for i, (n, _) in enumerate(stack) if i == 0 or stack[i - 1][0] != n)
+        top = len(stack) - 1                               # a run of same-name tags is one segment: the outermost
+        while top > 0 and stack[top - 1][0] == stack[top][0]:
+            top -= 1
+        segment = stack[top][1] if stack else None
         for token in piece.split():
-            path = tuple(n for i, (n, _) in enumerate(stack) if i == 0 or stack[i - 1][0] != n)
-            top = len(stack) - 1                           # a run of same-name tags is one segment: the outermost
-            while top > 0 and stack[top - 1][0] == stack[top][0]:
-                top -= 1
-            segment = stack[top][1] if stack else None
             tokens.append(token)
             paths.append(path)
             if not path:
