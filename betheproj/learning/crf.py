@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from .._checks import check_count, check_nonnegative
 from ..oracles import LinearChain
-from ..oracles.base import Marginals, Oracle, PairwisePotentials, edge_row_ends, tree_parents
+from ..oracles.base import Marginals, Oracle, PairwisePotentials, _check_lengths, edge_row_ends, tree_parents
 from ..progress import progress_bar
 from ._checks import check_sequences
 
@@ -129,14 +129,12 @@ class LinearChainCRF(nn.Module):
         if features.dim() != 3 or features.shape[-1] != self.node.in_features:
             raise ValueError(f"features must be [B, N, {self.node.in_features}], got {tuple(features.shape)}")
         node = self.node(features.to(self.node.weight.dtype))
-        if lengths is not None and isinstance(lengths, Tensor) and lengths.shape == node.shape[:1] \
-                and not lengths.is_floating_point():
-            valid = torch.arange(node.shape[1], device=node.device) < lengths.to(node.device)[:, None]
-            if not bool(torch.isfinite(node[valid]).all()):
-                raise ValueError("features give NaN or infinite node scores at valid positions")
-            node = torch.where(valid[..., None], node, torch.zeros((), dtype=node.dtype, device=node.device))
-        elif not bool(torch.isfinite(node).all()):
-            raise ValueError("features give NaN or infinite node scores")
+        b, n, _ = node.shape
+        lengths = _check_lengths(lengths, b, n, node.device)          # None: every position valid
+        valid = torch.arange(n, device=node.device) < lengths[:, None]
+        if not bool(torch.isfinite(node[valid]).all()):
+            raise ValueError("features give NaN or infinite node scores at valid positions")
+        node = torch.where(valid[..., None], node, torch.zeros((), dtype=node.dtype, device=node.device))
         return PairwisePotentials(node, self.transitions, lengths)
 
 
