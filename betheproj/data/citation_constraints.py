@@ -108,8 +108,8 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
         raise ValueError("citations must not be empty")
     min_agreement = check_real("min_agreement", min_agreement, 0.0, 1.0, low_open=True)
     presence = check_real("presence", presence, 0.0, 1.0, low_open=True)
-    if length_agreement is not None and not 0 < length_agreement <= 1:
-        raise ValueError(f"length_agreement must lie in (0, 1] or be None, got {length_agreement!r}")
+    if length_agreement is not None:
+        length_agreement = check_real("length_agreement", length_agreement, 0.0, 1.0, low_open=True)
     min_support = check_count("min_support", min_support)
     ids, _ = _label_ids(labels)
     fields = sorted({label[2:] for label in labels if label != "O"})

@@ -1,14 +1,14 @@
 """Marginal-inference oracles: tractable base structures behind one protocol."""
 
 from .base import (
-                   ChainPotentials,
-                   Marginals,
-                   Oracle,
-                   PairwisePotentials,
-                   bethe_entropy,
-                   edge_row_ends,
-                   log_partition,
-                   tree_parents,
+    ChainPotentials,
+    Marginals,
+    Oracle,
+    PairwisePotentials,
+    bethe_entropy,
+    edge_row_ends,
+    log_partition,
+    tree_parents,
 )
 from .brute_force import BruteForce
 from .chain import LinearChain
