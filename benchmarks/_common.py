@@ -17,15 +17,23 @@ from betheproj.cli import error_text, int_type
 positive_int = int_type(1)          # argparse type: an int >= 1
 
 
-def positive_float(text: str) -> float:
-    """argparse type: a finite float > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
+def float_type(minimum: float, strict: bool) -> Callable[[str], float]:
+    """argparse type: a finite float ``> minimum`` (``strict``) or ``>= minimum``."""
+    op = ">" if strict else ">="
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number {op} {minimum:g}, got {text!r}") from None
+        if not (value > minimum if strict else value >= minimum) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number {op} {minimum:g}, got {text!r}")
+        return value
+    return parse
+
+
+positive_float = float_type(0.0, strict=True)
+nonnegative_float = float_type(0.0, strict=False)
 
 
 def require(module: str, package: str, extra: str) -> ModuleType:
@@ -37,17 +45,6 @@ def require(module: str, package: str, extra: str) -> ModuleType:
         print(f"{os.path.basename(sys.argv[0])}: error: this needs {package} (pip install {package}, or the "
               f"package's extra: pip install -e \".[{extra}]\")", file=sys.stderr)
         sys.exit(2)
-
-
-def nonnegative_float(text: str) -> float:
-    """argparse type: a finite float >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
-    if not (value >= 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
 
 
 def run(main: Callable[[], object]) -> None:
