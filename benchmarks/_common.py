@@ -17,23 +17,25 @@ from betheproj.cli import error_text, int_type
 positive_int = int_type(1)          # argparse type: an int >= 1
 
 
-def float_type(minimum: float, strict: bool) -> Callable[[str], float]:
-    """argparse type: a finite float ``> minimum`` (``strict``) or ``>= minimum``."""
-    op = ">" if strict else ">="
+def float_type(minimum: float, strict: bool, below: float | None = None) -> Callable[[str], float]:
+    """argparse type: a finite float ``> minimum`` (``strict``) or ``>= minimum``, and ``< below`` if given."""
+    want = f"{'>' if strict else '>='} {minimum:g}" + ("" if below is None else f" and < {below:g}")
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number {op} {minimum:g}, got {text!r}") from None
-        if not (value > minimum if strict else value >= minimum) or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a finite number {op} {minimum:g}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be a number {want}, got {text!r}") from None
+        in_range = (value > minimum if strict else value >= minimum) and (below is None or value < below)
+        if not in_range or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number {want}, got {text!r}")
         return value
     return parse
 
 
 positive_float = float_type(0.0, strict=True)
 nonnegative_float = float_type(0.0, strict=False)
+fraction = float_type(0.0, strict=False, below=1.0)     # argparse type: a float in [0, 1)
 
 
 def require(module: str, package: str, extra: str) -> ModuleType:
@@ -45,6 +47,11 @@ def require(module: str, package: str, extra: str) -> ModuleType:
         print(f"{os.path.basename(sys.argv[0])}: error: this needs {package} (pip install {package}, or the "
               f"package's extra: pip install -e \".[{extra}]\")", file=sys.stderr)
         sys.exit(2)
+
+
+def crfsuite() -> ModuleType:
+    """The CRFsuite peer (python-crfsuite, the ``bench`` extra), or one line and exit 2."""
+    return require("pycrfsuite", "python-crfsuite", "bench")
 
 
 def run(main: Callable[[], object]) -> None:

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import nonnegative_float, positive_int, require, run
+from _common import crfsuite, nonnegative_float, positive_int, run
 
 from betheproj.data.citation_features import _shape
 from betheproj.data.citations import Citation, load_citations
@@ -41,12 +41,8 @@ def standard_features(tokens: list[str]) -> list[list[str]]:
     return out
 
 
-def _crfsuite():
-    return require("pycrfsuite", "python-crfsuite", "bench")
-
-
 def crfsuite_run(train: list[Citation], tests: dict[str, list[Citation]], c2: float, max_iterations: int) -> dict:
-    pycrfsuite = _crfsuite()
+    pycrfsuite = crfsuite()
     result: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "crf.model")
@@ -75,7 +71,7 @@ def main() -> None:
     ap.add_argument("--threads", type=positive_int, default=None,
                     help="torch threads for our CRF (default: torch's own; CRFsuite runs on one)")
     args = ap.parse_args()
-    _crfsuite()                         # the peer is there, before any work
+    crfsuite()                          # the peer is there, before any work
     import torch
 
     if args.threads is not None:

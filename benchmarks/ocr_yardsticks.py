@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import nonnegative_float, positive_int, require, run
+from _common import crfsuite, nonnegative_float, positive_int, run
 from torch import Tensor
 
 from betheproj.data.ocr import OCRData, load_ocr
@@ -46,14 +46,10 @@ def accuracy(pred: Tensor, labels: Tensor) -> float:
     return (pred[mask] == labels[mask]).double().mean().item()
 
 
-def _crfsuite():
-    return require("pycrfsuite", "python-crfsuite", "bench")
-
-
 def crfsuite_fold(train: OCRData, test: OCRData, c2: float = 1.0, max_iterations: int = 100) -> dict:
     """Train CRFsuite on ``train``, decode ``test``: accuracy, train seconds, Viterbi ``pred`` [W, N] (-1 padding)
     and node ``marginals`` [W, N, 26] (zeros at padding)."""
-    pycrfsuite = _crfsuite()
+    pycrfsuite = crfsuite()
     trainer = pycrfsuite.Trainer(algorithm="lbfgs", verbose=False)
     for w in range(len(train)):
         n = int(train.lengths[w])
@@ -133,7 +129,7 @@ def main() -> None:
                         help=f"our rows to measure beside the yardsticks, among {','.join(ROWS)}, or 'none'")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    _crfsuite()                         # the peer is there, before any work
+    crfsuite()                          # the peer is there, before any work
     if args.json and not Path(args.json).resolve().parent.is_dir():       # found before the work, not after it
         parser.error(f"--json: the folder of {args.json} does not exist")
     ours = [] if args.ours == "none" else [r.strip() for r in args.ours.split(",")]

@@ -27,13 +27,12 @@ docs/remeasurements.md.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 
 import torch
-from _common import positive_int, run
+from _common import fraction, nonnegative_float, positive_float, positive_int, run
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ud_english_ewt"
 
@@ -53,19 +52,7 @@ TRAINING = ("train_sentences", "epochs", "max_seconds", "lr", "lr_first", "train
 
 
 def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Options that would be ignored, values out of range, and paths that would fail after the work, refused before
-    it."""
-    ranges = (("lr", 0.0, None, True), ("lr_first", 0.0, None, False), ("max_seconds", 0.0, None, True),
-              ("damping", 0.0, 1.0, False), ("min_prob", 0.0, 1.0, False))
-    for name, low, high, open_low in ranges:
-        value = getattr(args, name)
-        if value is None:
-            continue
-        too_low = value < low or (open_low and value == low)
-        too_high = high is not None and value >= high
-        if not math.isfinite(value) or too_low or too_high:
-            want = f"{'>' if open_low else '>='} {low:g}" + ("" if high is None else f" and < {high:g}")
-            ap.error(f"--{name.replace('_', '-')} must be a finite number {want}, got {value}")
+    """Options that would be ignored, and paths that would fail after the work, refused before it."""
     for path in [*args.arc, *([] if args.model.is_file() else [args.first])]:
         if not path.is_file():
             ap.error(f"no model file at {path}")
@@ -86,19 +73,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--arc", type=Path, nargs="*", default=[], help="arc-factored models to report as rows too")
     ap.add_argument("--train-sentences", type=positive_int, default=None, help="use the first K training sentences")
     ap.add_argument("--epochs", type=positive_int, default=3)
-    ap.add_argument("--max-seconds", type=float, default=None, help="stop training after this many seconds")
-    ap.add_argument("--lr", type=float, default=0.05, help="AdaGrad rate of the second-order weights")
-    ap.add_argument("--lr-first", type=float, default=0.01, help="AdaGrad rate of the first-order weights")
+    ap.add_argument("--max-seconds", type=positive_float, default=None, help="stop training after this many seconds")
+    ap.add_argument("--lr", type=positive_float, default=0.05, help="AdaGrad rate of the second-order weights")
+    ap.add_argument("--lr-first", type=nonnegative_float, default=0.01, help="AdaGrad rate of the first-order weights")
     ap.add_argument("--train-iter", type=positive_int, default=5, help="Bethe-RDA iterations per minibatch")
     ap.add_argument("--bits", type=positive_int, default=22, help="2^bits second-order weights")
     ap.add_argument("--no-context", action="store_true", help="second-order parts without the context templates")
     ap.add_argument("--top-k", type=positive_int, default=5)
-    ap.add_argument("--min-prob", type=float, default=1e-4)
+    ap.add_argument("--min-prob", type=fraction, default=1e-4)
     ap.add_argument("--dev-every", type=positive_int, default=None,
                     help="dev evaluation every N steps (default per epoch)")
     ap.add_argument("--mf-iter", type=positive_int, default=10, help="Bethe-RDA iterations at test time")
     ap.add_argument("--bp-iter", type=positive_int, default=20, help="loopy BP iterations at test time")
-    ap.add_argument("--damping", type=float, default=0.3, help="loopy BP damping (chosen on dev)")
+    ap.add_argument("--damping", type=fraction, default=0.3, help="loopy BP damping (chosen on dev)")
     ap.add_argument("--split", choices=("dev", "test"), default="test")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
