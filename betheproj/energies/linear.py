@@ -33,10 +33,14 @@ class Loss:
         object.__setattr__(self, "width", check_positive("width", self.width))
 
     def __call__(self, z: Tensor) -> Tensor:
-        return LOSSES[self.name][0](z, self.width)
+        return LOSSES[self.name][0](z, self._width(z))
 
     def derivative(self, z: Tensor) -> Tensor:
-        return LOSSES[self.name][1](z, self.width)
+        return LOSSES[self.name][1](z, self._width(z))
+
+    def _width(self, z: Tensor) -> float:
+        # a width below z's smallest normal number would become 0 in z's dtype (0 / 0 at the kink)
+        return max(self.width, torch.finfo(z.dtype).tiny) if z.is_floating_point() else self.width
 
 
 def _smoothed_hinge(z: Tensor, w: float) -> Tensor:

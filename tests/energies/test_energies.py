@@ -146,6 +146,16 @@ def test_loss_values():
         assert torch.allclose(g, Loss(name).derivative(zz.detach()), atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["smoothed_hinge", "smoothed_abs"])
+def test_loss_width_below_the_dtype_smallest_normal(name):
+    # 1e-50 is 0 in float32: the kink gave 0 / 0 = NaN; the loss is then the unsmoothed hinge / |z|
+    z = torch.tensor([-1.0, 0.0, 1e-30, 1.0])
+    hinge = z.clamp_min(0) if name == "smoothed_hinge" else z.abs()
+    slope = torch.tensor([0.0 if name == "smoothed_hinge" else -1.0, 0.0, 1.0, 1.0])
+    loss = Loss(name, 1e-50)
+    assert torch.allclose(loss(z), hinge) and torch.equal(loss.derivative(z), slope)
+
+
 def test_linear_measurements_hand_counted():
     # one example, 3 positions, labels (a, b): node marginals put mass 1 on a, b, a
     node = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]], dtype=DT)
