@@ -15,6 +15,16 @@ from types import ModuleType
 from betheproj.cli import error_text, int_type
 
 positive_int = int_type(1)          # argparse type: an int >= 1
+seed_int = int_type(0)              # argparse type: an int >= 0 (a random seed)
+
+
+def distinct(parser: argparse.ArgumentParser, option: str, values: list) -> list:
+    """``values`` of a repeatable ``option`` (``nargs``), refused through ``parser`` if one is given twice: a
+    repeated fold or seed would run (and count) the same work twice."""
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        parser.error(f"{option}: each value at most once, got {', '.join(map(str, repeated))} more than once")
+    return values
 
 
 def float_type(minimum: float, strict: bool, below: float | None = None) -> Callable[[str], float]:

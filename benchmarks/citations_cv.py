@@ -22,7 +22,7 @@ import dataclasses
 import time
 
 import torch
-from _common import run
+from _common import distinct, run, seed_int
 
 from betheproj.data.citations import load_citations
 from betheproj.experiments.citations import (
@@ -61,8 +61,9 @@ def main() -> None:
     parser.add_argument("--model", default="citations-results/model.pt", help="model.pt of a citations run")
     parser.add_argument("--set", type=override, action="append", default=[], metavar="KEY=VALUE",
                         help=f"a setting for learning c, one of {sorted(TUNABLE)}")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--seeds", type=seed_int, nargs="+", default=[0])
     args = parser.parse_args()
+    distinct(parser, "--seeds", args.seeds)
     try:
         index, saved_model, saved = load_run(args.model)
     except FileNotFoundError as error:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from _common import run
+from _common import distinct, run, seed_int
 
 from betheproj.data.ocr import OCRData, load_ocr
 from betheproj.experiments.ocr import (
@@ -41,8 +41,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="folder holding ocr_letters.npz")
     parser.add_argument("--outer", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=seed_int, nargs="+", default=[0, 1])
     args = parser.parse_args()
+    distinct(parser, "--outer", args.outer)
+    distinct(parser, "--seeds", args.seeds)
     data = load_ocr(args.data)
     try:                                # each outer fold and the validation fold after it
         check_folds(data, sorted({f for t in args.outer for f in (t, (t + 1) % 10)}))
