@@ -1,6 +1,6 @@
 """Edge measurements on a chain: the solver's per-example edge state against its per-position state (same run).
 
-Run by hand:  python benchmarks/edge_measurements.py  [--repeats 3]
+Run by hand:  python benchmarks/edge_measurements.py  [--repeats 3] [--threads 2]
 
 ``LinearMeasurements(edge=[J, C, C])`` reads edge marginals only through each example's sum over positions
 (``Energy.edge_totals``), so with shared transitions the solver keeps [B, C, C] edge offsets and the chain
@@ -50,9 +50,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--batch", type=positive_int, default=16)
     parser.add_argument("--length", type=positive_int, default=35)
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    print(f"B={args.batch}, N={args.length}, 20 edge measurements, mirror descent, float64, tol 1e-6")
+    torch.set_num_threads(args.threads)
+    print(f"B={args.batch}, N={args.length}, 20 edge measurements, mirror descent, float64, tol 1e-6, "
+          f"{torch.get_num_threads()} threads")
     print(f"{'C':>4} {'per-example (ms)':>17} {'per-position (ms)':>18} {'pos/ex':>6} {'ms/call':>15} {'|dobj|':>8}")
     for c in (10, 26, 50, 97):
         gen = torch.Generator().manual_seed(c)
