@@ -308,12 +308,20 @@ def _log_edge_marginals(pot: PairwisePotentials, la: Tensor, lb: Tensor, log_z: 
     return torch.softmax(score.reshape(b, m, c * c), dim=-1).reshape(b, m, c, c)
 
 
+def _finite_or(x: Tensor, fill: Tensor) -> Tensor:
+    return torch.where(torch.isfinite(x), x, fill)
+
+
 def _viterbi(pot: PairwisePotentials) -> Tensor:
-    node, valid = _valid_node(pot)
-    b, n, c = node.shape
-    edge = pot.edge
+    # max-product on max-shifted scores, the running score re-centred at its maximum after every position: a
+    # running sum of raw scores (1e4 per position in float32) would absorb the O(1) differences between labels
+    node, _ = _valid_node(pot)
+    zero = torch.zeros((), dtype=node.dtype, device=node.device)
+    node = node - _finite_or(node.amax(-1, keepdim=True), zero)
+    edge = pot.edge - _finite_or(pot.edge.amax((-1, -2), keepdim=True), zero)
     shared = pot.shared_edge
     lengths = pot.lengths
+    b, n, c = node.shape
     score = node[:, 0]
     backptr = torch.zeros(b, n, c, dtype=torch.long, device=node.device)
     final = score.clone()
@@ -321,6 +329,7 @@ def _viterbi(pot: PairwisePotentials) -> Tensor:
         e = edge if shared else edge[:, t - 1]
         best, arg = (score[:, :, None] + e).max(dim=1)
         score = best + node[:, t]
+        score = score - _finite_or(score.amax(-1, keepdim=True), zero)
         backptr[:, t] = arg
         final = torch.where((t == lengths - 1)[:, None], score, final)
     raise_if_not_finite(final.amax(-1))

@@ -121,6 +121,25 @@ def test_float32_extreme_scores_stay_finite_and_exact():
         assert torch.equal(bp.LinearChain().map(pot32), bp.LinearChain().map(pot64))
 
 
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 1e4), (torch.float32, 1e8), (torch.float64, 1e20)])
+def test_viterbi_is_not_absorbed_by_a_large_constant(dtype, big):
+    # a running sum of raw scores rounded the O(1) differences away: 13 of 64 positions fell to label 0
+    node = torch.full((1, 64, 2), big, dtype=dtype)
+    node[..., 1] += 0.03 if big < 1e5 else 0.0
+    node[0, -1] = torch.tensor([0.0, 1.0])      # the last position alone decides when the others tie
+    pot = bp.ChainPotentials(node, torch.zeros(2, 2, dtype=dtype))
+    want = torch.ones(1, 64, dtype=torch.long) if big < 1e5 else bp.Tree(list(range(-1, 63))).map(pot)
+    assert torch.equal(bp.LinearChain().map(pot), want)
+    assert int(bp.LinearChain().map(pot)[0, -1]) == 1
+
+
+def test_viterbi_of_scores_whose_sum_overflows():
+    # each score finite, their sum not: the MAP is still defined (Tree and BruteForce answer it)
+    pot = bp.ChainPotentials(torch.tensor([[[1e308, 0.0], [1e308, 0.0], [0.0, 1.0]]], dtype=torch.float64),
+                             torch.zeros(2, 2, dtype=torch.float64))
+    assert bp.LinearChain().map(pot).tolist() == [[0, 0, 1]]
+
+
 def test_fast_and_log_space_paths_agree():
     from betheproj.oracles.chain import _log_forward_backward
     pot = _chain(32, 10, 6, scale=3.0, lengths=torch.randint(1, 11, (32,)))
