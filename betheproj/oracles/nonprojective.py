@@ -247,6 +247,10 @@ def _best_tree(s: np.ndarray, single_root: bool) -> np.ndarray | None:
     """:func:`chu_liu_edmonds` on a float64 array it may modify: heads [n+1] (``heads[0] = -1``) or ``None``."""
     s[:, 0] = -np.inf
     np.fill_diagonal(s, -np.inf)
+    # every tree takes one arc per column: shifting a column by its maximum changes no tree's rank, and keeps a
+    # huge column (1e20 for every head) from absorbing the O(1) scores of the others in the totals below
+    top = s.max(axis=0)
+    s -= np.where(np.isfinite(top), top, 0.0)
     v = s.shape[0]
     best = _cle(s)
     if single_root and best is not None and (best[1:] == 0).sum() != 1:

@@ -153,6 +153,23 @@ def test_a_huge_constant_column_only_rescales_z(cls, single_root):
     assert torch.equal(oracle.map(arc_potentials(huge)), ref.map(arc_potentials(scores)))
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_single_root_map_with_a_huge_constant_column(seed):
+    # attractive root arcs: the unconstrained optimum has several root children, so single-root CLE ranks one
+    # candidate per root child by its total, which a raw sum with 1e20 in it could not tell apart
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(1, 5, 5, dtype=DT, generator=gen)
+    scores[:, 0, 2:] += 3.0
+    scores[:, :, 1] = 0.0
+    *_, best, _ = _brute(scores[0], 4, False, True)
+    assert (chu_liu_edmonds(scores[0]) == 0).sum() > 1
+    huge = scores.clone()
+    huge[:, :, 1] = 1e20                          # every tree has exactly one arc into word 1
+    heads = NonProjective(single_root=True).map(arc_potentials(huge))[0]
+    assert (heads == 0).sum() == 1
+    assert abs(float(scores[0, heads, torch.arange(1, 5)].sum() - best)) < 1e-12
+
+
 @pytest.mark.parametrize("single_root", [False, True])
 def test_fast_and_exact_matrix_tree_agree(single_root):
     scores = _scores(6, 7, 1.0)
