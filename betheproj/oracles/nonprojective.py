@@ -23,6 +23,8 @@ Two regimes, chosen per example (as ``chain.py`` does):
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -247,14 +249,16 @@ def _best_tree(s: np.ndarray, single_root: bool) -> np.ndarray | None:
     """:func:`chu_liu_edmonds` on a float64 array it may modify: heads [n+1] (``heads[0] = -1``) or ``None``."""
     s[:, 0] = -np.inf
     np.fill_diagonal(s, -np.inf)
-    # every tree takes one arc per column: shifting a column by its maximum changes no tree's rank, and keeps a
-    # huge column (1e20 for every head) from absorbing the O(1) scores of the others in the totals below
-    top = s.max(axis=0)
-    s -= np.where(np.isfinite(top), top, 0.0)
     v = s.shape[0]
     best = _cle(s)
     if single_root and best is not None and (best[1:] == 0).sum() != 1:
         # the unconstrained optimum has several root children: try each root child (it is optimal otherwise)
+        # every tree takes one arc per column, so totals are compared column-shifted by the column maxima: a
+        # huge column (1e20 for every head) would absorb the O(1) scores of the others in a raw sum (halves: the
+        # difference of two finite scores cannot overflow)
+        top = s.max(axis=0)
+        half_top = np.where(np.isfinite(top), top, 0.0) / 2
+        cols = np.arange(1, v)
         best, best_score = None, -np.inf
         for r in np.nonzero(np.isfinite(s[0]))[0]:
             sr = s.copy()
@@ -262,7 +266,7 @@ def _best_tree(s: np.ndarray, single_root: bool) -> np.ndarray | None:
             sr[0, r] = s[0, r]
             heads = _cle(sr)
             if heads is not None:
-                total = s[heads[1:], np.arange(1, v)].sum()
+                total = math.fsum((s[heads[1:], cols] / 2 - half_top[cols]).tolist())
                 if total > best_score:
                     best, best_score = heads, total
     return best
