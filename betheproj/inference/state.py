@@ -581,9 +581,10 @@ class SolverState:
                                          None if gb_e is None else gb_e[u])
         # no marginal may collapse to an exact zero (the barrier energies' failure), nor, with a trust
         # region, move by more than ``trust_region`` nats
-        change = _log_change(self.nu_node[rows] if self.method == "accelerated" else self.mu_node[rows], m.node,
-                             None if self.rounding_only is None else self.rounding_only[rows])
-        collapsed = ((m.node == 0) & self.support[rows]).flatten(1).any(-1)
+        old = self.nu_node[rows] if self.method == "accelerated" else self.mu_node[rows]
+        change = _log_change(old, m.node, None if self.rounding_only is None else self.rounding_only[rows])
+        # a mass already below the smallest normal number may round to 0: its log could not be measured either
+        collapsed = ((m.node == 0) & self.support[rows] & (old >= torch.finfo(old.dtype).tiny)).flatten(1).any(-1)
         ok &= (change <= (self.trust_region if self.trust_region is not None else float("inf"))) & ~collapsed
         return _Trial(rows, dn, de, gn, ge, m, node, edge, fc, f_nu, val, floor, change, collapsed, ok)
 
