@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import betheproj as bp
+from betheproj.energies import LinearMeasurements
 
 DT = torch.float64
 INF = float("inf")
@@ -253,3 +254,26 @@ def test_row_max_is_amax_for_every_label_count(c):
     x[1, 1, -1] = 1e30                                               # the maximum in the last entry
     x[2, 2, c // 2] = 1e30                                           # and in the middle (the halves overlap there)
     assert torch.equal(_row_max(x), x.amax(-1, keepdim=True))
+
+
+def test_float32_marginals_of_underflowed_products_are_recomputed():
+    # alpha * beta underflowed to an exact 0 for marginals of 1e-23..1e-37 (normal float32 numbers) while the
+    # absolute error bound passed; the solver then read those labels as forbidden
+    from betheproj.oracles.chain import _log_forward_backward
+    torch.manual_seed(0)
+    node, edge = torch.randn(4, 8, 4, dtype=DT), torch.randn(4, 7, 4, 4, dtype=DT)
+    a, a_edge = torch.randn(2, 4, dtype=DT), torch.randn(2, 4, 4, dtype=DT)
+    theta = bp.ChainPotentials(node[2:3, :5] * 30, edge[2:3, :4] * 30)
+    energy = LinearMeasurements(node=a, edge=a_edge, offset=0.3, loss="smoothed_abs", psi=3.0)
+    at = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=300).potentials
+    pot = bp.ChainPotentials(at.node.float(), at.edge.float())
+    la, lb, _ = _log_forward_backward(pot)
+    exact = torch.softmax(la + lb, -1)
+    normal = exact >= torch.finfo(torch.float32).tiny
+    assert (normal & (exact < 1e-20)).sum() >= 3
+    assert not (normal & (bp.LinearChain().marginals(pot).node == 0)).any()
+    theta32 = bp.ChainPotentials(theta.node.float(), theta.edge.float())
+    energy32 = LinearMeasurements(node=a.float(), edge=a_edge.float(), offset=0.3, loss="smoothed_abs", psi=3.0)
+    out = bp.solve(bp.LinearChain(), theta32, energy32, method="md", max_iter=300)
+    ref = bp.solve(bp.BruteForce(), theta32, energy32, method="md", max_iter=300)
+    assert bool(out.converged.all()) and abs(float(out.objective - ref.objective)) < 1e-4
