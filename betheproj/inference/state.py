@@ -50,18 +50,22 @@ def _rows_all(x: Tensor) -> Tensor:
 
 
 def _check_gradient(energy: Energy, g: Gradient, mu: Marginals, edge_shape: tuple[int, ...]) -> None:
-    """The energy's gradient has the marginals' node shape and an edge part that broadcasts to ``edge_shape``."""
+    """The energy's gradient has the marginals' node shape and an edge part [C, C] or of ``edge_shape``'s rank
+    that broadcasts to it (a per-example [B, C, C] would broadcast to [B, N-1, C, C] as per-position when
+    B = N-1)."""
     if g.node is not None and g.node.shape != mu.node.shape:
         raise ValueError(f"{type(energy).__name__}.grad returned a node gradient of shape {tuple(g.node.shape)}; "
                          f"the marginals are {tuple(mu.node.shape)}")
     if g.edge is not None:
         try:
-            fits = torch.broadcast_shapes(g.edge.shape, edge_shape) == edge_shape
+            fits = g.edge.dim() in (2, len(edge_shape)) and torch.broadcast_shapes(g.edge.shape,
+                                                                                  edge_shape) == edge_shape
         except RuntimeError:
             fits = False
         if not fits:
             raise ValueError(f"{type(energy).__name__}.grad returned an edge gradient of shape "
-                             f"{tuple(g.edge.shape)}; it must broadcast to {edge_shape}")
+                             f"{tuple(g.edge.shape)}; it must be [C, C] or {len(edge_shape)}-D and broadcast to "
+                             f"{edge_shape}")
 
 
 def _masked_gradient(energy: Energy, mu: Marginals) -> Gradient:

@@ -774,6 +774,8 @@ def test_a_gradient_of_the_wrong_shape_or_nan_is_named():
     b, n, c = theta.node.shape
     for energy, match in ((Wrong(node=lambda m: m.node[..., :-1]), "Wrong.grad returned a node gradient of shape"),
                           (Wrong(edge=lambda m: torch.zeros(b, n, c, c, dtype=DT)), "an edge gradient of shape"),
+                          # a per-example [B, C, C] table broadcasts as [1, N-1, C, C] when B = N-1: refused
+                          (Wrong(edge=lambda m: torch.zeros(n - 1, c, c, dtype=DT)), "must be \\[C, C\\] or 4-D"),
                           (Wrong(node=lambda m: m.node * float("nan")), "it is NaN there")):
         with pytest.raises(ValueError, match=match):
             bp.solve(bp.LinearChain(), theta, energy)
