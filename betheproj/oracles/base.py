@@ -131,6 +131,13 @@ def _valid_node(pot: PairwisePotentials) -> tuple[Tensor, Tensor]:
     return torch.where(valid[..., None], pot.node, torch.zeros((), dtype=pot.node.dtype)), valid
 
 
+def _finite_max(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
+    """``x.amax(dim, keepdim=True)`` with 0 where that maximum is not finite (all ``-inf``): the shift of
+    max-shifted scores."""
+    m = x.amax(dim, keepdim=True)
+    return torch.where(torch.isfinite(m), m, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 def _max_shifted(pot: PairwisePotentials) -> tuple[PairwisePotentials, Tensor]:
     """New potentials (no tensor shared with ``pot``): node scores zeroed past each length, each position's node
     scores and each edge table shifted by their (finite) maximum, and the total shift [B] per example, which
@@ -139,10 +146,7 @@ def _max_shifted(pot: PairwisePotentials) -> tuple[PairwisePotentials, Tensor]:
     node, _ = _valid_node(pot)
     edge = pot.full_edge()
     zero = torch.zeros((), dtype=node.dtype, device=node.device)
-    node_max = node.amax(-1, keepdim=True)
-    node_max = torch.where(torch.isfinite(node_max), node_max, zero)
-    edge_max = edge.amax((-1, -2), keepdim=True)
-    edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
+    node_max, edge_max = _finite_max(node, -1), _finite_max(edge, (-1, -2))
     edge_valid = torch.arange(edge.shape[1], device=node.device) < (pot.lengths[:, None] - 1)
     shift = node_max[..., 0].sum(-1) + torch.where(edge_valid, edge_max[..., 0, 0], zero).sum(-1)
     return _unchecked(PairwisePotentials, node - node_max, edge - edge_max, pot.lengths.clone()), shift

@@ -24,6 +24,7 @@ from torch import Tensor
 from .base import (
     Marginals,
     PairwisePotentials,
+    _finite_max,
     _max_shifted,
     _valid_node,
     bethe_entropy,
@@ -65,9 +66,7 @@ class LinearChain:
         if (cache is not None and cache[0].shape == edge.shape and cache[0].dtype == edge.dtype
                 and cache[0].device == edge.device and torch.equal(cache[0], edge)):
             return cache[1], cache[2]
-        zero = torch.zeros((), dtype=edge.dtype, device=edge.device)
-        edge_max = edge.amax((-1, -2), keepdim=True)
-        edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
+        edge_max = _finite_max(edge, (-1, -2))
         m = torch.exp(edge - edge_max)                            # [C, C] or [B, N-1, C, C]
         if not shared:
             m = m.transpose(0, 1).contiguous()                    # [N-1, B, C, C]
@@ -122,8 +121,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     # one [C, C] table per example, viewed over the positions with stride 0 (the solvers' per-example offsets)
     per_example = not shared and n > 1 and edge.stride(1) == 0
     if per_example:
-        edge_max = edge[:, 0].amax((-1, -2), keepdim=True)                       # [B, 1, 1]
-        edge_max = torch.where(torch.isfinite(edge_max), edge_max, zero)
+        edge_max = _finite_max(edge[:, 0], (-1, -2))                               # [B, 1, 1]
         m = torch.exp(edge[:, 0] - edge_max)                                      # [B, C, C]
     else:
         edge_max, m = (oracle or LinearChain())._edge_factors(edge, shared)
@@ -312,17 +310,12 @@ def _log_edge_marginals(pot: PairwisePotentials, la: Tensor, lb: Tensor, log_z: 
     return torch.softmax(score.reshape(b, m, c * c), dim=-1).reshape(b, m, c, c)
 
 
-def _finite_or(x: Tensor, fill: Tensor) -> Tensor:
-    return torch.where(torch.isfinite(x), x, fill)
-
-
 def _viterbi(pot: PairwisePotentials) -> Tensor:
     # max-product on max-shifted scores, the running score re-centred at its maximum after every position: a
     # running sum of raw scores (1e4 per position in float32) would absorb the O(1) differences between labels
     node, _ = _valid_node(pot)
-    zero = torch.zeros((), dtype=node.dtype, device=node.device)
-    node = node - _finite_or(node.amax(-1, keepdim=True), zero)
-    edge = pot.edge - _finite_or(pot.edge.amax((-1, -2), keepdim=True), zero)
+    node = node - _finite_max(node, -1)
+    edge = pot.edge - _finite_max(pot.edge, (-1, -2))
     shared = pot.shared_edge
     lengths = pot.lengths
     b, n, c = node.shape
@@ -333,7 +326,7 @@ def _viterbi(pot: PairwisePotentials) -> Tensor:
         e = edge if shared else edge[:, t - 1]
         best, arg = (score[:, :, None] + e).max(dim=1)
         score = best + node[:, t]
-        score = score - _finite_or(score.amax(-1, keepdim=True), zero)
+        score = score - _finite_max(score, -1)
         backptr[:, t] = arg
         final = torch.where((t == lengths - 1)[:, None], score, final)
     raise_if_not_finite(final.amax(-1))

@@ -26,6 +26,7 @@ from .base import (
     PairwisePotentials,
     _check_float,
     _check_lengths,
+    _finite_max,
     _unchecked,
     log_partition,
     raise_if_not_finite,
@@ -124,8 +125,7 @@ def _mask_head_major(scores: Tensor, lengths: Tensor) -> Tensor:
 
 def _lse(x: Tensor, dim: int) -> Tensor:
     """``logsumexp`` whose gradient is zero (not NaN) where every input is ``-inf``."""
-    m = x.detach().amax(dim, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=x.dtype, device=x.device))
+    m = _finite_max(x.detach(), dim)
     s = torch.exp(x - m).sum(dim)
     pos = s > 0
     return torch.where(pos, torch.log(torch.where(pos, s, torch.ones_like(s))) + m.squeeze(dim),
@@ -161,8 +161,7 @@ def _differentiable(scores: Tensor, log_z: Tensor, marginals: Tensor) -> Tensor:
 def _column_max(s: Tensor) -> Tensor:
     """Each modifier's best arc score [B, 1, N+1] in head-major scores [B, N+1, N+1] (0 where it has none):
     every tree takes one arc into each word, so shifting a column by it only rescales Z."""
-    col = s.amax(1, keepdim=True)
-    return torch.where(torch.isfinite(col), col, torch.zeros((), dtype=s.dtype, device=s.device))
+    return _finite_max(s, 1)
 
 
 class DependencyMarginals(Marginals):
