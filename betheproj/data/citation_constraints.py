@@ -103,9 +103,7 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
                          length_agreement: float | None = None) -> Constraints:
     """Instantiate the templates on training ``citations`` for the label list ``labels`` (index = label id);
     ``length_agreement`` ``None`` leaves out the length templates."""
-    citations = check_citations(citations)
-    if not citations:
-        raise ValueError("citations must not be empty")
+    citations = check_citations(citations, empty=False)
     min_agreement = check_real("min_agreement", min_agreement, 0.0, 1.0, low_open=True)
     presence = check_real("presence", presence, 0.0, 1.0, low_open=True)
     if length_agreement is not None:
@@ -201,9 +199,7 @@ def _groups(label: str) -> list[str]:
 def order_constraints(citations: Sequence[Citation], labels: Sequence[str], min_support: int = 10,
                       min_agreement: float = 0.95) -> OrderConstraints:
     """Instantiate the order templates on training ``citations`` for the label list ``labels`` (module docstring)."""
-    citations = check_citations(citations)
-    if not citations:
-        raise ValueError("citations must not be empty")
+    citations = check_citations(citations, empty=False)
     min_agreement = check_real("min_agreement", min_agreement, 0.0, 1.0, low_open=True)
     min_support = check_count("min_support", min_support)
     _label_ids(labels)
@@ -259,9 +255,7 @@ def bigram_exclusions(citations: Sequence[Citation], labels: Sequence[str], min_
                       max_together: float = 0.01, within: str = "person") -> BigramExclusions:
     """Instantiate the name-format templates on training ``citations``: label bigrams with a label under a
     ``within`` group, pairs of them that (almost) never share a citation (module docstring)."""
-    citations = check_citations(citations)
-    if not citations:
-        raise ValueError("citations must not be empty")
+    citations = check_citations(citations, empty=False)
     max_together = check_real("max_together", max_together, 0.0, 1.0, high_open=True)
     min_support = check_count("min_support", min_support)
     ids, o = _label_ids(labels)

@@ -90,9 +90,7 @@ class FeatureIndex:
     """Feature and label numbering fitted on training citations; ``encode`` gives padded index tensors."""
 
     def __init__(self, citations: Sequence[Citation], min_count: int = 1, lexicon_count: int = 2):
-        citations = check_citations(citations)
-        if not citations:
-            raise ValueError("citations must not be empty")
+        citations = check_citations(citations, empty=False)
         min_count, lexicon_count = check_count("min_count", min_count), check_count("lexicon_count", lexicon_count)
         leaves: dict[str, Counter] = defaultdict(Counter)
         for c in citations:

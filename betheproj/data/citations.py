@@ -67,11 +67,14 @@ def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
     return spans
 
 
-def check_citations(citations: object) -> list[Citation]:
-    """``citations`` as a list, which must hold :class:`Citation` objects only (TypeError otherwise)."""
+def check_citations(citations: object, empty: bool = True) -> list[Citation]:
+    """``citations`` as a list, which must hold :class:`Citation` objects only (TypeError otherwise) and, unless
+    ``empty``, at least one (ValueError)."""
     if isinstance(citations, Citation) or isinstance(citations, str) or not isinstance(citations, Sequence) \
             or not all(isinstance(c, Citation) for c in citations):
         raise TypeError("citations must be a list of Citation (from parse_citation or load_citations)")
+    if not empty and not citations:
+        raise ValueError("citations must not be empty")
     return list(citations)
 
 
