@@ -132,7 +132,7 @@ class NearestPrototype(Energy):
         if isinstance(psi, Tensor) and psi.dim() == 1:
             if psi.shape != (b,):
                 raise ValueError(f"psi must be a scalar or have shape [B]=({b},), got {tuple(psi.shape)}")
-            psi = psi[rows]
+            psi = psi[rows.to(psi.device)]
         return rows, PrototypeDistance(self.prototypes[which.to(self.prototypes.device)], psi, self.statistic)
 
     def validate(self, marginals: Marginals) -> None:

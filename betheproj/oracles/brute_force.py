@@ -120,4 +120,4 @@ class BruteForce:
 
 
 def _raise_if_infeasible(score: Tensor, example: int) -> None:
-    raise_if_not_finite(score.max()[None], examples=torch.tensor([example]))
+    raise_if_not_finite(score.max()[None], examples=torch.tensor([example], device=score.device))
