@@ -11,10 +11,17 @@ from .._checks import check_int
 LOG2 = float(np.log(2.0))
 
 
+def as_numpy(x: object) -> object:
+    """A torch tensor (on any device) as a NumPy array, anything else as it is: what ``np.asarray`` can read
+    (it reads CPU tensors only)."""
+    if type(x).__module__.startswith("torch"):
+        return x.detach().cpu().numpy()  # type: ignore[attr-defined]
+    return x
+
+
 def as_log_array(name: str, x: object, ndim: int | None = None) -> np.ndarray:
     """``x`` (array-like or torch tensor) as a float64 array of log-potentials: finite or ``-inf``."""
-    if type(x).__module__.startswith("torch"):
-        x = x.detach().cpu().numpy()  # type: ignore[attr-defined]
+    x = as_numpy(x)
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array of floats, got {type(x).__name__}")
     arr = np.asarray(x)

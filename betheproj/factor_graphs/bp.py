@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._checks import check_count, check_nonnegative, check_real
-from ._util import normalise_log, xlogy
+from ._util import as_numpy, normalise_log, xlogy
 from .factors import Dense, Factor
 from .graph import FactorGraph
 
@@ -208,7 +208,7 @@ def _init_messages(factors: Sequence[Factor], cards: Sequence[int], init: object
         row = []
         for k, (v, m) in enumerate(zip(factor.variables, msgs, strict=True)):
             try:
-                arr = np.asarray(m, dtype=np.float64)
+                arr = np.asarray(as_numpy(m), dtype=np.float64)
             except (TypeError, ValueError) as err:
                 raise TypeError(f"init_messages[{f}][{k}] must be a real log-message, got {type(m).__name__}") from err
             if (arr.shape != (cards[v],) or np.isnan(arr).any() or np.isposinf(arr).any()

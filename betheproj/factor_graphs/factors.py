@@ -32,6 +32,7 @@ from scipy.special import expit
 from ._util import (
     as_flags,
     as_log_array,
+    as_numpy,
     as_variables,
     exclusive,
     log1mexp_of_log,
@@ -277,7 +278,7 @@ class BinaryHardFactor(Factor):
     # --- the public interface -----------------------------------------------------------------------------
     def allows(self, config: Sequence[int]) -> bool:
         """Whether ``config`` (a 0/1 sequence, in the order of ``variables``) lies in ``S_C``."""
-        v = np.asarray(config, dtype=np.int64)
+        v = np.asarray(as_numpy(config), dtype=np.int64)
         if v.shape != (self.arity,) or not np.isin(v, (0, 1)).all():
             raise ValueError(f"config must be a 0/1 sequence of length {self.arity}, got {config!r}")
         return bool(self._allows(np.where(self._neg, 1 - v, v)))
@@ -292,7 +293,7 @@ class BinaryHardFactor(Factor):
     def ratio_messages(self, in_ratios: Sequence[float] | np.ndarray, mode: str = "sum") -> np.ndarray:
         """Table 1's outgoing ratios ``log m_{C->i}`` from the incoming ``log m_{i->C}`` (both in the
         variables' own coordinates, i.e. negations handled here)."""
-        l = np.asarray(in_ratios, dtype=np.float64)
+        l = np.asarray(as_numpy(in_ratios), dtype=np.float64)
         if l.shape != (self.arity,):
             raise ValueError(f"in_ratios must have shape ({self.arity},), got {l.shape}")
         if np.isnan(l).any():

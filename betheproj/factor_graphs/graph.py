@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._util import as_index, as_log_array
+from ._util import as_index, as_log_array, as_numpy
 from .factors import Dense, Factor
 
 __all__ = ["FactorGraph"]
@@ -190,7 +190,7 @@ class FactorGraph:
 
     def score(self, assignment: Sequence[int]) -> float:
         """``sum_i unary_i(y_i) + sum_C log psi_C(y_C)`` (``-inf`` if a hard constraint is violated)."""
-        y = np.asarray(assignment)
+        y = np.asarray(as_numpy(assignment))
         if y.shape != (self.num_variables,) or not np.issubdtype(y.dtype, np.integer):
             raise ValueError(f"assignment must be {self.num_variables} integer labels, got {assignment!r}")
         if ((y < 0) | (y >= np.array(self._cards, dtype=np.int64))).any():

@@ -23,6 +23,7 @@ from scipy.optimize import OptimizeResult, linprog
 from scipy.sparse import coo_matrix
 
 from .._checks import check_real
+from ._util import as_numpy
 from .graph import FactorGraph
 
 __all__ = ["LPBuilder", "LPResult", "lp_map", "maximize_linear"]
@@ -33,7 +34,7 @@ def maximize_linear(score: np.ndarray, **constraints: object) -> OptimizeResult:
     objective scaled to ``max |score|`` in [0.5, 1) for the solve (by a power of two: exact both ways).
     HiGHS's optimality tolerances are absolute (about 1e-7), so unscaled scores of that size were declared
     optimal at a wrong vertex.  ``res.fun`` is ``-max``, in the units of ``score``."""
-    score = np.asarray(score, dtype=np.float64)
+    score = np.asarray(as_numpy(score), dtype=np.float64)
     largest = float(np.max(np.abs(score))) if score.size else 0.0
     scale = float(np.ldexp(1.0, int(np.frexp(largest)[1]))) if largest > 0.0 else 1.0
     res = linprog(-score / scale, method="highs", **constraints)

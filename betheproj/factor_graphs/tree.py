@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..oracles.dependency import chu_liu_edmonds, matrix_tree
-from ._util import as_index, as_variables, log_ratio, log_sigmoid, ratio_to_log_message, xlogy
+from ._util import as_index, as_numpy, as_variables, log_ratio, log_sigmoid, ratio_to_log_message, xlogy
 from .factors import Factor, FactorBelief, _check_mode
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class Tree(Factor):
     # --- trees --------------------------------------------------------------------------------------------
     def allows(self, config: Sequence[int]) -> bool:
         """Whether the arcs switched on in ``config`` form a (single-root, if requested) dependency tree."""
-        y = np.asarray(config, dtype=np.int64)
+        y = np.asarray(as_numpy(config), dtype=np.int64)
         if y.shape != (self.arity,) or not np.isin(y, (0, 1)).all():
             raise ValueError(f"config must be a 0/1 sequence of length {self.arity}, got {config!r}")
         heads = np.full(self.n + 1, -1)
@@ -158,7 +158,7 @@ class Tree(Factor):
 
     def ratio_messages(self, in_ratios: Sequence[float] | np.ndarray, mode: str = "sum") -> np.ndarray:
         """Outgoing log-ratios ``log m_{TREE->a}`` from incoming ``log m_{a->TREE}`` (NaN if no tree is possible)."""
-        l = np.asarray(in_ratios, dtype=np.float64)
+        l = np.asarray(as_numpy(in_ratios), dtype=np.float64)
         if l.shape != (self.arity,) or np.isnan(l).any():
             raise ValueError(f"in_ratios must be {self.arity} log-ratios without NaN, got shape {l.shape}")
         return self._ratios(l, _check_mode(mode))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from ..factor_graphs._util import as_numpy
 from ..factor_graphs.lp import maximize_linear
 from .linear import LinearPairwiseMRF
 from .map import _check_mrf
@@ -65,7 +66,7 @@ class LocalPolytope:
     def maximize(self, c: np.ndarray, a_ub: np.ndarray | None = None, b_ub: np.ndarray | None = None
                  ) -> tuple[float, np.ndarray]:
         """``max c . z`` over the polytope (with optional extra rows ``a_ub z <= b_ub``): value and maximiser."""
-        res = maximize_linear(np.asarray(c, dtype=np.float64), A_ub=a_ub, b_ub=b_ub, A_eq=self.a_eq,
+        res = maximize_linear(np.asarray(as_numpy(c), dtype=np.float64), A_ub=a_ub, b_ub=b_ub, A_eq=self.a_eq,
                               b_eq=self.b_eq, bounds=(0.0, 1.0))
         if not res.success:
             raise RuntimeError(f"linprog(method='highs') failed: {res.message}")

@@ -58,7 +58,7 @@ def triangle_correct(x: Sequence[float], prediction: MAPResult | LocalMarginals 
         y = mu.argmax()
     else:
         y = model.structure.check_labelling(prediction, "prediction")
-    e = int(np.argmax(np.asarray(x, dtype=np.float64)))
+    e = int(np.argmax(_as_float_array("x", x, ndim=1, allow_neg_inf=False)))   # checked by triangle_model
     i, j = TRIANGLE_EDGES[e]
     return TRIANGLE_LABELS[i][y[i]] == TRIANGLE_LABELS[j][y[j]]
 

@@ -56,10 +56,10 @@ def _length_batches(lengths: Sequence[int], max_batch: int, budget: int) -> list
 def _dense(ids: np.ndarray, sent: np.ndarray, mod: np.ndarray, head: np.ndarray, w: Tensor, lengths: Tensor
            ) -> Tensor:
     """Node scores [B, N, N+1] (``-inf`` where no arc is listed) of listed arcs ``w[ids].sum(-1)``."""
-    n = int(lengths.max())
-    vals = w[torch.from_numpy(ids).long()].sum(-1)
-    node = torch.full((len(lengths), n, n + 1), -math.inf, dtype=w.dtype)
-    return node.index_put((torch.from_numpy(sent), torch.from_numpy(mod), torch.from_numpy(head)), vals)
+    n, device = int(lengths.max()), w.device
+    vals = w[torch.from_numpy(ids).to(device, torch.long)].sum(-1)
+    node = torch.full((len(lengths), n, n + 1), -math.inf, dtype=w.dtype, device=device)
+    return node.index_put(tuple(torch.from_numpy(a).to(device) for a in (sent, mod, head)), vals)
 
 
 def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], top_k: int = 5,
@@ -87,7 +87,7 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
     for idx in _length_batches(lengths.tolist(), batch_size, 1 << 62):
         batch = [sentences[i] for i in idx]
         ids, sent, mod, head = first.features.flat(batch)
-        lens = torch.as_tensor(lengths[idx])
+        lens = torch.as_tensor(lengths[idx], device=w1.device)
         with torch.no_grad():
             node = _dense(ids, sent, mod - 1, head, w1.to(torch.float64), lens)
             pot = PairwisePotentials(node, node.new_zeros(node.shape[2], node.shape[2]), lens)
@@ -99,14 +99,14 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
         score = torch.where(valid, marg, torch.full((), -1.0, dtype=marg.dtype))
         top = score.topk(k, -1).indices
         keep = torch.zeros_like(valid).scatter_(2, top, True) & valid & (marg >= min_prob)
-        word = torch.arange(n)[None, :] < lens[:, None]
+        word = torch.arange(n, device=lens.device)[None, :] < lens[:, None]
         keep.scatter_(2, best.clamp_min(0)[..., None], word[..., None])
         if gold:
-            gh = torch.full((b, n), 0, dtype=torch.long)
+            gh = torch.full((b, n), 0, dtype=torch.long, device=lens.device)
             for j, s in enumerate(batch):
                 gh[j, : len(s)] = torch.from_numpy(s.heads)
             keep.scatter_(2, gh[..., None], word[..., None])
-        keep &= valid
+        keep = (keep & valid).cpu()                                                # read per sentence below
         arc_start = np.concatenate([[0], np.cumsum(lengths[idx] * (lengths[idx] + 1))[:-1]])
         for j, s in enumerate(batch):
             nj = len(s)

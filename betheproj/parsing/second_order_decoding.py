@@ -39,7 +39,7 @@ class BPResult:
 def _pair_message(a: Tensor, w: Tensor) -> Tensor:
     """Log-odds message of a binary pairwise factor ``exp(w x y)`` to ``y`` given ``x``'s cavity log-odds ``a``:
     ``log (1 + e^{a + w}) - log (1 + e^a)`` (exact; ``0`` when ``a = -inf``, ``w`` when ``a = inf``)."""
-    zero = torch.zeros((), dtype=a.dtype)
+    zero = torch.zeros((), dtype=a.dtype, device=a.device)           # logaddexp takes no CPU scalar with CUDA
     return torch.where(a == math.inf, w, torch.logaddexp(zero, a + w) - torch.logaddexp(zero, a))
 
 
@@ -110,17 +110,17 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
         if t is not None and (not isinstance(t, Tensor) or t.shape != (b, c, c, c)):
             raise ValueError(f"{name} must be [B, C, C, C]=({b}, {c}, {c}, {c}), got "
                              f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
-    dtype = theta.dtype
-    ninf = torch.full((), -math.inf, dtype=dtype)
-    zero = torch.zeros((), dtype=dtype)
+    dtype, device = theta.dtype, theta.device
+    ninf = torch.full((), -math.inf, dtype=dtype, device=device)
+    zero = torch.zeros((), dtype=dtype, device=device)
     arcs = _arc_mask(lengths, c) & (theta > -math.inf)
     th = torch.where(arcs, theta, ninf)
     part_mask, _ = second_order_masks(lengths, c)
     # the pairwise factors as flat arc-index pairs (x, y) with log-potential w: exp(w y_x y_y)
     xs, ys, ws = [], [], []
-    flat = torch.arange(b * c * c).reshape(b, c, c)
+    flat = torch.arange(b * c * c, device=device).reshape(b, c, c)
     if sibling is not None:
-        upper = torch.ones(c, c, dtype=torch.bool).triu(1)
+        upper = torch.ones(c, c, dtype=torch.bool, device=device).triu(1)
         w = sibling + sibling.transpose(2, 3)
         bi, h, m, s_ = torch.nonzero(part_mask & arcs[:, :, :, None] & arcs[:, :, None, :] & upper & (w != 0)).T
         xs.append(flat[bi, h, m])
@@ -131,9 +131,9 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
         xs.append(flat[bi, g, h])
         ys.append(flat[bi, h, m])
         ws.append(grandparent[bi, g, h, m])
-    x = torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long)
-    y = torch.cat(ys) if ys else torch.zeros(0, dtype=torch.long)
-    w = torch.cat(ws).to(dtype) if ws else torch.zeros(0, dtype=dtype)
+    x = torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long, device=device)
+    y = torch.cat(ys) if ys else torch.zeros(0, dtype=torch.long, device=device)
+    w = torch.cat(ws).to(dtype) if ws else torch.zeros(0, dtype=dtype, device=device)
     tree = torch.zeros_like(th)
     to_x = torch.zeros_like(w)                    # message of each factor to its arc x (log-odds)
     to_y = torch.zeros_like(w)
@@ -173,7 +173,8 @@ def _node_layout(head_major: Tensor) -> Tensor:
 
 def _head_major(node: Tensor) -> Tensor:
     b, n, c = node.shape
-    return torch.cat([torch.full((b, c, 1), -math.inf, dtype=node.dtype), node.transpose(1, 2)], 2)
+    return torch.cat([torch.full((b, c, 1), -math.inf, dtype=node.dtype, device=node.device), node.transpose(1, 2)],
+                     2)
 
 
 def loopy_bp_parse(potentials: PairwisePotentials, sibling: Tensor | None, grandparent: Tensor | None,
