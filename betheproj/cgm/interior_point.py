@@ -104,7 +104,7 @@ def interior_point(potentials: ChainPotentials, observed: Tensor, rate: float, p
         status.append(stat)
         solve_seconds += secs
     seconds = time.perf_counter() - start
-    dtype = potentials.node.dtype
+    dtype, device = potentials.node.dtype, potentials.node.device
     node_out = np.stack(nodes) if nodes else np.zeros(node.shape)
-    return IPResult(torch.tensor(values, dtype=dtype), torch.tensor(node_out, dtype=dtype), seconds,
-                    solve_seconds, status)
+    return IPResult(torch.tensor(values, dtype=dtype, device=device),
+                    torch.tensor(node_out, dtype=dtype, device=device), seconds, solve_seconds, status)

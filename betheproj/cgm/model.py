@@ -144,7 +144,8 @@ def simulate(model: TransitionModel, population: int = 10_000, rate: float = 0.5
     log_p = model.log_transitions()
     if noise > 0:
         gen = torch.Generator().manual_seed((seed + 1) % (_SEED_MAX + 1))
-        log_p = torch.log_softmax(log_p + noise * torch.randn(log_p.shape, generator=gen, dtype=log_p.dtype), -1)
+        shift = torch.randn(log_p.shape, generator=gen, dtype=log_p.dtype).to(log_p.device)   # the CPU's draw
+        log_p = torch.log_softmax(log_p + noise * shift, -1)
     init = model.log_initial().exp().cpu().numpy().astype(np.float64)
     trans = log_p.exp().cpu().numpy().astype(np.float64)
     trans /= trans.sum(-1, keepdims=True)

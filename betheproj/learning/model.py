@@ -92,9 +92,10 @@ class NonLocalCRF(nn.Module):
 
         self.theta = theta
         self.energy_fn = energy
-        if psi is None and energy is not None:           # a learned scalar in theta's dtype
-            dtype = next((w.dtype for w in theta.parameters() if w.is_floating_point()), torch.get_default_dtype())
-            psi = ConstantPsi(torch.tensor(1.0, dtype=dtype))
+        if psi is None and energy is not None:           # a learned scalar in theta's dtype, on its device
+            weight = next((w for w in theta.parameters() if w.is_floating_point()), None)
+            dtype = torch.get_default_dtype() if weight is None else weight.dtype
+            psi = ConstantPsi(torch.tensor(1.0, dtype=dtype, device=None if weight is None else weight.device))
         self.psi = psi
         self.oracle = LinearChain() if oracle is None else oracle
         self.method, self.max_iter, self.tol, self.search = method, max_iter, tol, search

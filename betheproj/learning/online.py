@@ -169,7 +169,7 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     (``seed``).  The weight vector has ``num_features + 1`` entries (the last one, the unused slot, stays 0)
     plus ``transitions^2`` for a shared transition block.  ``callback(epoch, averaged_weights, mean_loss)`` runs after
     every epoch (e.g. to evaluate on held-out data).  Returns the averaged weights (line 10, over the weights after
-    each step: see the module docstring)."""
+    each step: see the module docstring); the weights live on the device of the examples' ``ids``."""
     beta, gamma = resolve_loss(loss, beta, gamma)
     num_features = check_count("num_features", num_features)
     if dtype not in (torch.float32, torch.float64):
@@ -188,9 +188,10 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
             raise ValueError(f"an example has C={ex.ids.shape[1]} labels but transitions={transitions}")
     size = num_features + 1 + (transitions or 0) ** 2
     pad = num_features
-    w = torch.zeros(size, dtype=dtype)
-    u = torch.zeros(size, dtype=dtype)                      # sum_s s d_s, for the averaged weights
-    scratch = torch.zeros(num_features + 1, dtype=dtype)    # accumulates g = F(x) v, reset after every step
+    device = examples[0].ids.device                         # the weights live with the examples
+    w = torch.zeros(size, dtype=dtype, device=device)
+    u = torch.zeros(size, dtype=dtype, device=device)       # sum_s s d_s, for the averaged weights
+    scratch = torch.zeros(num_features + 1, dtype=dtype, device=device)   # accumulates g = F(x) v, reset each step
     cap = 1.0 / (lam * m)
     sparse_grad = math.isinf(beta)                          # g = S(y_hat) - S(y): at most 2N non-zero parts
     gen = torch.Generator().manual_seed(check_int("seed", seed))
@@ -234,7 +235,7 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
                 scratch[flat] = 0.0
                 where, grad = flat, v
             else:
-                grad = torch.zeros(len(ex.table), dtype=dtype).index_add_(0, flat, v)
+                grad = torch.zeros(len(ex.table), dtype=dtype, device=device).index_add_(0, flat, v)
                 if int(ex.table[-1]) == pad:
                     grad[-1] = 0.0
                 norm2 = float(torch.dot(grad, grad))
