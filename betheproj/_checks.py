@@ -12,7 +12,8 @@ from numbers import Integral, Real
 import numpy as np
 import torch
 
-__all__ = ["check_bool", "check_count", "check_int", "check_nonnegative", "check_positive", "check_real"]
+__all__ = ["check_bool", "check_count", "check_device", "check_int", "check_nonnegative", "check_positive",
+           "check_real"]
 
 
 def _scalar(value: object) -> object:
@@ -92,3 +93,24 @@ def check_increasing_counts(name: str, values: object) -> tuple[int, ...]:
             or any(b <= a for a, b in zip(values, values[1:], strict=False))):
         raise ValueError(f"{name} must be strictly increasing positive iteration counts, got {values!r}")
     return tuple(values)
+
+
+def check_device(name: str, value: object) -> torch.device:
+    """``value`` (a ``torch.device`` or a string such as ``"cpu"``, ``"cuda"``, ``"cuda:1"``) as a device that
+    exists on this machine: a CUDA device where CUDA is not available is refused here, not at the first tensor."""
+    if not isinstance(value, str | torch.device):
+        raise TypeError(f"{name} must be a torch.device or a string such as 'cpu' or 'cuda', got "
+                        f"{type(value).__name__}")
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name} must name a device such as 'cpu' or 'cuda', got {value!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} is {str(value)!r} but no CUDA device is available here")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"{name} is {str(value)!r} but this machine has {torch.cuda.device_count()} CUDA "
+                             f"device(s)")
+    elif device.type != "cpu":
+        raise ValueError(f"{name} must be 'cpu' or a CUDA device, got {str(value)!r}")
+    return device

@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
                           "(quasi_newton, the default), or alternating E- and M-steps")
     cgm.add_argument("--out", default="cgm-results",
                      help="folder for results.json and flows.png (default cgm-results)")
+    cgm.add_argument("--device", default="cpu",
+                     help="where the solver runs: cpu (default; a NumPy fast path up to a 20 x 20 grid) or cuda")
     cgm.add_argument("--quiet", action="store_true", help="no progress bars")
     from .parsing.cli import register as register_parse
 
@@ -154,12 +156,13 @@ def _check_cgm_options(args: argparse.Namespace) -> None:
     check_nonnegative("--noise", args.noise)
 
 
-def _check_cgm_size(grid: int, steps: int, seasons: int) -> None:
+def _check_cgm_size(grid: int, steps: int, seasons: int, device: object = None) -> None:
     """``ValueError`` naming ``--grid``, ``--steps`` and ``--seasons`` when the instance cannot fit in memory, before
     anything is allocated.
 
     The transition model, the simulated counts and the solver hold about ``6 + 2 x seasons`` float64 arrays of
-    ``(steps - 1) x s`` entries, ``s = G^4`` (measured peak: 5.2 of them at G = 32, T = 10, one season, 392 MB)."""
+    ``(steps - 1) x s`` entries, ``s = G^4`` (measured peak: 5.2 of them at G = 32, T = 10, one season, 392 MB).
+    With a CUDA ``device`` they must fit in its memory too (the instance is drawn in the machine's)."""
     if grid < 1 or steps < 2 or seasons < 1:
         return                                   # out of range: the library names the argument
     s = grid ** 4
@@ -170,6 +173,14 @@ def _check_cgm_size(grid: int, steps: int, seasons: int) -> None:
                          f"s = G^4 = {s:,} pairs of cells per step, and the run needs about {_bytes(need)} of memory "
                          f"(6 + 2 x seasons arrays of (steps - 1) x s floats), more than this machine's "
                          f"{_bytes(have)}; use a smaller --grid, --steps or --seasons")
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        have = torch.cuda.get_device_properties(device).total_memory
+        if need > have:
+            raise ValueError(f"--grid {grid} --steps {steps} --seasons {seasons}: the run needs about {_bytes(need)} "
+                             f"of memory on {device}, more than its {_bytes(have)}; use a smaller --grid, --steps or "
+                             f"--seasons, or --device cpu")
 
 
 def _bytes(n: float) -> str:
@@ -330,13 +341,18 @@ def _run(args: argparse.Namespace) -> int:
             if args.schedule is not None and not args.learn:
                 raise ValueError("--schedule applies to hard EM only: add --learn, or leave --schedule out")
             _check_cgm_options(args)
-            _check_cgm_size(args.grid, args.steps, args.seasons)
+            from ._checks import check_device
+
+            device = check_device("--device", args.device)
+            _check_cgm_size(args.grid, args.steps, args.seasons, device)
             from .experiments import cgm
+
 
             _need_matplotlib()
             _out_folder(args.out, ("results.json", "flows.png"))
             cgm.run(args.grid, args.steps, args.population, args.rate, args.seasons, args.noise, args.seed,
-                    args.compare, args.learn, args.out, args.schedule or "quasi_newton", progress=not args.quiet)
+                    args.compare, args.learn, args.out, args.schedule or "quasi_newton", progress=not args.quiet,
+                    device=device)
     except BrokenPipeError:                      # e.g. `betheproj citations --predict F | head`
         sys.stdout = open(os.devnull, "w")       # so the interpreter's final flush stays quiet
         return 1

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from betheproj.cli import main
 from betheproj.demo import run_demo
@@ -189,6 +190,12 @@ def test_a_cgm_grid_too_large_for_memory_is_refused_before_the_work(tmp_path, mo
     betheproj.cli._check_cgm_size(32, 10, 1)         # the README's largest benchmark (s = 1,048,576): ~0.6 GB
     with pytest.raises(ValueError, match="--grid 40 --steps .* this machine's 1.1 GB; use a smaller --grid, --steps"):
         betheproj.cli._check_cgm_size(40, 10, 1)
+    # on a CUDA device the run must also fit in the device's memory (here a 0.5 GB one, faked)
+    monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: 2 ** 40)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"total_memory": 2 ** 29}))
+    betheproj.cli._check_cgm_size(32, 10, 1, torch.device("cpu"))
+    with pytest.raises(ValueError, match="of memory on cuda, more than its 536.9 MB; .* or --device cpu"):
+        betheproj.cli._check_cgm_size(32, 10, 1, torch.device("cuda"))
 
 
 @pytest.mark.parametrize("command", [["cgm"], ["ocr", "--data", "x"], ["citations"],
@@ -368,3 +375,15 @@ def test_citation_predict_on_a_file_that_is_not_utf8(tagger_stubbed, tmp_path, c
     assert main(["citations", "--predict", str(source), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not UTF-8 text" in err
+
+
+def test_cgm_device_is_checked_before_the_work(tmp_path, monkeypatch, capsys):
+    from betheproj.experiments import cgm
+
+    monkeypatch.setattr(cgm, "run", _no_work)
+    for device in ["tpu", "mps", "cuda:99"] + ([] if torch.cuda.is_available() else ["cuda"]):
+        assert main(["cgm", "--device", device, "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("betheproj cgm: error: --device "), err
+        assert repr(device) in err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,33 @@
+"""The CGM experiment behind ``betheproj cgm``: its results on the CPU and on another device agree."""
+
+import pytest
+
+from betheproj.experiments import cgm
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def test_run_reports_the_device_and_a_small_count_error():
+    res = cgm.run(grid=3, steps=4, population=5000, echo=_quiet)
+    assert res["device"] == "cpu" and all(res["converged"])
+    assert res["count_error"] < res["prior_count_error"]
+
+
+def test_run_refuses_an_unknown_device():
+    with pytest.raises(ValueError, match="device must name a device such as 'cpu' or 'cuda', got 'gpu0'"):
+        cgm.run(grid=3, steps=4, echo=_quiet, device="gpu0")
+    with pytest.raises(TypeError, match="device must be a torch.device or a string"):
+        cgm.run(grid=3, steps=4, echo=_quiet, device=0)
+
+
+def test_run_on_the_accelerator_matches_the_cpu(accelerator):
+    """The CPU takes the NumPy fast path, CUDA the batched solver: the same optimum, the same learned model."""
+    kwargs = dict(grid=3, steps=4, population=5000, seasons=2, learn=True, echo=_quiet)
+    cpu, dev = cgm.run(**kwargs), cgm.run(**kwargs, device=accelerator)
+    assert dev["device"] == str(accelerator)
+    assert dev["objective"] == pytest.approx(cpu["objective"], rel=1e-9)
+    assert dev["count_error"] == pytest.approx(cpu["count_error"], rel=1e-6)
+    for name, value in cpu["learning"]["learned"].items():
+        assert dev["learning"]["learned"][name] == pytest.approx(value, rel=1e-4, abs=1e-6)
