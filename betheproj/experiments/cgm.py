@@ -34,8 +34,8 @@ def run(grid: int = 10, steps: int = 10, population: int = 100_000, rate: float 
     """Simulate an instance, solve (23), report; returns a JSON-ready dict (written to ``out/results.json``).
 
     ``device``: where the model, the instance and the solver live (e.g. ``"cuda"``).  The instance is drawn on
-    the CPU either way (for a seed, the same instance on every device); on the CPU the NumPy fast path solves grids of up to 20 x 20,
-    elsewhere the batched solver."""
+    the CPU either way (for a seed, the same instance on every device); on the CPU the NumPy fast path solves
+    grids of up to 20 x 20, elsewhere the batched solver."""
     device = check_device("device", device)
     model = default_model(grid, steps, seed).to(device)
     inst = simulate(model, population, rate, seasons, noise, seed)

@@ -182,7 +182,7 @@ def loopy_bp_parse(potentials: PairwisePotentials, sibling: Tensor | None, grand
                    single_root: bool = False) -> tuple[Tensor, BPResult]:
     """Heads [B, N] (``-1`` past each length) of Turbo Parser #1: :func:`loopy_bp` then Chu-Liu-Edmonds on the
     beliefs (``decode_on="beliefs"``: the tree of highest expected number of correct arcs under the beliefs) or on
-    their log-odds (``"log_odds"``)."""
+    their log-odds (``"log_odds"``; an arc in every tree, log-odds ``+inf``, counts 0 there)."""
     if decode_on not in ("beliefs", "log_odds"):
         raise ValueError(f"decode_on must be 'beliefs' or 'log_odds', got {decode_on!r}")
     if not isinstance(potentials, PairwisePotentials):
@@ -190,6 +190,8 @@ def loopy_bp_parse(potentials: PairwisePotentials, sibling: Tensor | None, grand
     res = loopy_bp(_head_major(potentials.node), sibling, grandparent, potentials.lengths, max_iter, damping,
                    tol, single_root)
     score = res.beliefs if decode_on == "beliefs" else res.log_odds
+    # an arc in every tree (damped BP's exact log-odds +inf) is in whichever tree wins: any finite score decodes it
+    score = torch.where(score == math.inf, torch.zeros((), dtype=score.dtype, device=score.device), score)
     finite = res.log_odds > -math.inf
     node = _node_layout(torch.where(finite, score, torch.full((), -math.inf, dtype=score.dtype)))
     edge = node.new_zeros(node.shape[2], node.shape[2])

@@ -134,9 +134,8 @@ def test_second_order_decoding(accelerator, decoder, decode_on, single_root):
     def parse(theta, s, g, lengths):
         pot = _potentials(theta, lengths)
         if decoder == "loopy_bp":
-            # damped BP sends +inf log-odds to arcs in every tree, which decode_on="log_odds" cannot decode
-            heads, res = loopy_bp_parse(pot, s, g, max_iter=10, damping=0.3 if decode_on == "beliefs" else 0.0,
-                                        decode_on=decode_on, single_root=single_root)
+            heads, res = loopy_bp_parse(pot, s, g, max_iter=10, damping=0.3, decode_on=decode_on,
+                                        single_root=single_root)
             return heads, res.beliefs
         parts = None
         if decode_on == "parts":                                         # the sparse path: every part listed

@@ -164,6 +164,32 @@ def test_bp_parse_and_mean_field_parse_return_trees():
     assert sol.iterations.max() <= 30
 
 
+@pytest.mark.parametrize("single_root", [False, True])
+def test_bp_parse_decodes_log_odds_of_arcs_in_every_tree(single_root):
+    """Damped BP gives an arc in every tree the exact log-odds +inf; decoding on the log-odds refused it
+    ("node contains +inf").  Every tree holds that arc, so it decodes as the tree of the largest finite log-odds."""
+    theta, s, g, lengths = _random_problem([6, 4, 1, 5], seed=4, prune_p=0.4)
+    theta[3, :, 2] = -torch.inf
+    theta[3, 4, 2] = 0.5                                          # word 2 of sentence 3: head 4 only
+    node = theta[:, :, 1:].transpose(1, 2).contiguous()
+    pot = PairwisePotentials(node, node.new_zeros(7, 7), lengths)
+    heads, res = loopy_bp_parse(pot, s, g, max_iter=30, damping=0.3, decode_on="log_odds", single_root=single_root)
+    assert res.log_odds[2, 0, 1] == torch.inf and res.log_odds[3, 4, 2] == torch.inf
+    assert heads[2, 0] == 0 and heads[3, 1] == 4
+    for b, n in enumerate(lengths.tolist()):
+        h = heads[b, :n].numpy()
+        assert _is_tree(h) and (not single_root or (h == 0).sum() == 1)
+        forced = res.log_odds[b, :, 1:].transpose(0, 1)[:n] == torch.inf       # [n, C]: the arcs in every tree
+        best = -torch.inf
+        for tree in itertools.product(range(n + 1), repeat=n):                # the best tree by brute force
+            t = np.array(tree)
+            if _is_tree(t) and (not single_root or (t == 0).sum() == 1):
+                score = sum(0.0 if forced[m, t[m]] else float(res.log_odds[b, t[m], m + 1]) for m in range(n))
+                best = max(best, score)
+        got = sum(0.0 if forced[m, h[m]] else float(res.log_odds[b, h[m], m + 1]) for m in range(n))
+        assert got == pytest.approx(best, abs=1e-9)
+
+
 def test_bp_bad_inputs():
     theta, s, g, lengths = _random_problem([3], seed=5)
     with pytest.raises(ValueError, match="head-major"):
