@@ -16,7 +16,6 @@ import time
 import torch
 from _common import positive_int
 
-from betheproj import ChainPotentials
 from betheproj.cgm import default_model, map_counts, simulate
 
 
@@ -55,9 +54,7 @@ def main() -> None:
         model = default_model(grid, args.steps, 0)
         inst = simulate(model, args.population, 0.5, 1, 0.0, 0)
         pot = inst.potentials
-        problems = {cpu: (pot, inst.observed),
-                    device: (ChainPotentials(pot.node.to(device), pot.edge.to(device), pot.lengths.to(device)),
-                             inst.observed.to(device))}
+        problems = {cpu: (pot, inst.observed), device: (pot.to(device), inst.observed.to(device))}
         (ours, t_cpu), (theirs, t_dev) = (_best(d, problems[d], args.population, args.repeats) for d in (cpu, device))
         gap = float(((theirs.objective.cpu() - ours.objective).abs() / ours.objective.abs()).max())
         cells = grid * grid

@@ -136,6 +136,8 @@ def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, popul
     if warm_start is not None and not isinstance(warm_start, PairwisePotentials):
         raise TypeError(f"warm_start must be ChainPotentials/PairwisePotentials or None, "
                         f"got {type(warm_start).__name__}")
+    if warm_start is not None and warm_start.node.device != potentials.node.device:
+        raise ValueError(f"warm_start is on {warm_start.node.device} but potentials are on {potentials.node.device}")
     start = time.perf_counter()
     if method == "md" and potentials.node.device.type == "cpu" and potentials.node.shape[2] <= _FAST_CELLS:
         if warm_start is not None and warm_start.node.shape != potentials.node.shape:

@@ -155,6 +155,8 @@ def _warm_offsets(warm: PairwisePotentials | None, theta: PairwisePotentials, ne
                          f"{tuple(warm.node.shape)}")
     if warm.node.dtype != theta.node.dtype:
         raise TypeError(f"warm_start must have the potentials' dtype {theta.node.dtype}, got {warm.node.dtype}")
+    if warm.node.device != theta.node.device:
+        raise ValueError(f"warm_start is on {warm.node.device} but potentials are on {theta.node.device}")
     finite = torch.isfinite(theta.node)
     d_node = torch.where(finite, warm.node - torch.where(finite, theta.node, 0.0), 0.0)
     d_edge = None

@@ -109,6 +109,18 @@ class PairwisePotentials:
         new_edge = self.edge if edge is None else self.edge + edge
         return _unchecked(PairwisePotentials, new_node, new_edge, self.lengths)
 
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> PairwisePotentials:
+        """The same potentials on ``device`` and/or in ``dtype`` (float32 or float64), checked again: finite
+        scores beyond float32's range are refused, not turned into infinities; ``self`` when nothing changes."""
+        node, edge = self.node.to(device=device, dtype=dtype), self.edge.to(device=device, dtype=dtype)
+        if node is self.node and edge is self.edge:
+            return self
+        if dtype is not None and dtype != self.node.dtype:
+            for name, old, new in (("node", self.node, node), ("edge", self.edge, edge)):
+                if bool((torch.isfinite(old) & ~torch.isfinite(new.to(old.device))).any()):
+                    raise ValueError(f"{name} holds finite scores beyond the range of {dtype}")
+        return PairwisePotentials(node, edge, self.lengths.to(device=node.device))
+
     def __repr__(self) -> str:
         return (f"PairwisePotentials(node={tuple(self.node.shape)}, edge={tuple(self.edge.shape)}, "
                 f"dtype={self.node.dtype})")

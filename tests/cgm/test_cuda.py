@@ -143,3 +143,12 @@ def test_plot_flows(accelerator, tmp_path):
     plot_flows(model, result.counts[0], result.flows()[0], str(path),
                truth=(inst.counts[0].to(accelerator), inst.flows[0].to(accelerator)), panels=3)
     assert path.stat().st_size > 0
+
+
+
+def test_warm_start_on_another_device_is_refused(accelerator):
+    if accelerator.type == "cpu":
+        pytest.skip("needs a device other than the CPU")
+    inst = simulate(default_model(3, 4, 0), 2000, 0.5, 1, 0.0, 0)
+    with pytest.raises(ValueError, match="warm_start is on cuda.* but potentials are on cpu"):    # before NumPy's path
+        map_counts(inst.potentials, inst.observed, 0.5, 2000, warm_start=inst.potentials.to(accelerator))

@@ -171,6 +171,15 @@ def test_warm_start(accelerator):
     _agree(run(torch.device("cpu")), run(accelerator), accelerator, **TOL[DT])
 
 
+def test_warm_start_on_another_device_is_refused(accelerator):
+    if accelerator.type == "cpu":
+        pytest.skip("needs a device other than the CPU")
+    pot, oracle, energy, data = _problem("chain-per-position", DT, torch.Generator().manual_seed(2))
+    theta = PairwisePotentials(pot["node"], pot["edge"], pot["lengths"])
+    with pytest.raises(ValueError, match="warm_start is on cuda.* but potentials are on cpu"):
+        solve(oracle, theta, energy(data), method="md", max_iter=3, warm_start=theta.to(accelerator))
+
+
 @pytest.mark.parametrize("method", ["md", "rda"])
 @pytest.mark.parametrize("statistic", ["word", "unigram"])
 def test_solve_global(accelerator, statistic, method):

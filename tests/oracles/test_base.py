@@ -108,3 +108,27 @@ def test_brute_force_map_and_entropy_raise_when_no_labelling_is_finite():
     for call in (bp.BruteForce().map, bp.BruteForce().exact_entropy, bp.BruteForce().marginals):
         with pytest.raises(ValueError, match="no labelling"):
             call(pot)
+
+
+def test_to_converts_dtype_and_keeps_lengths_and_shared_edges():
+    node, edge = torch.randn(2, 4, 3, dtype=DT), torch.randn(3, 3, dtype=DT)
+    edge[0, 1] = -torch.inf
+    pot = bp.ChainPotentials(node, edge, torch.tensor([4, 2]))
+    assert pot.to("cpu") is pot and pot.to(dtype=DT) is pot
+    low = pot.to(dtype=torch.float32)
+    assert low.node.dtype == low.edge.dtype == torch.float32 and low.shared_edge
+    assert torch.equal(low.lengths, pot.lengths) and low.edge[0, 1] == -torch.inf
+    assert torch.allclose(bp.LinearChain().marginals(low).node.double(), bp.LinearChain().marginals(pot).node,
+                          atol=1e-5)
+    with pytest.raises(TypeError, match="node must be a float32 or float64 tensor"):
+        pot.to(dtype=torch.float16)
+
+
+def test_to_float32_refuses_scores_beyond_its_range():
+    node, edge = _ok()
+    node[1, 2, 0] = -1e39                          # finite in float64, -inf in float32
+    with pytest.raises(ValueError, match="node holds finite scores beyond the range of torch.float32"):
+        bp.ChainPotentials(node, edge).to(dtype=torch.float32)
+    node[1, 2, 0], edge[0, 1, 2, 2] = 0.0, 1e40
+    with pytest.raises(ValueError, match="edge holds finite scores beyond the range of torch.float32"):
+        bp.ChainPotentials(node, edge).to(dtype=torch.float32)

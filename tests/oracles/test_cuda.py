@@ -301,3 +301,17 @@ def test_chu_liu_edmonds_and_conversions(accelerator, single_root):
 
     best = _on_both(run, (scores, heads), accelerator)[0]
     assert (best == 0).sum() == 1 or not single_root
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_potentials_to_the_accelerator(accelerator, shared):
+    edge = torch.randn(4, 4, dtype=DT) if shared else torch.randn(3, 5, 4, 4, dtype=DT)
+    pot = PairwisePotentials(torch.randn(3, 6, 4, dtype=DT), edge, torch.tensor([6, 2, 4]))
+    moved = pot.to(accelerator)
+    for t in (moved.node, moved.edge, moved.lengths):
+        assert t.device.type == accelerator.type
+    assert moved.shared_edge == shared and moved.to("cpu").node.device.type == "cpu"
+    ref, got = bp.LinearChain().marginals(pot), bp.LinearChain().marginals(moved)
+    torch.testing.assert_close(got.node.cpu(), ref.node, **TOL[DT])
+    low = pot.to(accelerator, torch.float32)
+    assert low.node.dtype == torch.float32 and low.node.device.type == accelerator.type
