@@ -37,24 +37,30 @@ class TransitionModel(nn.Module):
         dtype = _check_dtype(dtype)
         cells = grid * grid
         self.grid, self.steps = grid, steps
-        self.distance = nn.Parameter(torch.tensor(check_real("distance", distance), dtype=dtype))
-        self.drift = nn.Parameter(torch.tensor(check_real("drift", drift), dtype=dtype))
-        self.attraction = nn.Parameter(self._cells("attraction", attraction, cells, dtype))
-        self.initial = nn.Parameter(self._cells("initial", initial, cells, dtype))
-        rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+        # the model lives where the tensors it is given live (the CPU if none), buffers included
+        devices = {t.device for t in (attraction, initial) if isinstance(t, Tensor)}
+        if len(devices) > 1:
+            raise ValueError(f"attraction and initial must be on one device, got {sorted(map(str, devices))}")
+        device = devices.pop() if devices else torch.device("cpu")
+        self.distance = nn.Parameter(torch.tensor(check_real("distance", distance), dtype=dtype, device=device))
+        self.drift = nn.Parameter(torch.tensor(check_real("drift", drift), dtype=dtype, device=device))
+        self.attraction = nn.Parameter(self._cells("attraction", attraction, cells, dtype, device))
+        self.initial = nn.Parameter(self._cells("initial", initial, cells, dtype, device))
+        rows, cols = torch.meshgrid(torch.arange(grid, device=device), torch.arange(grid, device=device),
+                                    indexing="ij")
         xy = torch.stack([rows.flatten(), cols.flatten()], -1).to(dtype)
         disp = xy[None, :, :] - xy[:, None, :]                                 # [L, L, 2]: x_j - x_i
-        angle = math.pi * torch.arange(steps - 1, dtype=dtype) / max(steps - 2, 1)
+        angle = math.pi * torch.arange(steps - 1, dtype=dtype, device=device) / max(steps - 2, 1)
         self.register_buffer("xy", xy)
         self.register_buffer("neg_sq_distance", -(disp ** 2).sum(-1))
         self.register_buffer("displacement", disp)
         self.register_buffer("directions", torch.stack([torch.cos(angle), torch.sin(angle)], -1))   # [T-1, 2]
 
     @staticmethod
-    def _cells(name: str, value: Tensor | None, cells: int, dtype: torch.dtype) -> Tensor:
+    def _cells(name: str, value: Tensor | None, cells: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         if value is None:
-            return torch.zeros(cells, dtype=dtype)
-        value = torch.as_tensor(value, dtype=dtype)
+            return torch.zeros(cells, dtype=dtype, device=device)
+        value = torch.as_tensor(value, dtype=dtype, device=device)
         if value.shape != (cells,):
             raise ValueError(f"{name} must have one value per cell, shape ({cells},), got {tuple(value.shape)}")
         if not bool(torch.isfinite(value).all()):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from betheproj.cgm import default_model, fit_hard_em, interior_point, map_counts, simulate
+from betheproj.cgm import TransitionModel, default_model, fit_hard_em, interior_point, map_counts, simulate
 from betheproj.oracles import ChainPotentials
 
 F64, F32 = torch.float64, torch.float32
@@ -57,6 +57,19 @@ def test_transition_model(accelerator, dtype):
         runs.append([m.log_initial(), m.log_transitions(), pot.node, pot.edge, pot.lengths, m.centred(),
                      {k: p.grad for k, p in m.named_parameters()}])
     _agree(*runs, accelerator, dtype)
+
+
+def test_transition_model_lives_where_its_tensors_do(accelerator):
+    gen = torch.Generator().manual_seed(1)
+    attraction, initial = torch.randn(9, generator=gen, dtype=F64), torch.randn(9, generator=gen, dtype=F64)
+    cpu = TransitionModel(3, 4, attraction=attraction, initial=initial)
+    dev = TransitionModel(3, 4, attraction=attraction.to(accelerator), initial=initial.to(accelerator))
+    assert all(t.device.type == accelerator.type for t in [*dev.parameters(), *dev.buffers()])
+    _agree([cpu.log_transitions(), cpu.potentials(2).node], [dev.log_transitions(), dev.potentials(2).node],
+           accelerator, F64)
+    if accelerator.type != "cpu":
+        with pytest.raises(ValueError, match="attraction and initial must be on one device"):
+            TransitionModel(3, 4, attraction=attraction.to(accelerator), initial=initial)
 
 
 @pytest.mark.parametrize("dtype", [F64, F32])
