@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     ocr.add_argument("--seed", type=_seed, default=0,
                      help="seed of the random Fourier features, the bandwidth sample and the minibatch order "
                           "(default 0)")
+    ocr.add_argument("--device", default="cpu", help="where the models train and infer: cpu (default) or cuda")
     ocr.add_argument("--quiet", action="store_true", help="no progress bars or per-fold lines")
     cit = sub.add_parser("citations", help="citation field extraction with learned soft global constraints "
                          "(section 8.1, Table 1, Figures 1 and 2)")
@@ -202,6 +203,7 @@ def _need_matplotlib() -> None:
 
 
 def _ocr(args: argparse.Namespace) -> None:
+    from ._checks import check_device
     from .data.ocr import load_ocr
     from .experiments import ocr
 
@@ -211,12 +213,14 @@ def _ocr(args: argparse.Namespace) -> None:
     if unknown:
         raise ValueError(f"--rows must be among {', '.join(ocr.ROWS)}, got {', '.join(unknown)}")
     rows = list(dict.fromkeys(rows))                         # each row once, in the order given
+    device = check_device("--device", args.device)
     data = load_ocr(args.data)
     if any(r in ocr.ENERGY_ROWS for r in rows):
         _need_matplotlib()
     out = _out_folder(args.out, ("results.json", "accuracy_vs_iterations.png", "iterations_histogram.png"))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
-    results = ocr.run(data, folds, rows, ocr.OCRConfig(seed=args.seed), progress=not args.quiet, log=log)
+    results = ocr.run(data, folds, rows, ocr.OCRConfig(seed=args.seed), progress=not args.quiet, log=log,
+                      device=device)
     print(ocr.format_table(results))
     import json
 

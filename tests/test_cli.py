@@ -377,13 +377,15 @@ def test_citation_predict_on_a_file_that_is_not_utf8(tagger_stubbed, tmp_path, c
     assert err.count("\n") == 1 and "is not UTF-8 text" in err
 
 
-def test_cgm_device_is_checked_before_the_work(tmp_path, monkeypatch, capsys):
-    from betheproj.experiments import cgm
+@pytest.mark.parametrize("command", [["cgm"], ["ocr", "--data", "no-such-folder"]])
+def test_device_is_checked_before_the_work(command, tmp_path, monkeypatch, capsys):
+    from betheproj.experiments import cgm, ocr
 
     monkeypatch.setattr(cgm, "run", _no_work)
+    monkeypatch.setattr(ocr, "run", _no_work)
     for device in ["tpu", "mps", "cuda:99"] + ([] if torch.cuda.is_available() else ["cuda"]):
-        assert main(["cgm", "--device", device, "--out", str(tmp_path / "out")]) == 2
+        assert main([*command, "--device", device, "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and err.startswith("betheproj cgm: error: --device "), err
+        assert err.count("\n") == 1 and err.startswith(f"betheproj {command[0]}: error: --device "), err
         assert repr(device) in err
     assert not (tmp_path / "out").exists()

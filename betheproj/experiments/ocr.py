@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from .._checks import (
     check_bool,
     check_count,
+    check_device,
     check_increasing_counts,
     check_int,
     check_nonnegative,
@@ -111,7 +112,7 @@ def word_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LABEL
     protos = torch.zeros(len(words), width, num_labels)
     for i, w in enumerate(words):
         protos[i, torch.arange(len(w)), torch.tensor(w)] = 1.0
-    return protos, torch.tensor([len(w) for w in words])
+    return protos.to(labels.device), torch.tensor([len(w) for w in words], device=labels.device)
 
 
 def unigram_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LABELS) -> Tensor:
@@ -122,10 +123,10 @@ def unigram_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LA
 
 def median_bandwidth(pixels: Tensor, lengths: Tensor, sample: int = 2000, seed: int = 0) -> float:
     """The median heuristic: the median Euclidean distance between letter images sampled from the set."""
-    mask = torch.arange(pixels.shape[1]) < lengths[:, None]
+    mask = torch.arange(pixels.shape[1], device=lengths.device) < lengths[:, None]
     letters = pixels[mask]
     gen = torch.Generator().manual_seed(seed)
-    letters = letters[torch.randperm(letters.shape[0], generator=gen)[:sample]].double()
+    letters = letters[torch.randperm(letters.shape[0], generator=gen)[:sample].to(letters.device)].double()
     dist = torch.cdist(letters, letters)
     return float(dist[torch.triu(torch.ones_like(dist, dtype=torch.bool), 1)].median())
 
@@ -149,7 +150,7 @@ class WordClassifier(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def mean_map(self, pixels: Tensor, lengths: Tensor) -> Tensor:
-        mask = (torch.arange(pixels.shape[1]) < lengths[:, None]).to(pixels.dtype)
+        mask = (torch.arange(pixels.shape[1], device=lengths.device) < lengths[:, None]).to(pixels.dtype)
         return (self.features(pixels) * mask[..., None]).sum(1) / lengths.clamp(min=1)[:, None].to(pixels.dtype)
 
     def logits(self, pixels: Tensor, lengths: Tensor, mean_map: Tensor | None = None) -> Tensor:
@@ -164,8 +165,8 @@ class WordClassifier(nn.Module):
     def fit(self, pixels: Tensor, labels: Tensor, lengths: Tensor, l2: float = 1e-3, max_iter: int = 200
             ) -> WordClassifier:
         n = max(self.prototypes.shape[1], labels.shape[1])
-        onehot = torch.zeros(labels.shape[0], n, NUM_LABELS)
-        valid = torch.arange(labels.shape[1]) < lengths[:, None]
+        onehot = torch.zeros(labels.shape[0], n, NUM_LABELS, device=labels.device)
+        valid = torch.arange(labels.shape[1], device=lengths.device) < lengths[:, None]
         onehot[:, :labels.shape[1]][valid] = nn.functional.one_hot(labels[valid], NUM_LABELS).float()
         protos = nn.functional.pad(self.prototypes, (0, 0, 0, n - self.prototypes.shape[1]))
         matches = (onehot[:, None] == protos[None]).all(-1).all(-1)
@@ -191,7 +192,7 @@ class WordClassifier(nn.Module):
     @torch.no_grad()
     def predict(self, pixels: Tensor, lengths: Tensor) -> Tensor:
         words = self.prototypes[self.logits(pixels, lengths).argmax(-1)].argmax(-1)
-        valid = torch.arange(words.shape[1]) < lengths[:, None]
+        valid = torch.arange(words.shape[1], device=lengths.device) < lengths[:, None]
         words = torch.where(valid, words, torch.full_like(words, -1))
         return nn.functional.pad(words, (0, max(0, pixels.shape[1] - words.shape[1])), value=-1)[:, :pixels.shape[1]]
 
@@ -247,9 +248,12 @@ def _mean_psi(model: NonLocalCRF, pixels: Tensor, lengths: Tensor) -> float:
 
 
 def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config: OCRConfig | None = None,
-             progress: bool = False, log: Callable[[str], None] | None = None) -> FoldResult:
-    """Train every row on the folds other than ``fold`` and score it on ``fold``."""
+             progress: bool = False, log: Callable[[str], None] | None = None,
+             device: str | torch.device = "cpu") -> FoldResult:
+    """Train every row on the folds other than ``fold`` and score it on ``fold``, on ``device`` (e.g. ``"cuda"``:
+    the same random draws, which come from seeded CPU generators; the figures differ in rounding)."""
     config = config or OCRConfig()
+    device = check_device("device", device)
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise ValueError(f"rows must be among {tuple(ROWS)}, got {unknown}")
@@ -257,8 +261,8 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
         raise ValueError(f"fold {fold} has no words (folds present: {sorted(set(data.folds.tolist()))})")
     torch.manual_seed(config.seed)
     train, test = data.subset(data.folds != fold), data.subset(data.folds == fold)
-    x, y, n = train.pixels, train.labels, train.lengths
-    tx, ty, tn = test.pixels, test.labels, test.lengths
+    x, y, n = (t.to(device) for t in (train.pixels, train.labels, train.lengths))
+    tx, ty, tn = (t.to(device) for t in (test.pixels, test.labels, test.lengths))
     result = FoldResult(fold)
     median = median_bandwidth(x, n, seed=config.seed)
     fixed = config.bandwidth is not None
@@ -266,7 +270,7 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     classifier_bandwidth = config.bandwidth if fixed else config.classifier_bandwidth_scale * median
 
     start = time.perf_counter()
-    base = LinearChainCRF(x.shape[-1], NUM_LABELS)
+    base = LinearChainCRF(x.shape[-1], NUM_LABELS).to(device)
     fit_crf(base, x, y, n, l2=config.crf_l2, max_iter=config.crf_iter, progress=progress)
     base_seconds = time.perf_counter() - start
     if "2gram" in rows:
@@ -281,6 +285,7 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     unigrams = unigram_prototypes(y, n)
     for key in (r for r in ENERGY_ROWS if r in rows):
         model, options = energy_model(key, base, protos, proto_lengths, unigrams, config, result.bandwidth)
+        model.to(device)
         start = time.perf_counter()
         model.fit(x, y, n, epochs=config.epochs, seed=config.seed, progress=progress, **options)
         result.train_seconds[key] = base_seconds + time.perf_counter() - start
@@ -299,7 +304,8 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     if "55class" in rows:
         start = time.perf_counter()
         rff = RandomFourierFeatures(x.shape[-1], config.rff_features, classifier_bandwidth, config.seed)
-        clf = WordClassifier(rff, protos, proto_lengths).fit(x, y, n, config.classifier_l2, config.classifier_iter)
+        clf = WordClassifier(rff, protos, proto_lengths).to(device)
+        clf.fit(x, y, n, config.classifier_l2, config.classifier_iter)
         result.train_seconds["55class"] = time.perf_counter() - start
         start = time.perf_counter()
         result.accuracy["55class"] = 100 * character_accuracy(clf.predict(tx, tn), ty, tn)
@@ -324,21 +330,22 @@ def check_folds(data: OCRData, folds: Sequence[int]) -> None:
 
 def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[str] = tuple(ROWS),
         config: OCRConfig | None = None, progress: bool = False,
-        log: Callable[[str], None] | None = None) -> dict:
-    """Every requested fold; returns a JSON-ready dict with the per-fold results and the means."""
+        log: Callable[[str], None] | None = None, device: str | torch.device = "cpu") -> dict:
+    """Every requested fold (on ``device``); returns a JSON-ready dict with the per-fold results and the means."""
     config = config or OCRConfig()
+    device = check_device("device", device)
     check_folds(data, folds)                     # before any training, not after the folds before it
     start = time.perf_counter()
     results = []
     bar = progress_bar(len(folds), progress, "OCR folds", leave=True)
     for fold in folds:
-        results.append(run_fold(data, fold, rows, config, progress, log))
+        results.append(run_fold(data, fold, rows, config, progress, log, device))
         bar.update(1)
     bar.close()
     mean = {r: sum(f.accuracy[r] for f in results) / len(results) for r in rows}
     return {"folds": [asdict(f) for f in results], "mean": mean, "rows": list(rows), "config": asdict(config),
             "paper": PAPER, "yardsticks": YARDSTICKS, "seconds": time.perf_counter() - start,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "device": str(device)}
 
 
 def format_table(results: dict) -> str:

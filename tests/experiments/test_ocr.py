@@ -112,6 +112,19 @@ def test_run_on_synthetic_data_every_row(tmp_path):
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "b.png").stat().st_size > 1000
 
 
+def test_run_on_the_accelerator_matches_the_cpu(tmp_path, accelerator):
+    """The same seeded draws on every device; on the separable synthetic words every row scores the same."""
+    write_synthetic_npz(tmp_path / "ocr_letters.npz")
+    data = load_ocr(tmp_path)
+    config = ocr.OCRConfig(rff_features=100, crf_iter=30, test_iters=(1, 5), classifier_iter=30)
+    cpu, dev = ocr.run(data, folds=[0], config=config), ocr.run(data, folds=[0], config=config, device=accelerator)
+    assert cpu["device"] == "cpu" and dev["device"] == str(accelerator)
+    assert dev["mean"] == pytest.approx(cpu["mean"], abs=1e-9)
+    for key, value in cpu["folds"][0]["psi"].items():
+        assert dev["folds"][0]["psi"][key] == pytest.approx(value, rel=1e-3), key
+    assert dev["folds"][0]["bandwidth"] == pytest.approx(cpu["folds"][0]["bandwidth"], rel=1e-6)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="test_iters"):
         ocr.OCRConfig(test_iters=(5, 2))
@@ -128,6 +141,8 @@ def test_bad_arguments():
         ocr.run(data, [], ["2gram"])
     with pytest.raises(ValueError, match=r"folds must name each fold once .*got \[0, 0\]"):
         ocr.run(data, [0, 0], ["2gram"])                  # fold 0 trained and counted twice in the means
+    with pytest.raises(ValueError, match="device must name a device such as 'cpu' or 'cuda', got 'gpu'"):
+        ocr.run(data, [0], ["2gram"], device="gpu")
 
 
 @pytest.mark.parametrize("field, value, error", [
