@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import torch
-from torch import Tensor
 
 from betheproj.cgm import TransitionModel, default_model, fit_hard_em, interior_point, map_counts, simulate
 from betheproj.oracles import ChainPotentials
+from tests.devices import agree
 
 F64, F32 = torch.float64, torch.float32
 TOL = {F64: dict(rtol=1e-8, atol=1e-10), F32: dict(rtol=1e-4, atol=1e-5)}
@@ -17,28 +17,8 @@ POPULATION, RATE = 400, 0.5
 
 
 def _agree(ref, out, device: torch.device, dtype: torch.dtype = F64, **tol) -> None:
-    """``out`` (the accelerator's) lies on ``device`` and agrees with the CPU's ``ref`` (floats to ``tol``, by default
-    the dtype's; everything discrete exactly), element by element through lists, tuples and dicts."""
-    tol = tol or TOL[dtype]
-    if isinstance(ref, Tensor):
-        assert isinstance(out, Tensor) and out.device.type == device.type, getattr(out, "device", type(out))
-        assert out.dtype == ref.dtype and out.shape == ref.shape
-        if ref.is_floating_point():
-            torch.testing.assert_close(out.detach().cpu(), ref.detach(), **tol)
-        else:
-            assert torch.equal(out.cpu(), ref)
-    elif isinstance(ref, dict):
-        assert ref.keys() == out.keys()
-        for key in ref:
-            _agree(ref[key], out[key], device, dtype, **tol)
-    elif isinstance(ref, (list, tuple)):
-        assert len(ref) == len(out)
-        for a, b in zip(ref, out, strict=True):
-            _agree(a, b, device, dtype, **tol)
-    elif isinstance(ref, float):
-        assert out == pytest.approx(ref, rel=tol["rtol"], abs=tol["atol"])
-    else:
-        assert out == ref
+    """``out`` (the accelerator's) agrees with the CPU's ``ref``: to ``tol``, by default the dtype's."""
+    agree(ref, out, device, **(tol or TOL[dtype]))
 
 
 def _instance(grid=3, steps=4, seasons=2, noise=0.2, dtype=F64):

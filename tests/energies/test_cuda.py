@@ -21,36 +21,13 @@ from betheproj.energies import (
 )
 from betheproj.energies.second_order import second_order_masks
 from betheproj.oracles import LinearChain, Marginals, NonProjective, PairwisePotentials
+from tests.devices import agree as _agree
 
 DT = torch.float64
 TOL = {torch.float64: {"atol": 1e-9, "rtol": 1e-11}, torch.float32: {"atol": 1e-4, "rtol": 1e-5}}
 B, N, C, J = 3, 5, 3, 4
 LENGTHS = [5, 3, 1]
 ARC_LENGTHS = [4, 2, 1]                                    # words of the second-order energies' sentences
-
-
-def _agree(cpu, dev, device, atol, rtol, name="out"):
-    """``dev`` lives on ``device``'s type and equals ``cpu`` (integer and bool tensors exactly)."""
-    if isinstance(cpu, dict):
-        assert cpu.keys() == dev.keys()
-        for k in cpu:
-            _agree(cpu[k], dev[k], device, atol, rtol, f"{name}.{k}")
-        return
-    if isinstance(cpu, (tuple, list)):
-        for i, (a, b) in enumerate(zip(cpu, dev, strict=True)):
-            _agree(a, b, device, atol, rtol, f"{name}[{i}]")
-        return
-    if cpu is None:
-        assert dev is None, name
-        return
-    assert dev.device.type == device.type, f"{name} is on {dev.device}"
-    assert dev.dtype == cpu.dtype and dev.shape == cpu.shape, name
-    dev, cpu = dev.detach().cpu(), cpu.detach()
-    if cpu.is_floating_point():
-        assert torch.allclose(cpu, dev, atol=atol, rtol=rtol), \
-            f"{name}: max difference {(cpu - dev).abs().max().item():.3g}"
-    else:
-        assert torch.equal(cpu, dev), name
 
 
 def _data(name, dtype, gen):

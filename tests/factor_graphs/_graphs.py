@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from betheproj.factor_graphs import IMPLY, NAND, OR, XOR, FactorGraph, OROut, Tree, XOROut
 
 
-def mixed_graph(seed: int = 0) -> FactorGraph:
-    """A tree-shaped factor graph chaining Dense (pairwise and ternary) and hard factors of every kind."""
-    rng = np.random.default_rng(seed)
+def mixed_graph(seed: int = 0, rnd: Callable[..., Any] | None = None) -> FactorGraph:
+    """A tree-shaped factor graph chaining Dense (pairwise and ternary) and hard factors of every kind; ``rnd(*shape)``
+    draws its potentials (default: NumPy normals from ``seed``; the CUDA tests pass tensors on a device)."""
+    if rnd is None:
+        rng = np.random.default_rng(seed)
+
+        def rnd(*shape: int) -> np.ndarray:
+            return rng.normal(size=shape)
     cards = [2, 2, 2, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]
     g = FactorGraph(cards)
     for v, c in enumerate(cards):
-        g.set_unary(v, rng.normal(size=c))
+        g.set_unary(v, rnd(c))
     g.add_factor(XOR([0, 1, 2]))
-    g.add_dense((2, 3), rng.normal(size=(2, 3)))
-    t = rng.normal(size=(3, 2, 2))
+    g.add_dense((2, 3), rnd(2, 3))
+    t = rnd(3, 2, 2)
     t[0, 1, 0] = -np.inf
     g.add_dense((3, 4, 12), t)
     g.add_factor(OR([4, 5, 6], negated=[False, True, False]))

@@ -24,6 +24,7 @@ from betheproj.factor_graphs import (
     decode_map,
     lp_map,
 )
+from tests.factor_graphs._graphs import mixed_graph
 
 DTYPES = [torch.float64, torch.float32]
 
@@ -53,20 +54,7 @@ def _build(kind: str, to, dtype) -> FactorGraph:
     if kind == "shared":                         # a frustrated cycle with one shared table
         return FactorGraph.pairwise([rnd(3) for _ in range(4)], [(0, 1), (1, 2), (2, 3), (3, 0)], rnd(3, 3))
     if kind in ("hard", "hard_loop"):            # every hard factor kind and a ternary Dense table (tree-shaped)
-        cards = [2, 2, 2, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]
-        g = FactorGraph()
-        for c in cards:
-            g.add_variable(c, rnd(c))
-        g.add_factor(XOR([0, 1, 2]))
-        g.add_dense((2, 3), rnd(2, 3))
-        t = rnd(3, 2, 2)
-        t[0, 1, 0] = -torch.inf
-        g.add_dense((3, 4, 12), t)
-        g.add_factor(OR([4, 5, 6], negated=[False, True, False]))
-        g.add_factor(OROut([6, 7, 8]))
-        g.add_factor(IMPLY([8, 9]))
-        g.add_factor(XOROut([9, 10, 11]))
-        g.add_factor(NAND([11, 13]))
+        g = mixed_graph(rnd=rnd)
         if kind == "hard_loop":
             g.add_dense((13, 0), rnd(2, 2))
         return g

@@ -17,6 +17,8 @@ from betheproj.energies import (
 from betheproj.inference import METHODS, decode, objective, solve, solve_global
 from betheproj.inference.state import _log_change, _residual, _warm_offsets
 from betheproj.oracles import NonProjective, PairwisePotentials, Projective
+from tests.devices import agree as _agree
+from tests.devices import to_device as _to
 
 DT = torch.float64
 INF = float("inf")
@@ -24,37 +26,6 @@ INF = float("inf")
 # rounding differences to a few 1e-4 (H100, against the CPU) within three iterations
 TOL = {torch.float64: {"atol": 1e-9, "rtol": 1e-10}, torch.float32: {"atol": 2e-3, "rtol": 1e-4}}
 PARENTS = [-1, 0, 0, 1, 2, 2]
-
-
-def _to(x, device):
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, dict):
-        return {k: _to(v, device) for k, v in x.items()}
-    return x
-
-
-def _agree(cpu, dev, device, atol, rtol, name="out"):
-    """``dev`` lives on ``device``'s type and equals ``cpu`` (integers, bools and Python values exactly)."""
-    if isinstance(cpu, dict):
-        assert cpu.keys() == dev.keys()
-        for k in cpu:
-            _agree(cpu[k], dev[k], device, atol, rtol, f"{name}.{k}")
-        return
-    if not isinstance(cpu, torch.Tensor):
-        assert cpu == dev, f"{name}: {cpu} != {dev}"
-        return
-    assert dev.device.type == device.type, f"{name} is on {dev.device}"
-    assert dev.dtype == cpu.dtype and dev.shape == cpu.shape, name
-    dev, cpu = dev.detach().cpu(), cpu.detach()
-    if cpu.is_floating_point():
-        assert torch.equal(torch.isfinite(cpu), torch.isfinite(dev)), name
-        fin = torch.isfinite(cpu)
-        assert torch.equal(cpu[~fin], dev[~fin]), name
-        assert torch.allclose(cpu[fin], dev[fin], atol=atol, rtol=rtol), \
-            f"{name}: max difference {(cpu[fin] - dev[fin]).abs().max().item():.3g}"
-    else:
-        assert torch.equal(cpu, dev), name
 
 
 def _problem(kind, dtype, gen):

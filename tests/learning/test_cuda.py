@@ -6,7 +6,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-from torch import Tensor
 
 import betheproj as bp
 from betheproj.energies import FunctionEnergy, NearestPrototype
@@ -30,7 +29,8 @@ from betheproj.learning import (
     surrogate_nll,
 )
 from betheproj.learning.perceptron import oracle_map, predict, structured_perceptron
-from betheproj.mrf import LinearPairwiseMRF, exact_map
+from tests.devices import agree
+from tests.learning.test_perceptron import _labelled_tree_data
 
 F64, F32 = torch.float64, torch.float32
 TOL = {F64: dict(rtol=1e-8, atol=1e-10), F32: dict(rtol=1e-4, atol=1e-5)}
@@ -38,27 +38,8 @@ PARENTS = [-1, 0, 0, 1, 1]                  # a tree over N = 5 nodes
 
 
 def _agree(ref, out, device: torch.device, dtype: torch.dtype = F64) -> None:
-    """``out`` (from the accelerator run) lies on ``device`` and agrees with the CPU's ``ref``: floats to the
-    dtype's tolerance, everything discrete exactly; lists, tuples and dicts element by element."""
-    if isinstance(ref, Tensor):
-        assert isinstance(out, Tensor) and out.device.type == device.type, getattr(out, "device", type(out))
-        assert out.dtype == ref.dtype and out.shape == ref.shape
-        if ref.is_floating_point():
-            torch.testing.assert_close(out.detach().cpu(), ref.detach(), **TOL[dtype])
-        else:
-            assert torch.equal(out.cpu(), ref)
-    elif isinstance(ref, dict):
-        assert ref.keys() == out.keys()
-        for key in ref:
-            _agree(ref[key], out[key], device, dtype)
-    elif isinstance(ref, (list, tuple)):
-        assert len(ref) == len(out)
-        for a, b in zip(ref, out, strict=True):
-            _agree(a, b, device, dtype)
-    elif isinstance(ref, float):
-        assert out == pytest.approx(ref, rel=TOL[dtype]["rtol"], abs=TOL[dtype]["atol"])
-    else:
-        assert out == ref
+    """``out`` (from the accelerator run) agrees with the CPU's ``ref`` to the dtype's tolerance."""
+    agree(ref, out, device, **TOL[dtype])
 
 
 def _batch(b=4, n=5, c=3, f=4, dtype=F64, seed=0, full=False):
@@ -328,32 +309,12 @@ def test_online_learning(accelerator, loss, transitions, compact, dtype):
     _agree(*runs, accelerator, dtype)
 
 
-def _chain_data(num=6, n=4, c=3, k=3, seed=0):
-    """Chain MRFs with node features e_y (x) x_t and transition indicators; labels by exact MAP under a w*."""
-    rng = np.random.default_rng(seed)
-    d = c * k + c * c
-    trans = np.zeros((c, c, d))
-    for a in range(c):
-        for b in range(c):
-            trans[a, b, c * k + a * c + b] = 1.0
-    w_star = rng.normal(size=d)
-    data = []
-    for _ in range(num):
-        nf = []
-        for _t in range(n):
-            f, x = np.zeros((c, d)), rng.normal(size=k)
-            for y in range(c):
-                f[y, y * k:(y + 1) * k] = x
-            nf.append(f)
-        model = LinearPairwiseMRF([c] * n, [(i, i + 1) for i in range(n - 1)], nf, [trans] * (n - 1))
-        data.append((model, exact_map(model.potentials(w_star)).labels))
-    return data, rng.normal(size=d)
-
-
 def test_perceptron_with_a_map_routine_on_the_accelerator(accelerator):
     """The perceptron keeps its weights in NumPy; only the MAP routine can run on a device.  One returning labels on
     the accelerator ([1, N], as an oracle's map does) gives the CPU oracle's run exactly."""
-    data, start = _chain_data()
+    rng = np.random.default_rng(0)
+    data, _ = _labelled_tree_data(rng, [-1, 0, 1, 2], 6)                 # chains of 4 nodes, 3 labels
+    start = rng.normal(size=data[0][0].num_features)
 
     def on_accelerator(x, w):
         pot = x.potentials(w).to_pairwise_potentials()

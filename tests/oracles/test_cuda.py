@@ -21,48 +21,14 @@ from betheproj.oracles import (
 )
 from betheproj.oracles import chain as chain_module
 from betheproj.oracles import nonprojective as nonprojective_module
+from tests.devices import agree as _agree
+from tests.devices import to_device as _to
 
 DT = torch.float64
 INF = float("inf")
 TOL = {torch.float64: {"atol": 1e-9, "rtol": 1e-11}, torch.float32: {"atol": 1e-4, "rtol": 1e-5}}
 PARENTS = [-1, 0, 0, 1, 1, 2]
 DEPENDENCY = [(NonProjective, False), (NonProjective, True), (Projective, False), (Projective, True)]
-
-
-def _to(x, device):
-    """``x`` (a tensor, or a tuple / list / dict of them) on ``device``."""
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, (tuple, list)):
-        return type(x)(_to(v, device) for v in x)
-    if isinstance(x, dict):
-        return {k: _to(v, device) for k, v in x.items()}
-    return x
-
-
-def _agree(cpu, dev, accelerator, atol=1e-9, rtol=1e-11, name="out"):
-    """``dev`` lives on the accelerator and equals ``cpu``: exactly for integer and bool tensors, else to tolerance."""
-    if isinstance(cpu, dict):
-        assert cpu.keys() == dev.keys()
-        for k in cpu:
-            _agree(cpu[k], dev[k], accelerator, atol, rtol, f"{name}.{k}")
-        return
-    if isinstance(cpu, (tuple, list)):
-        assert len(cpu) == len(dev)
-        for i, (a, b) in enumerate(zip(cpu, dev, strict=True)):
-            _agree(a, b, accelerator, atol, rtol, f"{name}[{i}]")
-        return
-    assert isinstance(dev, torch.Tensor), name
-    assert dev.device.type == accelerator.type, f"{name} is on {dev.device}"
-    assert dev.dtype == cpu.dtype and dev.shape == cpu.shape, name
-    dev = dev.detach().cpu()
-    cpu = cpu.detach()
-    if cpu.is_floating_point():
-        assert torch.equal(torch.isfinite(cpu), torch.isfinite(dev)), name
-        assert torch.allclose(cpu, dev, atol=atol, rtol=rtol, equal_nan=True), \
-            f"{name}: max difference {(cpu - dev).abs().nan_to_num(0.0).max().item():.3g}"
-    else:
-        assert torch.equal(cpu, dev), name
 
 
 def _on_both(fn, inputs, accelerator, dtype=DT, **tol):
