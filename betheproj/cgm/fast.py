@@ -117,7 +117,8 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
         min_step = _MIN_STEP / max(1.0, float(np.abs(g + delta).max()))   # relative floor, as in solve()
         for attempt in range(max_backtracks + 1):
             w = eta / (1.0 + eta)
-            cand = delta + w * (-g - delta)
+            move = w * (-g - delta)                       # clipped where mu > 0, as solve() does (_clip_move)
+            cand = delta + np.where(mu > 0, np.clip(move, -0.5 * trust_region, 0.5 * trust_region), move)
             out = oracle(cand)
             if out is None:
                 return None

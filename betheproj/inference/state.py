@@ -37,6 +37,16 @@ def _inner(a: Tensor | None, b: Tensor) -> Tensor:
     return (a * b).flatten(1).sum(-1)
 
 
+def _clip_move(old: Tensor, new: Tensor, mu: Tensor, trust_region: float | None) -> Tensor:
+    """Mirror descent's dual step ``old -> new`` with every entry of a representable mass (``mu > 0``) moved by
+    at most half the trust region: a barrier's gradient of 1e132 at a mass of e^-304 would otherwise need a step
+    of 1e-132 for every entry at once.  A mass that underflowed to 0 may cross the underflow in one step."""
+    if trust_region is None:
+        return new
+    h = 0.5 * trust_region
+    return torch.where(mu > 0, old + (new - old).clamp(-h, h), new)
+
+
 def _lerp(x: Tensor | None, y: Tensor | None, w: Tensor) -> Tensor | None:
     """``(1 - w) x + w y`` with a per-row weight ``w``."""
     if x is None:
@@ -482,8 +492,11 @@ class SolverState:
         t, w = s1[sub], cw[sub]
         if self.method == "md":                                              # Algorithm 4
             eta = p
-            dn = _lerp(self.delta_node[rows], -g_n[sub], eta / (1 + eta))
-            de = None if g_e is None else _lerp(self.delta_edge[rows], -g_e[sub], eta / (1 + eta))
+            dn = _clip_move(self.delta_node[rows], _lerp(self.delta_node[rows], -g_n[sub], eta / (1 + eta)),
+                            self.mu_node[rows], self.trust_region)
+            de = None if g_e is None else _clip_move(
+                self.delta_edge[rows], _lerp(self.delta_edge[rows], -g_e[sub], eta / (1 + eta)), self.mu_edge[rows],
+                self.trust_region)
             return dn, de, g_n[sub], None if g_e is None else g_e[sub]
         if self.method == "rda":                                             # Algorithm 1
             gn = _lerp(self.gbar_node[rows], g_n[sub], 1 / t)

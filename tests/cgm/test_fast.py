@@ -73,11 +73,13 @@ def test_mirror_descent_never_ends_above_its_start():
 
 
 def test_counts_where_the_prior_is_astronomically_small():
-    """A base marginal of e^-300 under observed counts: both paths take steps below 1e-20 (relative floor)."""
+    """A base marginal of e^-300 under observed counts: both paths bound each dual entry's move by half the trust
+    region and agree iterate for iterate (67 iterations; 427 when one step size served every entry, steps below
+    1e-20 then)."""
     node = torch.tensor([[[0.0, -300.0], [0.0, 0.0]]], dtype=torch.float64)
     potentials = ChainPotentials(node, torch.zeros(1, 1, 2, 2, dtype=torch.float64))
     observed = torch.full((1, 2, 2), 5.0, dtype=torch.float64)
     fast = map_counts(potentials, observed, 0.5, 20.0, max_iter=1000)
     ref = solve(LinearChain(), potentials, Poisson(observed, 0.5, 20.0), method="md", tol=1e-6, max_iter=1000)
-    assert bool(fast.converged) and int(fast.iterations) == int(ref.iterations)
+    assert bool(fast.converged) and int(fast.iterations) == int(ref.iterations) < 100
     assert torch.allclose(fast.objective, ref.objective, rtol=1e-12, atol=0)

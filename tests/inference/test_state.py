@@ -90,10 +90,22 @@ def test_one_iteration_moves_every_example_and_records_the_objective():
 
 
 def test_a_rejected_step_shrinks_mirror_descents_step():
-    # a steep energy and a huge first step: the candidate leaves the trust region and is shrunk
+    # a steep energy and a huge first step: without a trust region the candidate overshoots, raises the
+    # objective and is shrunk
+    energy = LinearMeasurements(node=torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64), offset=0.0,
+                                loss="squared", psi=1e3)
+    state = _state(energy, "md", step=1e3, trust_region=None)
+    state.iterate(0)
+    assert state.safeguarded.all()
+    assert (state.param < 1e3).all()
+
+
+def test_mirror_descent_moves_no_dual_entry_beyond_half_the_trust_region():
+    """The same huge step with a trust region of 0.1 nats: every dual entry moves by at most 0.05, so the step
+    passes and the step size grows instead of shrinking."""
     energy = LinearMeasurements(node=torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64), offset=0.0,
                                 loss="squared", psi=1e3)
     state = _state(energy, "md", step=1e3, trust_region=0.1)
     state.iterate(0)
-    assert state.safeguarded.all()
-    assert (state.param < 1e3).all()
+    assert (state.iterations == 1).all() and not state.safeguarded.any()
+    assert 0.0 < state.delta_node.abs().max() <= 0.05 and (state.param > 1e3).all()
