@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from ..data.conllu import Sentence
+from ..factor_graphs._util import as_numpy
 
 __all__ = ["PUNCT", "uas", "attachment_counts", "scorable_words"]
 
@@ -20,7 +20,7 @@ everything else are scored).  This is the usual "UAS without punctuation" on UD 
 def _heads(x: Sentence | Sequence[int] | np.ndarray) -> np.ndarray:
     if isinstance(x, Sentence):
         return x.heads
-    heads = np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x)   # CUDA heads too
+    heads = np.asarray(as_numpy(x))                                              # CUDA heads too
     if heads.size and heads.dtype.kind not in "iu":
         raise TypeError(f"predicted heads must be integers, got {heads.dtype}")
     return heads.astype(np.int64)
