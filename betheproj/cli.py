@@ -351,7 +351,6 @@ def _run(args: argparse.Namespace) -> int:
             _check_cgm_size(args.grid, args.steps, args.seasons, device)
             from .experiments import cgm
 
-
             _need_matplotlib()
             _out_folder(args.out, ("results.json", "flows.png"))
             cgm.run(args.grid, args.steps, args.population, args.rate, args.seasons, args.noise, args.seed,
