@@ -29,15 +29,22 @@ from .graph import FactorGraph
 __all__ = ["LPBuilder", "LPResult", "lp_map", "maximize_linear"]
 
 
+# HiGHS's smallest accepted primal / dual feasibility tolerances (its defaults are 1e-7)
+_HIGHS_OPTIONS = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
+
+
 def maximize_linear(score: np.ndarray, **constraints: object) -> OptimizeResult:
     """``max score . x`` by ``linprog(method="highs")`` under ``constraints`` (its keyword arguments), the
     objective scaled to ``max |score|`` in [0.5, 1) for the solve (by a power of two: exact both ways).
-    HiGHS's optimality tolerances are absolute (about 1e-7), so unscaled scores of that size were declared
-    optimal at a wrong vertex.  ``res.fun`` is ``-max``, in the units of ``score``."""
+    HiGHS's optimality tolerances are absolute, so unscaled scores of about 1e-7 were declared optimal at a
+    wrong vertex; after the scaling they are relative to ``max |score|``, and they are set to HiGHS's smallest
+    (1e-10, not its default 1e-7): with the default, one large soft penalty (``-1e6`` on a state) hid the O(1)
+    scores beside it and a wrong vertex was returned as optimal.  Score differences below about
+    ``1e-9 max |score|`` remain beyond the solver.  ``res.fun`` is ``-max``, in the units of ``score``."""
     score = np.asarray(as_numpy(score), dtype=np.float64)
     largest = float(np.max(np.abs(score))) if score.size else 0.0
     scale = float(np.ldexp(1.0, int(np.frexp(largest)[1]))) if largest > 0.0 else 1.0
-    res = linprog(-score / scale, method="highs", **constraints)
+    res = linprog(-score / scale, method="highs", options=_HIGHS_OPTIONS, **constraints)
     if res.fun is not None:
         res.fun = float(res.fun) * scale
     return res
