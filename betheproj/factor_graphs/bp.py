@@ -207,10 +207,15 @@ def _init_messages(factors: Sequence[Factor], cards: Sequence[int], init: object
             raise ValueError(f"init_messages[{f}] must hold {factor.arity} messages, got {len(msgs)}")
         row = []
         for k, (v, m) in enumerate(zip(factor.variables, msgs, strict=True)):
+            kind = type(m).__name__
             try:
-                arr = np.asarray(as_numpy(m), dtype=np.float64)
+                raw = np.asarray(as_numpy(m))
+                kind = f"{kind} of {raw.dtype}"
+                if raw.dtype == np.bool_:       # a mask is not a log-message: True would read as log-potential 1
+                    raise TypeError(kind)
+                arr = raw.astype(np.float64)
             except (TypeError, ValueError) as err:
-                raise TypeError(f"init_messages[{f}][{k}] must be a real log-message, got {type(m).__name__}") from err
+                raise TypeError(f"init_messages[{f}][{k}] must be a real log-message, got {kind}") from err
             if (arr.shape != (cards[v],) or np.isnan(arr).any() or np.isposinf(arr).any()
                     or np.isneginf(arr).all()):
                 raise ValueError(f"init_messages[{f}][{k}] must be a log-message of shape ({cards[v]},) without "

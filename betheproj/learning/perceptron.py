@@ -157,7 +157,8 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
 
     ``examples``: ``(x, gold)`` pairs, ``gold`` label indices.  ``map_fn(x, w)``: the MAP routine.
     ``features(x, z)``: ``Phi`` (default ``x.features(z)``, e.g. :meth:`LinearPairwiseMRF.features`, which gives the
-    expected features of a fractional ``z``).  ``num_features``: ``d`` (default: from ``x.num_features`` or
+    expected features of a fractional ``z``); a given one is called with the gold labels (an int array) and with
+    the prediction exactly as ``map_fn`` returned it.  ``num_features``: ``d`` (default: from ``x.num_features`` or
     ``initial``).  ``shuffle``: visit the examples in a fresh random order each epoch.  ``stop_when_separated``:
     stop after the first epoch without a mistake."""
     data = _check_examples(examples)

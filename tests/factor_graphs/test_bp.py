@@ -200,6 +200,8 @@ def test_bad_bp_arguments():
         belief_propagation(chain, init_messages=[5, 5])
     with pytest.raises(TypeError, match=r"init_messages\[0\]\[1\] must be a real log-message"):
         belief_propagation(chain, init_messages=[[np.zeros(2), "ab"], [np.zeros(2), np.zeros(2)]])
+    with pytest.raises(TypeError, match=r"init_messages\[0\]\[0\] must be a real log-message, got ndarray of bool"):
+        belief_propagation(chain, init_messages=[[np.array([True, False]), np.zeros(2)], [np.zeros(2), np.zeros(2)]])
     with pytest.raises(TypeError, match="result"):
         decode_map(None)
 
