@@ -176,9 +176,10 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         log_z = log_z + torch.where(edge_valid, e_shift, zero).sum(-1)
     bound = 4.0 * c * c * tiny * torch.where(valid_t, (1.0 / s + 1.0 / r) / d, zero).sum(0)
     ok = torch.isfinite(bound) & (bound <= torch.finfo(dtype).eps) & torch.isfinite(log_z)
-    if bool(ab.amin() == 0):
+    if ab.numel() and not bool(ab.amin() > 0):
         # a marginal that underflowed to 0 (alpha and beta positive) is one the bound cannot see: it bounds
-        # the absolute error, and a mass of 1e-23 read as an exact 0 looks forbidden to the solver
+        # the absolute error, and a mass of 1e-23 read as an exact 0 looks forbidden to the solver.  ``> 0``,
+        # not ``== 0``: another example's padding may hold NaN (0/0 at a dead end), which makes the minimum NaN
         ok &= ~((ab == 0) & (alpha > 0) & (beta > 0)).any(-1).any(0)
     if any_short:
         node_marg = torch.where(valid[..., None], node_marg, zero)

@@ -277,3 +277,33 @@ def test_float32_marginals_of_underflowed_products_are_recomputed():
     out = bp.solve(bp.LinearChain(), theta32, energy32, method="md", max_iter=300)
     ref = bp.solve(bp.BruteForce(), theta32, energy32, method="md", max_iter=300)
     assert bool(out.converged.all()) and abs(float(out.objective - ref.objective)) < 1e-4
+
+
+@pytest.mark.parametrize("dtype, gap", [(torch.float32, 57.5), (torch.float64, 400.0)])
+def test_underflowed_marginal_is_recomputed_beside_a_dead_end_in_another_examples_padding(dtype, gap):
+    # alpha_1 ~ (1, e^-gap, e^-gap) and beta_1 ~ (e^-gap, e^-gap, 1): the middle label's alpha * beta underflows to
+    # 0 while its marginal (~e^-gap / 2) is a normal number.  A second example whose padding is a dead end (0/0 =
+    # NaN there) made the minimum of alpha * beta NaN, which disabled the check for the whole batch: 0 came back
+    row = torch.tensor([0.0, -gap, -gap], dtype=dtype)
+    first = torch.stack([row.expand(3, 3), torch.stack([row[[1, 1, 1]], row[[1, 1, 1]], torch.zeros(3, dtype=dtype)])])
+    node = torch.zeros(2, 3, 3, dtype=dtype)
+    edge = torch.stack([first, torch.full((2, 3, 3), -INF, dtype=dtype)])
+    pot = bp.ChainPotentials(node, edge, torch.tensor([3, 1]))
+    ref = bp.BruteForce().marginals(bp.ChainPotentials(node[:1].double(), edge[:1].double())).node[0]
+    assert float(ref[1, 1]) > torch.finfo(dtype).tiny
+    mu = bp.LinearChain().marginals(pot)
+    assert torch.equal(mu.node[:1], bp.LinearChain().marginals(bp.ChainPotentials(node[:1], edge[:1])).node)
+    assert torch.allclose(mu.node[0].double(), ref, rtol=1e-5, atol=0)
+    assert float(mu.node[0, 1, 1]) > 0
+
+
+def test_an_empty_batch():
+    # PairwisePotentials accepts B = 0 and Tree, BruteForce and the dependency oracles answer it; the chain's
+    # underflow check took the minimum of an empty tensor (a RuntimeError)
+    for edge in (torch.zeros(2, 2, dtype=DT), torch.zeros(0, 2, 2, 2, dtype=DT)):
+        pot = bp.ChainPotentials(torch.zeros(0, 3, 2, dtype=DT), edge)
+        chain = bp.LinearChain()
+        mu = chain.marginals(pot)
+        assert mu.node.shape == (0, 3, 2) and mu.edge.shape == (0, 2, 2, 2) and mu.log_partition.shape == (0,)
+        assert chain.entropy(mu).shape == (0,) and chain.log_partition(pot).shape == (0,)
+        assert chain.map(pot).shape == (0, 3)
