@@ -286,6 +286,8 @@ def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
         raise ValueError("scores must be a floating-point tensor [n+1, n+1] with n >= 1")
     if torch.isnan(scores).any() or torch.isposinf(scores).any():
         raise ValueError("scores must be finite or -inf")
+    if not isinstance(single_root, bool):
+        raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
     best = _best_tree(scores.detach().to("cpu", torch.float64).numpy().copy(), single_root)
     if best is None:
         raise ValueError("no valid dependency tree: every tree uses a -inf arc")

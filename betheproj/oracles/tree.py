@@ -163,6 +163,8 @@ class Tree:
 
     def degree(self, lengths: Tensor, n: int) -> Tensor:
         """Number of valid edges at each node [B, N] (a node's valid children and its parent)."""
+        if n != self.num_nodes:
+            raise ValueError(f"n={n} positions but the tree has {self.num_nodes} nodes")
         valid = torch.arange(n, device=lengths.device) < lengths[:, None]
         deg = torch.zeros(valid.shape, dtype=torch.long, device=lengths.device)
         child_valid = valid[:, 1:].long()
@@ -173,6 +175,9 @@ class Tree:
     def entropy(self, marginals: Marginals) -> Tensor:
         """Bethe entropy [B] (the exact entropy on a tree)."""
         marginals = check_marginals(marginals)
+        if marginals.node.shape[1] != self.num_nodes:
+            raise ValueError(f"marginals have N={marginals.node.shape[1]} positions but the tree has "
+                             f"{self.num_nodes} nodes")
         return bethe_entropy(marginals.node, marginals.edge, self.degree(marginals.lengths, marginals.node.shape[1]))
 
     def __repr__(self) -> str:

@@ -498,3 +498,9 @@ def test_cuda_matches_cpu(cls, single_root):
     assert torch.allclose(gpu.log_partition.cpu(), cpu.log_partition, atol=1e-10)
     assert torch.equal(oracle.map(arc_potentials(scores.cuda(), lengths.cuda())).cpu(),
                        oracle.map(arc_potentials(scores, lengths)))
+
+
+def test_chu_liu_edmonds_names_a_single_root_that_is_not_a_bool():
+    # matrix_tree, eisner, eisner_map and the oracles refuse it; chu_liu_edmonds read "no" as True
+    with pytest.raises(TypeError, match="single_root must be a bool, got str"):
+        chu_liu_edmonds(torch.zeros(3, 3, dtype=DT), single_root="no")

@@ -93,3 +93,13 @@ def test_argument_types():
     with pytest.raises(TypeError, match="marginals must be Marginals"):
         bp.Tree([-1, 0]).entropy(torch.zeros(1, 2, 2))
     assert repr(bp.Tree([-1, 0, 0])) == "Tree(parents=[-1, 0, 0])"
+
+
+def test_entropy_of_marginals_of_another_size_is_an_error_naming_them():
+    # Tree.marginals and Tree.map check N; entropy and degree ran into an index_add_ RuntimeError instead
+    mu = bp.LinearChain().marginals(_pot(4))
+    for parents in ([-1, 0, 0], [-1, 0, 0, 1, 1]):
+        with pytest.raises(ValueError, match=rf"marginals have N=4 positions but the tree has {len(parents)} nodes"):
+            bp.Tree(parents).entropy(mu)
+        with pytest.raises(ValueError, match=rf"n=4 positions but the tree has {len(parents)} nodes"):
+            bp.Tree(parents).degree(mu.lengths, 4)
