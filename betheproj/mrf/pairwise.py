@@ -299,7 +299,8 @@ class PairwiseMRF:
                                ) -> PairwisePotentials:
         """The potentials as a batch-of-one :class:`~betheproj.oracles.PairwisePotentials` for the chain or tree
         oracles (``parents`` as in :meth:`tree_parents`).  Label sets of different sizes are padded to the
-        largest with ``-inf`` potentials, so the oracles never choose a padded label."""
+        largest with ``-inf`` potentials, so the oracles never choose a padded label.  Finite potentials beyond
+        the range of ``dtype`` are refused (as by :meth:`PairwisePotentials.to`), not turned into infinities."""
         import torch
 
         from ..oracles.base import PairwisePotentials
@@ -318,7 +319,8 @@ class PairwiseMRF:
             edge[0, i - 1, : t.shape[0], : t.shape[1]] = t
         if n == 1:
             edge = np.zeros((c, c))
-        return PairwisePotentials(torch.as_tensor(node, dtype=dtype), torch.as_tensor(edge, dtype=dtype))
+        pot = PairwisePotentials(torch.as_tensor(node, dtype=torch.float64), torch.as_tensor(edge, dtype=torch.float64))
+        return pot.to(dtype=dtype)
 
     def __repr__(self) -> str:
         return f"PairwiseMRF(nodes={self.num_nodes}, edges={self.num_edges}, cardinalities={self._cards})"

@@ -127,3 +127,16 @@ def test_potential_and_marginal_arguments_are_named():
     single = PairwiseMRF([3], [], [np.array([0.0, 3.0, 1.0])])
     pot = single.to_pairwise_potentials()                     # one node: a shared all-zero edge table
     assert pot.edge.shape == (3, 3) and not pot.edge.any() and bp.LinearChain().map(pot).tolist() == [[1]]
+
+
+def test_oracle_potentials_refuse_finite_scores_beyond_the_dtype():
+    # a finite -1e39 became -inf in float32: both labels of node 0 read as forbidden, "no labelling" followed
+    mrf = PairwiseMRF([2, 2], [(0, 1)], [np.array([-1e39, -1e39]), np.array([0.0, 1.0])])
+    assert bp.LinearChain().map(mrf.to_pairwise_potentials()).tolist() == [[0, 1]]
+    with pytest.raises(ValueError, match="node holds finite scores beyond the range of torch.float32"):
+        mrf.to_pairwise_potentials(dtype=torch.float32)
+    big = PairwiseMRF([2, 2], [(0, 1)], None, [np.array([[0.0, 1e39], [0.0, 0.0]])])
+    with pytest.raises(ValueError, match="edge holds finite scores beyond the range of torch.float32"):
+        big.to_pairwise_potentials(dtype=torch.float32)
+    pot = mrf.with_potentials([np.array([0.0, -np.inf]), np.zeros(2)]).to_pairwise_potentials(dtype=torch.float32)
+    assert pot.node.dtype == torch.float32 and pot.node[0, 0, 1] == -np.inf    # -inf stays a forbidden label
