@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .._checks import check_count
 from .base import (
     Marginals,
     PairwisePotentials,
@@ -28,13 +29,13 @@ class BruteForce:
 
     def __init__(self, parents: Sequence[int] | Tensor | None = None, max_states: int = 2_000_000):
         self.parents = None if parents is None else check_parents(parents)
-        self.max_states = max_states
+        self.max_states = check_count("max_states", max_states)
 
-    def _parents(self, n: int) -> Tensor:
+    def _parents(self, n: int, what: str = "potentials") -> Tensor:
         if self.parents is None:
             return torch.arange(-1, n - 1)
         if len(self.parents) != n:
-            raise ValueError(f"potentials have N={n} positions but the tree has {len(self.parents)} nodes")
+            raise ValueError(f"{what} have N={n} positions but the tree has {len(self.parents)} nodes")
         return self.parents
 
     def _joint(self, pot: PairwisePotentials, b: int) -> tuple[Tensor, Tensor]:
@@ -113,7 +114,9 @@ class BruteForce:
     def entropy(self, marginals: Marginals) -> Tensor:
         """Bethe entropy [B] of ``marginals`` (exact on chains and trees)."""
         marginals = check_marginals(marginals)
-        return bethe_entropy(marginals.node, marginals.edge, self.degree(marginals.lengths, marginals.node.shape[1]))
+        n = marginals.node.shape[1]
+        degree = Tree(self._parents(n, "marginals")).degree(marginals.lengths, n)
+        return bethe_entropy(marginals.node, marginals.edge, degree)
 
     def __repr__(self) -> str:
         return "BruteForce()" if self.parents is None else f"BruteForce(parents={self.parents.tolist()})"

@@ -23,3 +23,16 @@ def test_float32_at_magnitude_1e4_matches_float64(parents):
     assert torch.allclose(m32.log_partition.double(), m64.log_partition, rtol=1e-7)
     assert torch.allclose(oracle.exact_entropy(p32).double(), oracle.exact_entropy(p64), atol=2e-6)
     assert torch.equal(oracle.map(p32), oracle.map(p64))
+
+
+def test_bad_max_states_and_marginals_of_another_size_are_clear_errors():
+    with pytest.raises(TypeError, match="max_states"):
+        bp.oracles.BruteForce(max_states="x")
+    with pytest.raises(ValueError, match="max_states"):
+        bp.oracles.BruteForce(max_states=0)
+    oracle = bp.oracles.BruteForce(parents=[-1, 0, 0])
+    pot = bp.oracles.PairwisePotentials(torch.randn(1, 4, 2, dtype=torch.float64),
+                                        torch.randn(1, 3, 2, 2, dtype=torch.float64))
+    marginals = bp.oracles.BruteForce().marginals(pot)
+    with pytest.raises(ValueError, match="marginals have N=4 positions but the tree has 3 nodes"):
+        oracle.entropy(marginals)
