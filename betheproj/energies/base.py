@@ -104,9 +104,12 @@ class Energy:
 
     def total_grad(self, marginals: Marginals) -> Gradient:
         """For an energy with ``edge_totals``: :meth:`grad` with its edge part as [B, C, C], the gradient at
-        every position (by default read off :meth:`grad`; closed forms skip the per-position tensor)."""
+        every position (by default read off :meth:`grad`, where a [C, C] table is kept as it is; closed forms skip
+        the per-position tensor)."""
         g = self.grad(marginals)
-        return Gradient(g.node, None if g.edge is None else g.edge[:, 0])
+        if g.edge is None or g.edge.dim() == 2:         # a [C, C] table is already the same at every position
+            return g
+        return Gradient(g.node, g.edge[:, 0])
 
     def validate(self, marginals: Marginals) -> None:
         """Raise ``ValueError`` if the energy does not fit marginals of this shape (called once by solvers)."""
@@ -225,11 +228,11 @@ class Scaled(Energy):
 
     def grad(self, marginals: Marginals) -> Gradient:
         w = weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight")
-        return self.energy.grad(marginals).scale(w)
+        return _batch_edge_table(self.energy.grad(marginals), 4).scale(w)
 
     def total_grad(self, marginals: Marginals) -> Gradient:
         w = weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight")
-        return self.energy.total_grad(marginals).scale(w)
+        return _batch_edge_table(self.energy.total_grad(marginals), 3).scale(w)
 
     def validate(self, marginals: Marginals) -> None:
         weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight")
@@ -237,6 +240,15 @@ class Scaled(Energy):
 
     def __repr__(self) -> str:
         return f"{self.weight!r} * {self.energy!r}"
+
+
+def _batch_edge_table(g: Gradient, rank: int) -> Gradient:
+    """``g`` with an edge gradient given as one [C, C] table (the same for every example and position) viewed with
+    leading singleton dims up to ``rank`` (4: [1, 1, C, C] for :meth:`Energy.grad`, 3: [1, C, C] for
+    :meth:`Energy.total_grad`), so that a per-example weight [B] scales examples, not the table's rows."""
+    if g.edge is None or g.edge.dim() != 2:
+        return g
+    return Gradient(g.node, g.edge.reshape(*([1] * (rank - 2)), *g.edge.shape))
 
 
 class FunctionEnergy(Energy):

@@ -409,3 +409,43 @@ def test_energy_algebra_and_wrappers_check_their_arguments():
     named = FunctionEnergy(lambda m: m.node.sum((1, 2)), name="mass")
     assert repr(named) == "FunctionEnergy(mass)"
     assert repr(named + 0.5 * named) == "FunctionEnergy(mass) + 0.5 * FunctionEnergy(mass)"
+
+
+class _EdgeTable(bp.energies.Energy):
+    """``<A, sum_t mu_t>`` whose closed-form edge gradient is the one [C, C] table ``A`` (a shape the solvers take)."""
+
+    edge_totals = True
+
+    def __init__(self, table):
+        self.table = table
+
+    def value(self, mu):
+        return (mu.edge_total() * self.table).sum((-1, -2))
+
+    def grad(self, mu):
+        return bp.energies.Gradient(None, self.table)
+
+
+def test_a_shared_edge_gradient_table_with_per_example_weights():
+    # Scaled multiplied a [C, C] edge gradient by the [B] weights as if its rows were examples (silently wrong for
+    # B = C), and the default total_grad took the table's first column
+    mu = _marginals()                                             # B = C = 3, lengths (4, 2, 1)
+    w = torch.tensor([1.0, 2.0, 3.0], dtype=DT)
+    energy = w * _EdgeTable(torch.randn(3, 3, dtype=DT))
+    auto, emask = autograd_gradient(energy, mu), mu.edge_mask()[..., None, None]
+    g = energy.grad(mu)
+    assert torch.allclose(torch.where(emask, g.edge, 0.0), auto.edge)
+    assert torch.allclose(energy.total_grad(mu).edge[:2], auto.edge[:2, 0])      # example 2 has no edges
+    assert torch.equal(energy.energy.total_grad(mu).edge, energy.energy.table)          # not its first column
+    theta = bp.ChainPotentials(torch.randn(3, 4, 3, dtype=DT), torch.randn(3, 3, dtype=DT), torch.tensor([4, 3, 2]))
+    for pot in (theta, bp.ChainPotentials(theta.node, theta.full_edge().clone(), theta.lengths)):
+        ref = bp.solve(bp.LinearChain(), pot, FunctionEnergy(energy.value), tol=1e-10)
+        sol = bp.solve(bp.LinearChain(), pot, energy, tol=1e-10)
+        assert torch.allclose(sol.objective, ref.objective, atol=1e-9)
+
+
+def test_a_per_measurement_psi_given_as_a_vector_is_told_to_be_one_row():
+    mu = _marginals()                                             # B = 3
+    e = LinearMeasurements(node=torch.randn(4, 3, dtype=DT), psi=torch.rand(4, dtype=DT))
+    with pytest.raises(ValueError, match=r"psi\[None\]"):
+        e.value(mu)
