@@ -168,8 +168,12 @@ class MeasurementLoss(Energy):
             return psi[:, None].expand(batch, j)
         if psi.dim() == 2 and psi.shape[1] == j and psi.shape[0] in (1, batch):
             return psi.expand(batch, j)
+        # a vector is per example: one weight per measurement is a row [1, J] (a [J] vector is read as [B] when
+        # J = B, so it cannot be told apart there)
+        hint = (f"; for one weight per measurement pass a row [1, J]=(1, {j}) (psi[None]): a vector is read as "
+                f"per-example [B]" if psi.dim() == 1 and psi.shape[0] == j else "")
         raise ValueError(f"psi must be a float, [B]=({batch},), [1, J] or [B, J]=({batch}, {j}), "
-                         f"got shape {tuple(psi.shape)}")
+                         f"got shape {tuple(psi.shape)}{hint}")
 
     def _slopes(self, z: Tensor) -> Tensor:
         """``dL/dz = psi * loss'(z)`` [B, J]."""
