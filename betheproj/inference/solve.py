@@ -73,7 +73,9 @@ class Solution:
             iterations there and its final value in the last column (its ``iterations`` count both phases).
         safeguarded: [B] whether step-size control had to shrink a step for the example, or (the accelerated
             method) mirror descent finished it.
-        residual: [B] the stationarity residual at the last check (``inf`` if never checked).
+        residual: [B] the stationarity residual at the last check (``inf`` if never checked): of the returned
+            point where the example converged; where it did not, of the iterate before its last step (the check
+            opens an iteration, so the point a step moved to is not checked again).
         oracle_calls: total oracle calls, summed over examples (retries included).
     """
 

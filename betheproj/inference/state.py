@@ -153,7 +153,7 @@ def _edge_potentials(theta: PairwisePotentials, need_edges: bool) -> PairwisePot
 
 
 def _warm_offsets(warm: PairwisePotentials | None, theta: PairwisePotentials, need_edges: bool, method: str):
-    """Dual offsets ``warm - theta`` (finite where theta is, zero where theta is -inf)."""
+    """Dual offsets ``warm - theta`` (finite where theta is, zero where theta is -inf and at padding)."""
     if warm is None:
         return None, None
     if method != "md":
@@ -167,13 +167,28 @@ def _warm_offsets(warm: PairwisePotentials | None, theta: PairwisePotentials, ne
         raise TypeError(f"warm_start must have the potentials' dtype {theta.node.dtype}, got {warm.node.dtype}")
     if warm.node.device != theta.node.device:
         raise ValueError(f"warm_start is on {warm.node.device} but potentials are on {theta.node.device}")
-    finite = torch.isfinite(theta.node)
-    d_node = torch.where(finite, warm.node - torch.where(finite, theta.node, 0.0), 0.0)
+    n = theta.node.shape[1]
+    positions = torch.arange(n, device=theta.node.device)
+    d_node = _warm_part("node", warm.node, theta.node, positions < theta.lengths[:, None])
     d_edge = None
     if need_edges:
-        fe = torch.isfinite(theta.full_edge())
-        d_edge = torch.where(fe, warm.full_edge() - torch.where(fe, theta.full_edge(), 0.0), 0.0)
+        d_edge = _warm_part("edge", warm.full_edge(), theta.full_edge(), positions[:-1] < theta.lengths[:, None] - 1)
     return d_node, d_edge
+
+
+def _warm_part(name: str, warm: Tensor, theta: Tensor, valid: Tensor) -> Tensor:
+    """``warm - theta`` for one part ([B, N, C] node or [B, N-1, C, C] edge scores, ``valid`` [B, N] or [B, N-1]
+    its positions inside each length): zero where theta is -inf and at padding, which no oracle reads.  A warm start
+    that forbids (-inf) what theta allows at a valid position would be an infinite offset: a ValueError."""
+    finite = torch.isfinite(theta)
+    valid = valid.reshape(*valid.shape, *([1] * (theta.dim() - valid.dim())))
+    forbids = finite & valid & ~torch.isfinite(warm)
+    if forbids.any():
+        example = int(forbids.flatten(1).any(-1).nonzero()[0])
+        raise ValueError(f"warm_start is -inf where the potentials are finite (example {example}, {name} scores): a "
+                         f"warm start must allow every label and transition theta allows (pass the potentials of a "
+                         f"Solution of this problem)")
+    return torch.where(finite & valid, warm - torch.where(finite, theta, 0.0), 0.0)
 
 
 def _objective_parts(oracle: Oracle, theta: PairwisePotentials, mu: Marginals) -> Tensor:

@@ -57,6 +57,25 @@ def test_warm_offsets_are_zero_where_theta_is_minus_inf():
         _warm_offsets(warm, theta, need_edges=False, method="rda")
 
 
+def test_a_warm_start_that_forbids_what_theta_allows_is_named_and_its_padding_is_ignored():
+    # -inf in the warm start where theta is finite gave a NaN objective, reported as an energy infinite where
+    # theta allows no mass; -inf at padding (which no oracle reads) was rejected the same way
+    g = torch.Generator().manual_seed(0)
+    theta = bp.ChainPotentials(torch.randn(2, 3, 2, generator=g, dtype=torch.float64),
+                               torch.randn(2, 2, 2, 2, generator=g, dtype=torch.float64), torch.tensor([3, 1]))
+    energy = LinearMeasurements(node=_d([1.0, -1.0]), edge=torch.ones(1, 2, 2, dtype=torch.float64), loss="squared")
+    sol = bp.solve(bp.LinearChain(), theta, energy, tol=1e-10)
+    for where in ("node", "edge"):
+        node, edge = sol.potentials.node.clone(), sol.potentials.full_edge().clone()
+        (node[1, 2, 0] if where == "node" else edge[1, 1, 0, 0]).fill_(-math.inf)              # padding
+        warm = bp.solve(bp.LinearChain(), theta, energy, tol=1e-10, warm_start=bp.ChainPotentials(node, edge,
+                                                                                                   theta.lengths))
+        assert bool(warm.converged.all()) and torch.allclose(warm.objective, sol.objective, atol=1e-12)
+        (node[0, 1, 1] if where == "node" else edge[0, 0, 1, 0]).fill_(-math.inf)              # a valid position
+        with pytest.raises(ValueError, match=f"warm_start is -inf .*{where}"):
+            bp.solve(bp.LinearChain(), theta, energy, warm_start=bp.ChainPotentials(node, edge, theta.lengths))
+
+
 def _state(energy, method="md", **options):
     g = torch.Generator().manual_seed(0)
     theta = bp.ChainPotentials(torch.randn(3, 4, 3, generator=g, dtype=torch.float64),
