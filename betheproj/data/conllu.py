@@ -136,13 +136,23 @@ def _lines(source: str | Path | TextIO) -> Iterator[str]:
 
 
 def _utf8_error(path: Path) -> str:
-    """Where the first byte that is not UTF-8 lies in the file (re-read in binary; the error path only)."""
+    """Where the first byte that is not UTF-8 lies in the file (re-read in binary; the error path only).  Of a
+    damaged gzip stream, the part that decompresses is searched (the text layer met the bad byte there)."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    chunks: list[bytes] = []
+    damaged = False
+    try:
+        with opener(path, "rb") as f:
+            while chunk := f.read(1 << 16):
+                chunks.append(chunk)
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        damaged = True
+    raw = b"".join(chunks)
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError as err:
+        if damaged and err.end == len(raw) and err.reason == "unexpected end of data":
+            return f"{path}: not UTF-8 text; expected a UTF-8 CoNLL-U file"    # a character cut where reading stopped
         hint = " (it looks gzip-compressed: name it .gz)" if raw[:2] == b"\x1f\x8b" else ""
         line = raw.count(b"\n", 0, err.start) + 1
         return (f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); expected a UTF-8 CoNLL-U "

@@ -2,6 +2,7 @@
 
 import gzip
 import io
+import random
 import re
 from pathlib import Path
 
@@ -164,6 +165,14 @@ def test_corrupt_gzip_and_non_utf8_files_name_the_file(tmp_path):
     _fails(tmp_path / "packed.conllu", r":1: not UTF-8 text .*it looks gzip-compressed: name it .gz")
     with pytest.raises(ValueError, match=r"^<stream>: not UTF-8 text .*expected a UTF-8 CoNLL-U stream$"):
         read_conllu(io.TextIOWrapper(io.BytesIO(b"\xff\n"), encoding="utf-8"))
+
+
+def test_a_truncated_gzip_file_that_is_not_utf8_names_the_file(tmp_path):
+    # the bad byte is met before the end of the damaged stream: locating it must not hit that end (an EOFError
+    # naming no file)
+    packed = gzip.compress(b"\xff" + random.Random(0).randbytes(200_000))
+    (tmp_path / "cut.conllu.gz").write_bytes(packed[: len(packed) // 2])
+    _fails(tmp_path / "cut.conllu.gz", r":1: not UTF-8 text \(byte 0xff\)")
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path):
