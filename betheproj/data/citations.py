@@ -170,7 +170,7 @@ def citation_lines(path: str | Path) -> list[str]:
         raise FileNotFoundError(f"expected the citation file {path.name} (or {path.name}.gz) at {path}")
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as handle:
+        with opener(path, "rt", encoding="utf-8-sig") as handle:        # -sig: a byte-order mark is no token
             lines = [line for line in handle if line.strip()]
     except (OSError, EOFError, UnicodeDecodeError) as err:
         kind = "gzip-compressed UTF-8 text" if path.suffix == ".gz" else "UTF-8 text"

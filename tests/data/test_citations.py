@@ -1,10 +1,18 @@
 """The nested-tag citation reader: hand-made lines with every repair, BIO spans, and the real files' counts."""
 
+import gzip
 from pathlib import Path
 
 import pytest
 
-from betheproj.data.citations import bio_segments, load_citations, parse_citation, read_citations, tokenize_citation
+from betheproj.data.citations import (
+    bio_segments,
+    citation_lines,
+    load_citations,
+    parse_citation,
+    read_citations,
+    tokenize_citation,
+)
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "umass_citation" / "original"
 needs_data = pytest.mark.skipif(not (DATA / "training.docs.gz").is_file(), reason="../shared/data not present")
@@ -141,3 +149,13 @@ def test_unreadable_or_untagged_files_are_errors_naming_the_file(tmp_path):
 def test_lines_of_tags_alone_are_skipped(tmp_path):
     (tmp_path / "t.docs").write_text("<title> A title . </title>\n<title> </title>\n\n<year> 2001 </year>\n")
     assert [c.tokens for c in read_citations(tmp_path / "t.docs")] == [["A", "title", "."], ["2001"]]
+
+
+def test_a_byte_order_mark_is_not_a_token(tmp_path):
+    # a file saved with a BOM (Windows editors) used to give its first citation a token '\ufeff', labelled O
+    text = "<title> A B </title>\n<year> 2001 </year>\n"
+    (tmp_path / "t.docs").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    (tmp_path / "g.docs.gz").write_bytes(gzip.compress(b"\xef\xbb\xbf" + text.encode()))
+    for path in (tmp_path / "t.docs", tmp_path / "g.docs"):
+        assert [c.tokens for c in read_citations(path)] == [["A", "B"], ["2001"]]
+        assert citation_lines(path)[0] == "<title> A B </title>\n"
