@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--lam", type=float, default=None,
                        help="regularisation lambda: steps are capped at 1/(lambda m) (default 1e-4; not with "
                             "--second-order)")
-    train.add_argument("--bits", type=int, default=22, help="hashed weight vector of 2^bits entries (default 22)")
+    train.add_argument("--bits", type=int, default=22, help="hashed weight vector of 2^bits entries: 8..30, 8..28 with "
+                       "--second-order (default 22)")
     train.add_argument("--projective", action="store_true", default=None,
                        help="projective trees (Eisner) instead of CLE (not with --second-order, which is "
                             "non-projective)")
@@ -168,8 +169,10 @@ def run(args: argparse.Namespace) -> None:
     if args.parse_command == "train":
         if args.epochs is not None:
             _positive(args.epochs, "--epochs")
-        if not 8 <= args.bits <= 30:
-            raise ValueError(f"--bits must lie in 8..30, got {args.bits}")
+        high = 28 if args.second_order else 30             # the second-order part features' largest table
+        if not 8 <= args.bits <= high:
+            raise ValueError(f"--bits must lie in 8..{high}{' with --second-order' if args.second_order else ''}, "
+                             f"got {args.bits}")
         if args.lam is not None and not (math.isfinite(args.lam) and args.lam > 0):
             raise ValueError(f"--lam must be a finite number > 0, got {args.lam}")
         if args.second_order:

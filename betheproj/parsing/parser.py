@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +48,35 @@ def read_model(path: str | Path, formats: dict[str, int], what: str) -> dict:
     return state
 
 
+def _sentences(sentences: object, name: str = "sentences") -> list[Sentence]:
+    """``sentences`` as a list, which must hold :class:`~betheproj.data.conllu.Sentence` objects only (a
+    ``TypeError`` naming ``name`` otherwise: one sentence or a string given for a list, say)."""
+    if isinstance(sentences, Sentence | str) or not isinstance(sentences, Iterable):
+        raise TypeError(f"{name} must be a list of Sentence (from read_conllu or parse_conllu), got "
+                        f"{type(sentences).__name__}")
+    out = list(sentences)
+    for i, s in enumerate(out):
+        if not isinstance(s, Sentence):
+            raise TypeError(f"{name}[{i}] must be a Sentence (from read_conllu or parse_conllu), got "
+                            f"{type(s).__name__}")
+    return out
+
+
 def _what_failed(err: Exception) -> str:
-    """A model field that is missing (``KeyError``) or of the wrong kind, in a few words."""
-    return f"no field {err.args[0]!r}" if isinstance(err, KeyError) else f"a field of the wrong kind: {err}"
+    """A model field that is missing (``KeyError``), out of range (``ValueError``) or of the wrong kind, in a few
+    words."""
+    if isinstance(err, KeyError):
+        return f"no field {err.args[0]!r}"
+    return f"a field out of range: {err}" if isinstance(err, ValueError) else f"a field of the wrong kind: {err}"
+
+
+def _check_saved_weights(path: str | Path, name: str, weights: Tensor) -> None:
+    """``ValueError`` naming ``path`` unless the saved ``weights`` (the field ``name``) are float32 or float64 and
+    finite, as the parsers save them (other numbers would fail later, in the decoders, without naming the file)."""
+    if weights.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"{path}: {name} must be float32 or float64, got {weights.dtype}")
+    if not bool(torch.isfinite(weights).all()):
+        raise ValueError(f"{path}: {name} hold NaN or infinite values")
 
 
 def tree_error(heads: np.ndarray, single_root: bool = False) -> str | None:
@@ -201,7 +227,8 @@ class DependencyParser:
         (the weights kept are those of the last epoch).  Returns the parser, like ``SecondOrderParser.fit``; the
         learner's report (per-epoch losses, ...) is ``self.result_``."""
         beta, gamma = resolve_loss(loss, beta, gamma)
-        sentences = list(sentences)
+        sentences = _sentences(sentences)
+        dev = None if dev is None else _sentences(dev, "dev")
         if not sentences:
             raise ValueError("no training sentences")
         check_gold_trees(sentences, self.single_root)
@@ -259,12 +286,12 @@ class DependencyParser:
         w = self._require_weights()
         return [torch.nn.functional.embedding_bag(torch.from_numpy(x.reshape(-1, x.shape[-1])), w[:, None],
                                                   mode="sum").reshape(x.shape[:2])
-                for x in self.features.batch(list(sentences))]
+                for x in self.features.batch(_sentences(sentences))]
 
     def predict(self, sentences: Sequence[Sentence], batch_size: int = 256, progress: bool = False) -> list[np.ndarray]:
         """Predicted heads (int64 arrays, 0 = root) of every sentence, decoded in length-sorted batches."""
         w = self._require_weights()
-        sentences = list(sentences)
+        sentences = _sentences(sentences)
         batch_size = check_count("batch_size", batch_size)
         for i, s in enumerate(sentences):
             if len(s) == 0:
@@ -318,10 +345,11 @@ class DependencyParser:
             cfg = state["config"]
             parser = cls.from_config(cfg)
             weights = state["weights"]
-        except (KeyError, TypeError, AttributeError) as err:
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"{path}: a malformed parser model ({_what_failed(err)})") from None
         if not isinstance(weights, Tensor) or weights.shape != (parser.features.num_features + 1,):
             raise ValueError(f"{path}: weights do not match bits={cfg['bits']}")
+        _check_saved_weights(path, "weights", weights)
         parser.weights = weights
         parser.info = state.get("info", {})
         return parser

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_count, check_nonnegative, check_positive
+from .._checks import check_count, check_nonnegative, check_positive, check_real
 from .._files import torch_save
 from ..data.conllu import Sentence
 from ..energies.second_order import SecondOrderArcs
@@ -44,7 +44,15 @@ from ..oracles.base import PairwisePotentials
 from ..oracles.nonprojective import NonProjective
 from ..progress import progress_bar
 from .metrics import scorable_words, uas
-from .parser import DependencyParser, GreedyFirst, _what_failed, check_gold_trees, read_model
+from .parser import (
+    DependencyParser,
+    GreedyFirst,
+    _check_saved_weights,
+    _sentences,
+    _what_failed,
+    check_gold_trees,
+    read_model,
+)
 from .part_features import SecondOrderFeatures
 from .pruning import Candidates, _dense, _length_batches, prune
 from .second_order_decoding import loopy_bp_parse, mean_field_parse
@@ -83,7 +91,8 @@ class SecondOrderParser:
             raise ValueError("second-order parsing here is non-projective: give a non-projective first-order parser")
         self.first = first
         self.features = SecondOrderFeatures(bits, first.features.lowercase, context)
-        self.top_k, self.min_prob = top_k, min_prob
+        self.top_k = check_count("top_k", top_k)
+        self.min_prob = check_real("min_prob", min_prob, 0.0, 1.0, high_open=True)
         self.pruner = first.weights.to(torch.float64).clone()          # fixed: the first-order model prunes
         self.w1 = self.pruner.clone()
         self.w2 = torch.zeros(self.features.num_features, dtype=torch.float64)
@@ -136,7 +145,8 @@ class SecondOrderParser:
         ``l2/2 ||w2||^2``.  With ``dev`` the dev UAS (``dev_method`` with ``dev_iter`` iterations) is measured every
         ``eval_every`` steps (default: each epoch) and after the last step, and the best weights are kept.
         ``max_seconds`` stops training early (the cut is reported in ``info``)."""
-        sentences = list(sentences)
+        sentences = _sentences(sentences)
+        dev = None if dev is None else _sentences(dev, "dev")
         if not sentences:
             raise ValueError("no training sentences")
         epochs, train_iter = check_count("epochs", epochs), check_count("train_iter", train_iter)
@@ -225,7 +235,7 @@ class SecondOrderParser:
         decodes the pruned arc-factored part alone (``w1``, no second-order terms)."""
         if method not in ("mean_field", "loopy_bp", "first_order"):
             raise ValueError(f"method must be 'mean_field', 'loopy_bp' or 'first_order', got {method!r}")
-        sentences = list(sentences)
+        sentences = _sentences(sentences)
         if candidates is None:
             candidates = prune(self.first, self.pruner, sentences, self.top_k, self.min_prob)
         if len(candidates.lengths) != len(sentences) or any(
@@ -284,7 +294,7 @@ class SecondOrderParser:
             first.weights = pruner.to(torch.float32)
             parser = cls(first, bits=state["features"]["bits"], top_k=state["top_k"], min_prob=state["min_prob"],
                          context=state["features"].get("context", False))
-        except (KeyError, TypeError, AttributeError) as err:
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"{path}: a malformed second-order parser model ({_what_failed(err)})") from None
         sizes = {"pruner": first.features.num_features + 1, "w1": first.features.num_features + 1,
                  "w2": parser.features.num_features}
@@ -292,6 +302,7 @@ class SecondOrderParser:
             if w.shape != (sizes[name],):
                 raise ValueError(f"{path}: {name} has shape {tuple(w.shape)}, not ({sizes[name]},) as the model's "
                                  "bits ask")
+            _check_saved_weights(path, name, w)
         parser.pruner, parser.w1, parser.w2 = pruner, w1, w2
         parser.info = state.get("info", {})
         return parser

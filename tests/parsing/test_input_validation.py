@@ -130,6 +130,15 @@ def test_first_order_options_are_refused_with_second_order(models, tmp_path, mon
     assert f"error: {option[0]} cannot be given with --second-order" in _one_error_line(capsys)
 
 
+def test_bits_with_second_order_name_the_option_and_its_range(models, tmp_path, monkeypatch, capsys):
+    # the second-order part features take at most 2^28 weights: --bits 29 or 30 used to pass the option's check and
+    # fail later as "bits must be an int in [8, 28]"
+    monkeypatch.setattr(SecondOrderParser, "fit", _no_training)
+    assert main(["train", "--train", str(models["train"]), "--second-order", str(models["first"]), "--quiet",
+                 "--model", str(tmp_path / "m.pt"), "--bits", "29"]) == 2
+    assert "error: --bits must lie in 8..28 with --second-order, got 29" in _one_error_line(capsys)
+
+
 @pytest.mark.parametrize("lam", ["inf", "nan", "0", "-0.5"])
 def test_lam_must_be_finite_and_positive(models, tmp_path, monkeypatch, capsys, lam):
     monkeypatch.setattr(DependencyParser, "fit", _no_training)
@@ -181,6 +190,28 @@ def test_malformed_models_are_one_line_errors_naming_the_file(models, tmp_path, 
              (_broken(first, version=2), "unsupported model version 2 (expected 1)")]
     for k, (state, message) in enumerate(cases):
         path = tmp_path / f"broken{k}.pt"
+        torch.save(state, path)
+        assert main(["eval", "--model", str(path), "--data", str(data), "--quiet"]) == 2
+        assert f"{path}" in (err := _one_error_line(capsys)) and message in err, err
+
+
+def test_models_with_weights_or_settings_out_of_range_are_named(models, tmp_path, capsys):
+    # integer weights used to be a traceback; NaN weights and out-of-range settings failed in the decoders or the
+    # pruner without naming the file
+    data = models["train"]
+    first = torch.load(models["first"], weights_only=True)
+    second = torch.load(models["second"], weights_only=True)
+    cases = [(_broken(first, weights=first["weights"].long()), "weights must be float32 or float64, got torch.int64"),
+             (_broken(first, weights=torch.full_like(first["weights"], math.nan)), "weights hold NaN or infinite"),
+             (_broken(first, config={**first["config"], "bits": 100}),
+              "a malformed parser model (a field out of range: bits must be an int in [8, 30], got 100)"),
+             (_broken(second, w1=second["w1"].long()), "w1 must be float32 or float64, got torch.int64"),
+             (_broken(second, w2=second["w2"].int()), "w2 must be float32 or float64, got torch.int32"),
+             (_broken(second, pruner=torch.full_like(second["pruner"], math.inf)), "pruner hold NaN or infinite"),
+             (_broken(second, top_k=0), "top_k must be an int >= 1, got 0"),
+             (_broken(second, min_prob=math.nan), "min_prob must be a finite number in [0, 1), got nan")]
+    for k, (state, message) in enumerate(cases):
+        path = tmp_path / f"bad{k}.pt"
         torch.save(state, path)
         assert main(["eval", "--model", str(path), "--data", str(data), "--quiet"]) == 2
         assert f"{path}" in (err := _one_error_line(capsys)) and message in err, err
@@ -378,6 +409,25 @@ def test_second_order_model_on_empty_input(models, tmp_path, capsys):
     assert cands.ids.shape == (0, parser.first.features.num_slots)
     for method in ("mean_field", "loopy_bp", "first_order"):
         assert parser.predict([], method=method) == []
+
+
+def test_parsers_refuse_what_is_not_a_list_of_sentences(models):
+    # a string, one Sentence or a list of strings used to be an AttributeError ('str' object has no attribute 'words')
+    first = DependencyParser.load(models["first"])
+    second = SecondOrderParser.load(models["second"])
+    sentences = parse_conllu(models["train"].read_text())
+    calls = [first.predict, first.arc_scores, first.parse, second.predict, DependencyParser(bits=8).fit,
+             SecondOrderParser(first, bits=8).fit]
+    for call in calls:
+        with pytest.raises(TypeError, match=r"^sentences\[1\] must be a Sentence .*got str$"):
+            call([sentences[0], "w1 w2"])
+        with pytest.raises(TypeError, match=r"^sentences must be a list of Sentence .*got Sentence$"):
+            call(sentences[0])
+        with pytest.raises(TypeError, match=r"^sentences must be a list of Sentence .*got str$"):
+            call("w1 w2")
+    for fit in (DependencyParser(bits=8).fit, SecondOrderParser(first, bits=8).fit):
+        with pytest.raises(TypeError, match=r"^dev\[0\] must be a Sentence .*got str$"):
+            fit(sentences, epochs=1, dev=["w1 w2"])
 
 
 # ------------------------------------------------------------------------------------------- standard input
