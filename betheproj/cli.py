@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import io
 import os
 import signal
 import sys
@@ -301,8 +303,21 @@ def _deferred_interrupt():
         signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
 
+class _ClosedStdout(io.TextIOBase):
+    """Standard output when the process started without one (``betheproj ... >&-``): Python's ``sys.stdout`` is then
+    None and ``print`` drops its text silently; writing here is an error instead, as in coreutils."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``betheproj ARGS``; returns the exit status (0, 1 on a closed pipe, 2 on an error, 130 on Ctrl-C)."""
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
     try:
         with _deferred_interrupt() as interrupted:
             args = _parser().parse_args(argv)    # imports torch (through the parse subcommand): about 2 s
@@ -318,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def error_text(err: BaseException) -> str:
     """An error as one line (an ``OSError`` as its reason and file name), whatever the exception held."""
-    detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename else err
+    detail: object = err
+    if isinstance(err, OSError) and err.strerror:          # its reason without "[Errno N]"
+        detail = f"{err.strerror}: {err.filename}" if err.filename else err.strerror
     return " ".join(str(detail).split())
 
 

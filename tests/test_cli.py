@@ -389,3 +389,12 @@ def test_device_is_checked_before_the_work(command, tmp_path, monkeypatch, capsy
         assert err.count("\n") == 1 and err.startswith(f"betheproj {command[0]}: error: --device "), err
         assert repr(device) in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_closed_standard_output_is_a_one_line_error(tagger_stubbed, tmp_path, monkeypatch, capsys):
+    # started with `>&-`, Python's sys.stdout is None and print() dropped the tags silently, with exit 0
+    source = tmp_path / "raw.txt"
+    source.write_text("J. Smith. A title. 2005.\n")
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["citations", "--predict", str(source), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "betheproj citations: error: standard output is closed\n"
