@@ -165,6 +165,7 @@ def _read(lines: Iterable[str], name: str) -> list[Sentence]:
     cur = Sentence(line=1)
     start = 1
     word_lines: list[int] = []                                 # the line of each word of the sentence
+    extra_lines: list[int] = []                                # ... and of each multi-word token or empty node
 
     def finish(lineno: int) -> None:
         nonlocal cur
@@ -176,11 +177,13 @@ def _read(lines: Iterable[str], name: str) -> list[Sentence]:
                 if w[HEAD] != "_" and not (_HEAD.fullmatch(w[HEAD]) and int(w[HEAD]) <= n):
                     raise ValueError(f"{name}:{at}: HEAD of word {i + 1} must be an integer in 0..{n} or '_', "
                                      f"got {w[HEAD]!r}")
+            _check_ranges(cur.extra, extra_lines, n, name)
             sentences.append(cur)
         elif cur.comments or cur.extra:
             raise ValueError(f"{name}:{start}: sentence without word lines (line {lineno})")
         cur = Sentence(line=lineno + 1)
         word_lines.clear()
+        extra_lines.clear()
 
     lineno = 0
     for lineno, raw in enumerate(lines, 1):
@@ -202,6 +205,7 @@ def _read(lines: Iterable[str], name: str) -> list[Sentence]:
         if "-" in cols[ID] or "." in cols[ID]:              # multi-word token or empty node
             _check_extra_id(cols[ID], len(cur.words), f"{name}:{lineno}")
             cur.extra.append((len(cur.words), cols))
+            extra_lines.append(lineno)
         else:
             cur.words.append(cols)
             word_lines.append(lineno)
@@ -209,8 +213,25 @@ def _read(lines: Iterable[str], name: str) -> list[Sentence]:
     return sentences
 
 
-_RANGE = re.compile(r"(\d+)-(\d+)")
-_EMPTY = re.compile(r"(\d+)\.(\d+)")
+_RANGE = re.compile(r"([0-9]+)-([0-9]+)")                # ASCII digits, as word IDs
+_EMPTY = re.compile(r"([0-9]+)\.([0-9]+)")
+
+
+def _check_ranges(extra: list[tuple[int, list[str]]], lines: list[int], n: int, name: str) -> None:
+    """The multi-word tokens of a finished sentence of ``n`` words: each range ends at a word of the sentence and
+    starts after the previous range's end (their starts are checked as they are read, by :func:`_check_extra_id`)."""
+    end = 0
+    for (_, cols), at in zip(extra, lines, strict=True):
+        rng = _RANGE.fullmatch(cols[ID])
+        if rng is None:
+            continue
+        a, b = int(rng[1]), int(rng[2])
+        if b > n:
+            raise ValueError(f"{name}:{at}: multi-word token {cols[ID]!r} ends past the sentence's last word ({n})")
+        if a <= end:
+            raise ValueError(f"{name}:{at}: multi-word token {cols[ID]!r} overlaps the one before it (ending at "
+                             f"word {end})")
+        end = b
 
 
 def _check_extra_id(token_id: str, words_before: int, where: str) -> None:

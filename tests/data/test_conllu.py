@@ -203,3 +203,23 @@ def test_malformed_multiword_and_empty_node_ids_are_named(token_id, message):
     with pytest.raises(ValueError, match=rf"^<string>:1: .*{re.escape(message)}"):
         parse_conllu(line + "1\ta\t_\tX\t_\t_\t0\t_\t_\t_\n")
     assert len(parse_conllu("0.1\tx" + "\t_" * 8 + "\n1\ta\t_\tX\t_\t_\t0\t_\t_\t_\n")[0]) == 1   # a node before word 1
+
+
+def _word(i: int) -> str:
+    return f"{i}\tw{i}\t_\tX\t_\t_\t0\t_\t_\t_\n"
+
+
+def _token(token_id: str) -> str:
+    return token_id + "\tx" + "\t_" * 8 + "\n"
+
+
+@pytest.mark.parametrize("lines, message", [
+    ([_word(1), _token("2-3"), _word(2)], "<string>:2: multi-word token '2-3' ends past the sentence's last word (2)"),
+    ([_token("1-2"), _token("1-3"), _word(1), _word(2), _word(3)], "<string>:2: multi-word token '1-3' overlaps"),
+    ([_token("1-2"), _word(1), _token("2-3"), _word(2), _word(3)], "<string>:3: multi-word token '2-3' overlaps"),
+    ([_token("١-٢"), _word(1), _word(2)], "neither a word"),                   # Arabic-Indic digits
+])
+def test_multiword_ranges_past_the_end_overlapping_or_of_other_digits_are_named(lines, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_conllu("".join(lines))
+    assert len(parse_conllu(_token("1-2") + _word(1) + _word(2) + _token("3-4") + _word(3) + _word(4))[0]) == 4
