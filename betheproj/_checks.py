@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 __all__ = ["check_bool", "check_count", "check_device", "check_int", "check_nonnegative", "check_positive",
-           "check_real"]
+           "check_real", "check_seed"]
+
+SEED_MAX = 2 ** 63 - 1          # the seeds of the command line; torch wraps larger ones, NumPy counts in int64
 
 
 def _scalar(value: object) -> object:
@@ -38,6 +40,12 @@ def check_int(name: str, value: object, minimum: int | None = None, maximum: int
             wanted = f"in [{minimum}, {maximum}]"
         raise ValueError(f"{name} must be an int {wanted}, got {v}")
     return v
+
+
+def check_seed(name: str, value: object) -> int:
+    """A random seed: an int in ``[0, 2**63 - 1]``, the range every seed of the package and its command line takes
+    (torch would wrap a negative seed around silently, NumPy refuse it in its own words)."""
+    return check_int(name, value, 0, SEED_MAX)
 
 
 def check_count(name: str, value: object, minimum: int = 1) -> int:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._checks import check_count, check_int, check_positive
+from .._checks import check_count, check_positive, check_seed
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
 from .losses import CostFn, loss_and_gradient, resolve_loss
@@ -176,6 +176,7 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     epochs = check_count("epochs", epochs)
     lam = check_positive("lam (lambda)", lam)
+    seed = check_seed("seed", seed)
     m = len(examples)
     if m == 0:
         raise ValueError("no training examples")
@@ -194,7 +195,7 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     scratch = torch.zeros(num_features + 1, dtype=dtype, device=device)   # accumulates g = F(x) v, reset each step
     cap = 1.0 / (lam * m)
     sparse_grad = math.isinf(beta)                          # g = S(y_hat) - S(y): at most 2N non-zero parts
-    gen = torch.Generator().manual_seed(check_int("seed", seed))
+    gen = torch.Generator().manual_seed(seed)
     result = OnlineResult(w, w)
     bar = progress_bar(epochs * m, progress, desc)
     start = time.perf_counter()

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_count, check_positive
+from .._checks import check_count, check_positive, check_seed
 from ..mrf.bounds import lp_margin_bounds, lp_radius_bounds
 from ..mrf.linear import LinearPairwiseMRF
 from ..mrf.map import exact_map, lbp_map, lp_map
@@ -180,7 +180,7 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
             if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
                 raise ValueError("cannot tell the number of features: pass num_features or initial")
         w = np.zeros(int(d))
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(None if seed is None else check_seed("seed", seed))
     golds = [_gold_labels(k, g) for k, (_, g) in enumerate(data)]
     path = [w.copy()]
     total = np.zeros_like(w)

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_count, check_int, check_positive
+from .._checks import check_count, check_positive, check_seed
 from ._checks import check_lengths_like
 
 __all__ = ["ConstantPsi", "RandomFourierFeatures", "MeanMapPsi"]
@@ -53,7 +53,7 @@ class RandomFourierFeatures(nn.Module):
         super().__init__()
         in_features, num_features = check_count("in_features", in_features), check_count("num_features", num_features)
         bandwidth = check_positive("bandwidth", bandwidth)
-        gen = torch.Generator().manual_seed(check_int("seed", seed))
+        gen = torch.Generator().manual_seed(check_seed("seed", seed))
         self.register_buffer("weight", torch.randn(in_features, num_features, generator=gen) / bandwidth)
         self.register_buffer("offset", torch.rand(num_features, generator=gen) * 2 * math.pi)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_count, check_int, check_nonnegative, check_positive
+from .._checks import check_count, check_nonnegative, check_positive, check_seed
 from ..oracles.base import Marginals, tree_parents
 from ..progress import progress_bar
 from ._checks import check_sequences
@@ -172,7 +172,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     check_sequences(features, labels, lengths, training=True)
     check_count("epochs", epochs)
     check_count("batch_size", batch_size)
-    check_int("seed", seed)
+    seed = check_seed("seed", seed)
     if train_iter is not None:
         train_iter = check_count("train_iter", train_iter, 0)
     l2, psi_l2 = check_nonnegative("l2", l2), check_nonnegative("psi_l2", psi_l2)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .._checks import check_count, check_nonnegative, check_positive, check_real
+from .._checks import check_count, check_nonnegative, check_positive, check_real, check_seed
 from .bounds import lp_margin_bounds
 from .linear import LinearPairwiseMRF
 from .map import lbp_map, lp_map
@@ -170,7 +170,7 @@ def random_grid_dataset(num_instances: int, rows: int = 3, cols: int = 3, *, nod
     ``w_true`` is integral and its certified margin (:func:`lp_margin_bounds`, lower bound) is at least
     ``min_margin``.  Returns ``([(model, gold)], w_true)``."""
     num_instances = check_count("num_instances", num_instances)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed("seed", seed))
     d = node_dim + edge_dim
     if w_true is None:
         w_true = rng.normal(size=d)

@@ -1,0 +1,36 @@
+"""Seeds are checked alike everywhere: an int in [0, 2**63 - 1], named."""
+
+import numpy as np
+import pytest
+import torch
+
+from betheproj._checks import SEED_MAX, check_seed
+from betheproj.learning import RandomFourierFeatures, fit_online
+from betheproj.learning.perceptron import structured_perceptron
+from betheproj.mrf.paper import random_grid_dataset
+
+
+def test_check_seed_bounds():
+    assert check_seed("seed", 0) == 0 and check_seed("seed", np.int64(SEED_MAX)) == SEED_MAX
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 9223372036854775807\], got -1"):
+        check_seed("seed", -1)
+    with pytest.raises(ValueError, match="seed"):
+        check_seed("seed", SEED_MAX + 1)
+    with pytest.raises(TypeError, match="seed"):
+        check_seed("seed", 1.5)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: RandomFourierFeatures(3, 4, seed=-1),                     # torch wrapped -1 around to 2**64 - 1
+    lambda: fit_online(None, [], num_features=4, seed=-1),
+    lambda: structured_perceptron([(None, [0])], lambda x, w: [0], num_features=2, seed=-1),
+    lambda: random_grid_dataset(1, seed=-1),
+])
+def test_a_negative_seed_is_refused_by_name(call):
+    with pytest.raises(ValueError, match=r"^seed must be an int in \[0, "):
+        call()
+
+
+def test_the_largest_seed_is_accepted():
+    a = RandomFourierFeatures(3, 4, seed=SEED_MAX).weight
+    assert torch.equal(a, RandomFourierFeatures(3, 4, seed=SEED_MAX).weight)
