@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ._checks import check_seed
 from .energies import LinearMeasurements, Poisson
 from .inference import decode, solve
 from .oracles import ChainPotentials, LinearChain
@@ -19,7 +20,7 @@ def migration_instance(grid: int = 5, steps: int = 8, population: float = 500.0,
                        seed: int = 0, dtype: torch.dtype = torch.float64) -> tuple[ChainPotentials, Poisson, Tensor]:
     """A small collective-graphical-model instance: ``population`` individuals walk on a ``grid x grid``
     torus for ``steps`` steps preferring short moves; observers count them with detection ``rate``."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_seed("seed", seed))
     cells = grid * grid
     xy = torch.stack(torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij"), -1).reshape(-1, 2)
     diff = (xy[:, None, :] - xy[None, :, :]).abs()
@@ -50,7 +51,7 @@ def sample_counts(theta: ChainPotentials, population: int, gen: torch.Generator)
 def tagging_instance(batch: int = 64, length: int = 12, labels: int = 5, seed: int = 1,
                      dtype: torch.dtype = torch.float64) -> tuple[ChainPotentials, LinearMeasurements]:
     """Random tagging chains plus a soft global constraint: label 0 should appear at least twice."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_seed("seed", seed))
     node = torch.randn(batch, length, labels, generator=gen, dtype=dtype)
     node[..., 0] -= 1.5                                        # label 0 is locally unlikely
     edge = torch.randn(labels, labels, generator=gen, dtype=dtype)

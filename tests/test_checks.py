@@ -34,3 +34,14 @@ def test_a_negative_seed_is_refused_by_name(call):
 def test_the_largest_seed_is_accepted():
     a = RandomFourierFeatures(3, 4, seed=SEED_MAX).weight
     assert torch.equal(a, RandomFourierFeatures(3, 4, seed=SEED_MAX).weight)
+
+
+def test_demo_and_ocr_seeds_are_checked():
+    from betheproj.demo import migration_instance, tagging_instance
+    from betheproj.experiments.ocr import OCRConfig, median_bandwidth
+
+    for call in (lambda: migration_instance(seed=-1), lambda: tagging_instance(seed=-1),
+                 lambda: median_bandwidth(torch.zeros(1, 2, 3), torch.tensor([2]), seed=-1),
+                 lambda: OCRConfig(seed=SEED_MAX + 1)):
+        with pytest.raises(ValueError, match=r"^seed must be an int in \[0, 9223372036854775807\]"):
+            call()

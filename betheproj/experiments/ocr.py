@@ -31,10 +31,10 @@ from .._checks import (
     check_count,
     check_device,
     check_increasing_counts,
-    check_int,
     check_nonnegative,
     check_positive,
     check_real,
+    check_seed,
 )
 from ..data.ocr import OCRData
 from ..energies import NearestPrototype
@@ -98,7 +98,7 @@ class OCRConfig:
         if self.bandwidth is not None:
             check_positive("bandwidth", self.bandwidth)
         check_bool("word_average", self.word_average)
-        check_int("seed", self.seed, 0)
+        check_seed("seed", self.seed)
         if self.unigram_search not in ("global", "local"):
             raise ValueError(f"unigram_search must be 'global' or 'local', got {self.unigram_search!r}")
         check_increasing_counts("test_iters", self.test_iters)
@@ -125,7 +125,7 @@ def median_bandwidth(pixels: Tensor, lengths: Tensor, sample: int = 2000, seed: 
     """The median heuristic: the median Euclidean distance between letter images sampled from the set."""
     mask = torch.arange(pixels.shape[1], device=lengths.device) < lengths[:, None]
     letters = pixels[mask]
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_seed("seed", seed))
     letters = letters[torch.randperm(letters.shape[0], generator=gen)[:sample].to(letters.device)].double()
     dist = torch.cdist(letters, letters)
     return float(dist[torch.triu(torch.ones_like(dist, dtype=torch.bool), 1)].median())
