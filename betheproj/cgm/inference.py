@@ -42,6 +42,7 @@ def check_observations(observed: Tensor, rate: float, population: float, potenti
     if tuple(observed.shape) != shape:
         raise ValueError(f"observed must have the potentials' shape [B, T, L]={shape} (T steps, L = grid^2 cells), "
                          f"got {tuple(observed.shape)}")
+    given = observed
     observed = observed.to(dtype=potentials.node.dtype, device=potentials.node.device)
     if not bool(torch.isfinite(observed).all()):
         raise ValueError("observed counts must be finite")
@@ -49,6 +50,15 @@ def check_observations(observed: Tensor, rate: float, population: float, potenti
         raise ValueError("observed counts must be non-negative")
     if not bool((observed == observed.round()).all()):
         raise ValueError("observed counts must be whole numbers")
+    # the potentials' dtype may have rounded them: 2**24 + 1 is 2**24 in float32, 2**25 + 0.5 a whole 2**25
+    changed = observed.to(given.dtype) != given.to(observed.device)
+    if bool(changed.any()):
+        dtype = potentials.node.dtype
+        bits = round(-math.log2(torch.finfo(dtype).eps)) + 1     # every integer up to 2**bits is exact in dtype
+        first = changed.nonzero()[0].tolist()
+        raise ValueError(f"observed counts must be held exactly by the potentials' {dtype} (every whole number up "
+                         f"to 2**{bits} = {2 ** bits} is), got {given[tuple(first)].item()!r}, which it rounds to "
+                         f"{observed[tuple(first)].item()!r}")
     rate, population = check_positive("rate", rate), check_positive("population", population)
     expected = rate * population
     if not math.isfinite(expected) or expected < sys.float_info.min:
@@ -142,6 +152,9 @@ def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, popul
     if method == "md" and potentials.node.device.type == "cpu" and potentials.node.shape[2] <= _FAST_CELLS:
         if warm_start is not None and warm_start.node.shape != potentials.node.shape:
             raise ValueError("warm_start must be potentials of the same shape as potentials")
+        if warm_start is not None and warm_start.node.dtype != potentials.node.dtype:   # as solve() refuses it
+            raise TypeError(f"warm_start must have the potentials' dtype {potentials.node.dtype}, got "
+                            f"{warm_start.node.dtype}")
         result = _fast(potentials, observed, float(rate), float(population), tol, max_iter, warm_start)
         if result is not None:
             result.seconds = time.perf_counter() - start

@@ -42,8 +42,8 @@ class TransitionModel(nn.Module):
         if len(devices) > 1:
             raise ValueError(f"attraction and initial must be on one device, got {sorted(map(str, devices))}")
         device = devices.pop() if devices else torch.device("cpu")
-        self.distance = nn.Parameter(torch.tensor(check_real("distance", distance), dtype=dtype, device=device))
-        self.drift = nn.Parameter(torch.tensor(check_real("drift", drift), dtype=dtype, device=device))
+        self.distance = nn.Parameter(self._scalar("distance", distance, dtype, device))
+        self.drift = nn.Parameter(self._scalar("drift", drift, dtype, device))
         self.attraction = nn.Parameter(self._cells("attraction", attraction, cells, dtype, device))
         self.initial = nn.Parameter(self._cells("initial", initial, cells, dtype, device))
         rows, cols = torch.meshgrid(torch.arange(grid, device=device), torch.arange(grid, device=device),
@@ -55,12 +55,32 @@ class TransitionModel(nn.Module):
         self.register_buffer("neg_sq_distance", -(disp ** 2).sum(-1))
         self.register_buffer("displacement", disp)
         self.register_buffer("directions", torch.stack([torch.cos(angle), torch.sin(angle)], -1))   # [T-1, 2]
+        with torch.no_grad():
+            if bool(torch.isnan(self.log_transitions()).any()):     # a score of +inf (or inf - inf): overflow
+                raise ValueError(f"distance, drift and attraction overflow the transition scores in {dtype} "
+                                 f"(distance {distance!r}, drift {drift!r}): use smaller magnitudes")
+
+    @staticmethod
+    def _scalar(name: str, value: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """``value`` as a 0-d tensor of ``dtype``, finite there too (1e39 is finite in float64, not float32)."""
+        out = torch.tensor(check_real(name, value), dtype=dtype, device=device)
+        if not bool(torch.isfinite(out)):
+            raise ValueError(f"{name} must be finite in {dtype}, got {value!r}")
+        return out
 
     @staticmethod
     def _cells(name: str, value: Tensor | None, cells: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         if value is None:
             return torch.zeros(cells, dtype=dtype, device=device)
-        value = torch.as_tensor(value, dtype=dtype, device=device)
+        if not isinstance(value, Tensor):
+            try:
+                value = torch.as_tensor(value)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(f"{name} must be a tensor or array of one real value per cell, got "
+                                f"{type(value).__name__}") from None
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{name} must hold real numbers, got dtype {value.dtype}")
+        value = value.to(dtype=dtype, device=device)
         if value.shape != (cells,):
             raise ValueError(f"{name} must have one value per cell, shape ({cells},), got {tuple(value.shape)}")
         if not bool(torch.isfinite(value).all()):
@@ -169,9 +189,12 @@ def simulate(model: TransitionModel, population: int = 10_000, rate: float = 0.5
     exact = 2 ** bits
     largest = max(population, int(observed.max(initial=0)))
     if largest > exact:
+        remedy = "a smaller population" if largest == population else "a smaller population or rate"
+        if dtype != torch.float64:
+            remedy = f"a float64 model (exact up to 2**53) or {remedy}"
         raise ValueError(f"a {dtype} model holds counts exactly only up to 2**{bits} = "
-                         f"{exact}, and this draw has a count of {largest} (population {population}); use a "
-                         "float64 model or a smaller population")
+                         f"{exact}, and this draw has a count of {largest} (population {population}); use "
+                         f"{remedy}")
     node = torch.zeros(seasons, t, cells, dtype=dtype, device=device)
     node[:, 0] = model.log_initial()
     potentials = ChainPotentials(node, log_p.to(device)[None].expand(seasons, -1, -1, -1))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .._checks import check_count
 from .model import TransitionModel
 
 __all__ = ["plot_flows"]
@@ -28,12 +29,13 @@ def plot_flows(model: TransitionModel, counts: Tensor, flows: Tensor, path: str,
                = None, panels: int = 5) -> None:
     """Counts [T, L] at ``panels`` evenly spaced steps with the mean move out of each cell (arrows, from the
     flows [T-1, L, L]); with ``truth = (counts, flows)`` a first row shows the true ones."""
+    panels = check_count("panels", panels)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = counts.shape[0]
-    panels = max(1, min(panels, steps))
+    panels = min(panels, steps)
     chosen = sorted({round(i * (steps - 1) / max(panels - 1, 1)) for i in range(panels)})
     rows = [("inferred (MAP)", counts, flows)]
     if truth is not None:

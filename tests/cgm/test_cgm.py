@@ -113,6 +113,16 @@ def test_float32_models_refuse_counts_they_cannot_hold_exactly():
     assert big.counts.sum(-1).eq(2 ** 24 + 1).all()
 
 
+def test_float64_models_refusing_huge_counts_say_what_to_do():
+    """A float64 model already: the remedy is a smaller population (or rate), not "use a float64 model"."""
+    with pytest.raises(ValueError, match=r"up to 2\*\*53 .*population 9007199254740993\); use a smaller population$"):
+        simulate(default_model(2, 2), population=2 ** 53 + 1, rate=0.5, seed=0)
+    with pytest.raises(ValueError, match=r"has a count of .*; use a smaller population or rate$"):
+        simulate(default_model(2, 2), population=2 ** 53, rate=2.0, seed=0)
+    with pytest.raises(ValueError, match=r"use a float64 model \(exact up to 2\*\*53\) or a smaller population$"):
+        simulate(default_model(2, 3, dtype=torch.float32), population=2 ** 24 + 1, rate=0.5, seed=0)
+
+
 def _learning_instance():
     model = default_model(3, 5, seed=5)
     return model, simulate(model, population=200_000, rate=0.5, seasons=3, seed=5)
@@ -322,3 +332,58 @@ def test_interior_point_keeps_the_dtype():
     pot32 = type(pot)(pot.node.float(), pot.edge.float(), pot.lengths)
     ip = interior_point(pot32, inst.observed, 0.5, 100)
     assert ip.node.dtype == torch.float32 and ip.objective.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"distance": 1e39, "dtype": torch.float32}, "distance must be finite in torch.float32"),
+    ({"drift": -1e39, "dtype": torch.float32}, "drift must be finite in torch.float32"),
+    ({"drift": 1e308}, "overflow the transition scores"),            # a score of +inf: NaN transitions
+    ({"distance": -1e308}, "overflow the transition scores"),
+])
+def test_model_parameters_that_overflow_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TransitionModel(3, 3, **kwargs)
+
+
+@pytest.mark.parametrize("value", ["abcd", torch.tensor([True, False, True, False]), torch.ones(4, dtype=torch.cfloat)])
+def test_cell_parameters_must_be_real_arrays(value):
+    for name in ("attraction", "initial"):
+        with pytest.raises(TypeError, match=name):
+            TransitionModel(2, 3, **{name: value})
+
+
+def test_a_warm_start_of_another_dtype_is_refused_on_the_fast_path_too():
+    """solve() refuses it (the generic path, e.g. on CUDA); the NumPy path used to take it."""
+    from betheproj.oracles import ChainPotentials
+
+    inst = _small_instance()
+    warm = map_counts(inst.potentials, inst.observed, 0.5, 100).potentials
+    warm32 = ChainPotentials(warm.node.float(), warm.edge.float())
+    with pytest.raises(TypeError, match="warm_start must have the potentials' dtype torch.float64"):
+        map_counts(inst.potentials, inst.observed, 0.5, 100, warm_start=warm32)
+
+
+def test_observed_counts_the_potentials_cannot_hold_exactly_are_refused():
+    """Checked as given: float32 potentials used to round 2**24 + 1 to 2**24 and 2**25 + 0.5 to a whole 2**25."""
+    from betheproj.cgm import check_observations
+
+    small = default_model(1, 2, dtype=torch.float32).potentials()
+    with pytest.raises(ValueError, match=r"float32 \(every whole number up to 2\*\*24 = 16777216 is\), got "
+                                         r"33554432.5, which it rounds to 33554432.0"):
+        check_observations(torch.tensor([[[2.0], [2.0 ** 25 + 0.5]]], dtype=torch.float64), 1.0, 2 ** 24, small)
+    with pytest.raises(ValueError, match=r"up to 2\*\*24 = 16777216 is\), got 16777217, which it rounds to 16777216"):
+        check_observations(torch.tensor([[[2 ** 24 + 1], [2]]]), 1.0, 2 ** 24, small)
+    with pytest.raises(ValueError, match=r"up to 2\*\*53 = 9007199254740992 is\), got 9007199254740993"):
+        map_counts(default_model(1, 2).potentials(), torch.tensor([[[2 ** 53 + 1], [2]]]), 1.0, 2 ** 53)
+    for dtype in (torch.int32, torch.uint32, torch.uint64, torch.float16):        # exact: taken as they are
+        exact = check_observations(torch.tensor([[[2 ** 11], [2]]], dtype=dtype), 1.0, 2 ** 24, small)
+        assert exact.dtype == torch.float32 and exact.flatten().tolist() == [2 ** 11, 2]
+
+
+@pytest.mark.parametrize("panels, error", [(0, ValueError), (-1, ValueError), ("5", TypeError), (2.5, TypeError)])
+def test_plot_flows_checks_panels(panels, error, tmp_path):
+    from betheproj.cgm.plot import plot_flows
+
+    inst = _small_instance()
+    with pytest.raises(error, match="panels must be an int"):
+        plot_flows(inst.model, inst.counts[0], inst.flows[0], str(tmp_path / "flows.png"), panels=panels)
