@@ -16,7 +16,7 @@ from ..data.conllu import Sentence
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
 from ..oracles.nonprojective import NonProjective
-from .parser import DependencyParser, GreedyFirst
+from .parser import DependencyParser, GreedyFirst, _sentences
 
 __all__ = ["Candidates", "prune"]
 
@@ -69,12 +69,26 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
     MAP tree (so a tree always survives), plus the gold head if ``gold``.  Returns the kept arcs with their
     first-order feature ids and the pruning recall (gold heads kept, punctuation excluded)."""
     top_k, min_prob = check_count("top_k", top_k), check_real("min_prob", min_prob, 0.0, 1.0, high_open=True)
-    sentences = list(sentences)
+    batch_size = check_count("batch_size", batch_size)
+    if not isinstance(first, DependencyParser):
+        raise TypeError(f"first must be a DependencyParser, got {type(first).__name__}")
+    size = first.features.num_features + 1
+    if not isinstance(w1, Tensor) or not w1.is_floating_point():
+        raise TypeError(f"w1 must be a floating-point weight tensor [{size}], got "
+                        f"{w1.dtype if isinstance(w1, Tensor) else type(w1).__name__}")
+    if tuple(w1.shape) != (size,):      # weights of a model with other feature bits would index other features
+        raise ValueError(f"w1 must hold the {size} weights of first's features (2^bits + 1), got shape "
+                         f"{tuple(w1.shape)}")
+    if not bool(torch.isfinite(w1).all()):
+        raise ValueError("w1 must be finite")
+    sentences = _sentences(sentences)
     for i, s in enumerate(sentences):
         if len(s) == 0:
             raise ValueError(f"sentence {i} has no words")
         if gold and (s.heads < 0).any():
             raise ValueError(f"sentence {i} has a word without a gold HEAD")
+        if (s.heads > len(s)).any():                    # would index another sentence's padding, or past it
+            raise ValueError(f"sentence {i}: gold HEAD {int(s.heads.max())} is not in 0..{len(s)}")
     lengths = np.array([len(s) for s in sentences], dtype=np.int64)
     if not sentences:                                   # nothing to prune (np.concatenate needs an array)
         empty = np.zeros(0, dtype=np.int16)

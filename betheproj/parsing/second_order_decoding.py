@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._checks import check_count, check_real
+from .._checks import check_count, check_nonnegative, check_real
 from ..energies.second_order import SecondOrderArcs, second_order_masks
 from ..inference.decode import decode
 from ..inference.solve import Solution, solve
-from ..oracles.base import PairwisePotentials
+from ..oracles.base import PairwisePotentials, _check_lengths
 from ..oracles.dependency import _arc_mask
 from ..oracles.nonprojective import NonProjective, matrix_tree
 from .parser import GreedyFirst
@@ -86,7 +86,8 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     """Turbo Parser #1 (Martins et al. 2010, section 4): sum-product loopy BP, parallel schedule, over binary arc
     variables ``y_hm`` with unary log-potentials ``theta[b, h, m]`` (head-major [B, C, C]; ``-inf``: pruned arc,
     no variable), one TREE factor and one pairwise factor ``exp(W y_hm y_hs)`` per sibling pair ``m < s``
-    (``W = S[h, m, s] + S[h, s, m]``) and ``exp(G[g, h, m] y_gh y_hm)`` per grandparent part.
+    (``W = S[h, m, s] + S[h, s, m]``) and ``exp(G[g, h, m] y_gh y_hm)`` per grandparent part (``S``, ``G``: finite
+    floating-point scores, or ``None`` for no such factors).
 
     Messages are log-odds (eqs. 4-5 for binary variables): the TREE factor sends ``logit(MARG_a) - l_a``
     (Table 1; ``MARG`` by the matrix-tree theorem on the incoming log-odds ``l``), a pairwise factor sends
@@ -101,15 +102,23 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     """
     if not isinstance(theta, Tensor) or theta.dim() != 3 or theta.shape[1] != theta.shape[2]:
         raise ValueError("theta must be head-major arc scores [B, C, C]")
-    if not theta.is_floating_point() or bool(torch.isnan(theta).any()):
-        raise ValueError("theta must be floating-point arc scores without NaN (-inf marks a pruned arc)")
+    if not theta.is_floating_point() or bool((torch.isnan(theta) | (theta == math.inf)).any()):
+        raise ValueError("theta must be floating-point arc scores without NaN or +inf (-inf marks a pruned arc)")
     damping = check_real("damping", damping, 0.0, 1.0, high_open=True)
     max_iter = check_count("max_iter", max_iter)
+    tol = check_nonnegative("tol", tol)
     b, c, _ = theta.shape
+    lengths = _check_lengths(lengths, b, c - 1, theta.device)
     for name, t in (("sibling", sibling), ("grandparent", grandparent)):
         if t is not None and (not isinstance(t, Tensor) or t.shape != (b, c, c, c)):
             raise ValueError(f"{name} must be [B, C, C, C]=({b}, {c}, {c}, {c}), got "
                              f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+        # as SecondOrderArcs: a bool tensor would sum S + S^T as a logical or, and a -inf or NaN log-potential
+        # turns messages into NaN
+        if t is not None and not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor [B, C, C, C], got {t.dtype}")
+        if t is not None and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} scores must be finite (prune an arc with -inf in theta instead)")
     dtype, device = theta.dtype, theta.device
     ninf = torch.full((), -math.inf, dtype=dtype, device=device)
     zero = torch.zeros((), dtype=dtype, device=device)

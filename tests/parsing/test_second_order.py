@@ -126,3 +126,26 @@ def test_parser_bad_inputs(tmp_path):
         SecondOrderParser.load(tmp_path / "missing.pt")
     with pytest.raises(ValueError, match="bits"):
         SecondOrderFeatures(bits=3)
+
+
+def test_prune_bad_inputs():
+    """Weights of a model with other feature bits were used silently (a longer vector) or failed with an
+    IndexError; a gold HEAD past its sentence read the padding of a longer sentence in the batch."""
+    sents = _grandparent_treebank(1)
+    first = DependencyParser(bits=8)
+    w = torch.randn(257, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for other in (torch.randn(1025, dtype=torch.float64), w[:100], w[None]):
+        with pytest.raises(ValueError, match="w1 must hold the 257 weights"):
+            prune(first, other, sents)
+    with pytest.raises(TypeError, match="w1"):
+        prune(first, w.numpy(), sents)
+    with pytest.raises(ValueError, match="w1 must be finite"):
+        prune(first, torch.full_like(w, float("nan")), sents)
+    with pytest.raises(ValueError, match="batch_size"):
+        prune(first, w, sents, batch_size=0)
+    with pytest.raises(TypeError, match="sentences must be a list"):
+        prune(first, w, sents[0])
+    short = _sentence(["g1", "f"], ["G", "F"], [0, 3])          # HEAD 3 of a 2-word sentence
+    for gold in (False, True):
+        with pytest.raises(ValueError, match="HEAD 3 is not in 0..2"):
+            prune(first, w, [short, *sents], gold=gold)

@@ -205,3 +205,28 @@ def test_bp_bad_inputs():
     with pytest.raises(ValueError, match="decode_on"):
         loopy_bp_parse(PairwisePotentials(theta[:, :, 1:].transpose(1, 2), theta.new_zeros(4, 4), lengths), s, g,
                        decode_on="max")
+
+
+def test_bp_refuses_second_order_scores_that_are_not_finite_floats():
+    """A bool ``S`` summed ``S + S^T`` as a logical or (a silently different model); a ``-inf`` part score ran
+    without an error (and, damped, failed inside the matrix-tree theorem on NaN messages naming no argument)."""
+    theta, s, g, lengths = _random_problem([3], seed=5)
+    with pytest.raises(TypeError, match="sibling must be a floating-point"):
+        loopy_bp(theta, s > 0, g, lengths)
+    for damping in (0.0, 0.5):
+        bad = s.clone()
+        bad[0, 0, 1, 2] = -torch.inf
+        with pytest.raises(ValueError, match="sibling scores must be finite"):
+            loopy_bp(theta, bad, g, lengths, damping=damping)
+        bad = g.clone()
+        bad[0, 0, 1, 2] = float("nan")
+        with pytest.raises(ValueError, match="grandparent scores must be finite"):
+            loopy_bp(theta, s, bad, lengths, damping=damping)
+    inf = theta.clone()
+    inf[0, 0, 1] = torch.inf
+    with pytest.raises(ValueError, match="theta must be"):
+        loopy_bp(inf, s, g, lengths)
+    with pytest.raises(ValueError, match="tol"):
+        loopy_bp(theta, s, g, lengths, tol=-1.0)
+    with pytest.raises(ValueError, match="lengths"):
+        loopy_bp(theta, s, g, torch.tensor([3, 3]))
