@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Citation", "parse_citation", "read_citations", "load_citations", "tokenize_citation", "escape_tags",
-           "citation_file", "citation_lines", "check_citations", "SPLITS"]
+           "is_tag_name", "citation_file", "citation_lines", "check_citations", "SPLITS"]
 
 SPLITS = {"train": "training.docs", "dev": "dev.docs", "test": "testing.docs"}
-_TAG = re.compile(r"(</?[A-Za-z][\w.-]*>)")
+_TAG_NAME = re.compile(r"[A-Za-z][\w.-]*")
+_TAG = re.compile(rf"(</?{_TAG_NAME.pattern}>)")
 _QUOTES = "\"\u201c\u201d"
 _SPLIT_OFF = ",;:" + _QUOTES
 _INITIAL = re.compile(r"[^\W\d_]\.")                   # one letter and its period: "J."
@@ -120,6 +121,11 @@ def parse_citation(line: str) -> Citation:
             previous = segment
     repairs += len(stack)
     return Citation(tokens, paths, labels, repairs)
+
+
+def is_tag_name(name: str) -> bool:
+    """Whether ``<name>`` reads as a tag in the nested-tag format (an ASCII letter, then letters, digits, ``_.-``)."""
+    return bool(_TAG_NAME.fullmatch(name))
 
 
 def escape_tags(token: str) -> str:

@@ -45,7 +45,7 @@ from ..data.citation_constraints import (
     order_constraints,
 )
 from ..data.citation_features import FeatureIndex
-from ..data.citations import Citation, escape_tags, tokenize_citation
+from ..data.citations import Citation, escape_tags, is_tag_name, tokenize_citation
 from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
 from ..inference import decode
@@ -325,7 +325,8 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
     between two persons stays inside ``<authors>``), and a field that already occurred in the innermost open
     group starts a new instance of that group (a second first name, or a last name right after a last name,
     begins a new ``<person>``); a repeated top-level field is a new instance of itself.  A token that would
-    read as a tag (``<title>`` in the raw text) is written with ``&lt;`` and ``&gt;`` for its brackets."""
+    read as a tag (``<title>`` in the raw text) is written with ``&lt;`` and ``&gt;`` for its brackets; a label
+    whose tag names would not read as tags (``B-my title``, ``B-1st``) is a ValueError."""
     if isinstance(tokens, str) or isinstance(labels, str):
         raise TypeError("tokens and labels must be sequences of strings, not one string")
     if len(tokens) != len(labels):
@@ -333,9 +334,10 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
     for i, (tok, label) in enumerate(zip(tokens, labels, strict=True)):
         if not isinstance(tok, str) or not tok or tok != tok.strip() or len(tok.split()) != 1:
             raise ValueError(f"tokens[{i}] must be a non-empty string without spaces, got {tok!r}")
-        if not isinstance(label, str) or not (label == "O" or (label[:2] in ("B-", "I-") and label[2:]
-                                                                and "" not in label[2:].split("/"))):
-            raise ValueError(f"labels[{i}] must be 'O' or 'B-'/'I-' and a tag path, got {label!r}")
+        if not isinstance(label, str) or not (label == "O" or (label[:2] in ("B-", "I-")
+                                                                and all(map(is_tag_name, label[2:].split("/"))))):
+            raise ValueError(f"labels[{i}] must be 'O' or 'B-'/'I-' and a tag path, got {label!r} (a tag name is an "
+                             "ASCII letter, then letters, digits, '_', '.' or '-')")
     out: list[str] = []
     open_path: list[str] = []
     seen: list[set[str]] = []                         # the tags opened directly under each open tag

@@ -8,6 +8,7 @@ import pytest
 from betheproj.data.citations import (
     bio_segments,
     citation_lines,
+    is_tag_name,
     load_citations,
     parse_citation,
     read_citations,
@@ -61,6 +62,13 @@ def test_repairs_of_malformed_lines():
     assert c.labels == ["O", "B-note", "I-note"] and c.repairs == 2
     # the same tag nested in itself counts once
     assert parse_citation("<venue> <venue> <pages> 1-2 </pages> </venue> </venue>").labels == ["B-venue/pages"]
+
+
+def test_tag_names_are_what_the_reader_reads_as_tags():
+    for name in ("title", "person-last", "reference_id", "a1.b", "a\u00e9"):
+        assert is_tag_name(name) and parse_citation(f"<{name}> x </{name}>").labels == [f"B-{name}"]
+    for name in ("", "1st", "_x", "\u00e9", "my title", "a<b", "a>", "a/b", "title\n"):
+        assert not is_tag_name(name) and parse_citation(f"<{name}> x </{name}>").labels != [f"B-{name}"]
 
 
 def test_bio_segments():

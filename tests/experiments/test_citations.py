@@ -41,6 +41,15 @@ def test_nested_tags_refuse_what_cannot_be_read_back(tokens, labels, message):
         citations.to_nested_tags(tokens, labels)
 
 
+@pytest.mark.parametrize("label", ["B-my title", "I-1st", "B-a<b", "B-a>", "B-_x", "B-\u00e9", "B-authors/per son",
+                                   "B-a\tb"])
+def test_nested_tags_refuse_tag_names_that_do_not_read_as_tags(label):
+    # these were written as '<my title> x </my title>', read back as the tokens '<my', 'title>', 'x', ... all O
+    with pytest.raises(ValueError, match=r"labels\[1\] must be 'O' or 'B-'/'I-' and a tag path, got .*tag name"):
+        citations.to_nested_tags(["x", "y"], ["O", label])
+    assert citations.to_nested_tags(["x"], ["B-a1.b_c-d/e\u00e9"]) == "<a1.b_c-d> <e\u00e9> x </e\u00e9> </a1.b_c-d>"
+
+
 def test_tag_strings_takes_a_list_of_lines():
     with pytest.raises(TypeError, match="lines must be a list of citation strings, not one string"):
         citations.tag_strings("Jones, J. A title. 2005.", None, None)
