@@ -1,19 +1,21 @@
 """File helpers shared by the command line and the model writers: a folder's writability, probed before long work,
 ``torch.save`` with its failures reported as an ``OSError`` naming the file (and ``torch.load`` with a file it cannot
-read as a ``ValueError`` naming it), and standard input read as UTF-8 text
+read as a ``ValueError`` naming it), results written as strict JSON, and standard input read as UTF-8 text
 (for a ``-`` given as an input file).
 
 Imports nothing heavy at module level (the command line uses :func:`check_writable` before loading torch)."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["check_writable", "read_stdin", "torch_load", "torch_save"]
+__all__ = ["check_writable", "read_stdin", "torch_load", "torch_save", "write_json"]
 
 
 def check_writable(folder: str | Path, what: str) -> None:
@@ -27,6 +29,22 @@ def check_writable(folder: str | Path, what: str) -> None:
         raise ValueError(f"{what}: cannot write in the folder {folder} ({err.strerror or err})") from None
     os.close(fd)
     os.unlink(probe)
+
+
+def _finite_or_null(obj: object) -> object:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _finite_or_null(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_null(value) for value in obj]
+    return obj
+
+
+def write_json(path: str | Path, obj: object) -> None:
+    """Write ``obj`` to ``path`` as strict JSON (indented): a NaN or infinite float becomes ``null``, since
+    ``json.dumps`` would write the bare ``NaN``/``Infinity`` that JSON does not allow and other readers reject."""
+    Path(path).write_text(json.dumps(_finite_or_null(obj), indent=1, allow_nan=False))
 
 
 def torch_save(obj: object, path: str | Path) -> None:

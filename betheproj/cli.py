@@ -224,9 +224,9 @@ def _ocr(args: argparse.Namespace) -> None:
     results = ocr.run(data, folds, rows, ocr.OCRConfig(seed=args.seed), progress=not args.quiet, log=log,
                       device=device)
     print(ocr.format_table(results))
-    import json
+    from ._files import write_json
 
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    write_json(out / "results.json", results)
     written = [out / "results.json"]
     if any(r in ocr.ENERGY_ROWS for r in rows):
         ocr.plot_iterations(results, str(out / "accuracy_vs_iterations.png"))
@@ -236,7 +236,6 @@ def _ocr(args: argparse.Namespace) -> None:
 
 
 def _citations(args: argparse.Namespace) -> None:
-    import json
     from pathlib import Path
 
     from .experiments import citations
@@ -281,7 +280,9 @@ def _citations(args: argparse.Namespace) -> None:
     config = citations.CitationConfig(seed=0 if args.seed is None else args.seed)
     results = citations.run(data, config, progress=not args.quiet, log=log, save=out / "model.pt")
     print(citations.format_table(results))
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    from ._files import write_json
+
+    write_json(out / "results.json", results)
     citations.plot_iterations(results, str(out / "f1_vs_iterations.png"))
     citations.plot_histogram(results, str(out / "iterations_histogram.png"))
     print(f"wrote {out / 'results.json'}, {out / 'f1_vs_iterations.png'}, {out / 'iterations_histogram.png'}, "

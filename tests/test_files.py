@@ -34,3 +34,14 @@ def test_torch_save_failures_are_os_errors_naming_the_path(tmp_path, monkeypatch
     monkeypatch.setattr(torch, "save", read_only)
     with pytest.raises(OSError, match=f"cannot write {tmp_path / 'm.pt'} \\(Read-only file system\\)$"):
         torch_save({"a": 1}, tmp_path / "m.pt")
+
+
+def test_write_json_writes_non_finite_floats_as_null(tmp_path):
+    import json
+
+    from betheproj._files import write_json
+
+    path = tmp_path / "results.json"
+    write_json(path, {"gap": float("nan"), "rows": [1.5, float("inf"), (2, -float("inf"))], "name": "x"})
+    assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
+    assert json.loads(path.read_text()) == {"gap": None, "rows": [1.5, None, [2, None]], "name": "x"}

@@ -3,13 +3,13 @@ interior-point solver and with hard-EM learning of the transitions; behind ``bet
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from .._checks import check_device
+from .._files import write_json
 from ..cgm import TransitionModel, default_model, fit_hard_em, interior_point, map_counts, simulate
 from ..cgm.plot import plot_flows
 from ..oracles import LinearChain
@@ -91,7 +91,7 @@ def run(grid: int = 10, steps: int = 10, population: int = 100_000, rate: float 
     if out is not None:
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(results, indent=1))
+        write_json(folder / "results.json", results)
         plot_flows(model, res.counts[0], res.flows()[0], str(folder / "flows.png"),
                    truth=(inst.counts[0], inst.flows[0]))
         echo(f"wrote {folder / 'results.json'}, {folder / 'flows.png'}")

@@ -31,3 +31,28 @@ def test_run_on_the_accelerator_matches_the_cpu(accelerator):
     assert dev["count_error"] == pytest.approx(cpu["count_error"], rel=1e-6)
     for name, value in cpu["learning"]["learned"].items():
         assert dev["learning"]["learned"][name] == pytest.approx(value, rel=1e-4, abs=1e-6)
+
+
+def test_results_json_is_strict_json_when_the_interior_point_solve_fails(tmp_path, monkeypatch):
+    """A failed Clarabel solve has a NaN objective: results.json says null, not the bare NaN JSON does not allow."""
+    import json
+
+    import torch
+
+    from betheproj.cgm import IPResult
+
+    def failed(potentials, observed, rate, population):
+        b = potentials.node.shape[0]
+        return IPResult(torch.full((b,), float("nan"), dtype=torch.float64), torch.zeros_like(potentials.node),
+                        0.1, 0.0, ["solver_error: numerical trouble"] * b)
+
+    monkeypatch.setattr(cgm, "interior_point", failed)
+    res = cgm.run(grid=3, steps=4, population=5000, compare=True, out=str(tmp_path), echo=_quiet)
+    assert res["interior_point"]["relative_gap"] != res["interior_point"]["relative_gap"]      # NaN in memory
+
+    def refuse(name):
+        raise AssertionError(f"{name} in results.json")
+
+    saved = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+    assert saved["interior_point"]["relative_gap"] is None and saved["interior_point"]["objective"] == [None]
+    assert saved["count_error"] == pytest.approx(res["count_error"])
