@@ -56,3 +56,18 @@ def test_results_json_is_strict_json_when_the_interior_point_solve_fails(tmp_pat
     saved = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
     assert saved["interior_point"]["relative_gap"] is None and saved["interior_point"]["objective"] == [None]
     assert saved["count_error"] == pytest.approx(res["count_error"])
+
+
+def test_run_checks_its_switches_and_the_schedule_before_solving(monkeypatch):
+    import betheproj.experiments.cgm as module
+
+    def no_solve(*args, **kwargs):
+        raise AssertionError("solved before the options were checked")
+
+    monkeypatch.setattr(module, "map_counts", no_solve)
+    with pytest.raises(ValueError, match="schedule must be 'alternate' or 'quasi_newton', got 'newton'"):
+        cgm.run(grid=3, steps=4, learn=True, schedule="newton", echo=_quiet)
+    with pytest.raises(TypeError, match="compare must be a bool"):
+        cgm.run(grid=3, steps=4, compare="yes", echo=_quiet)
+    with pytest.raises(TypeError, match="learn must be a bool"):
+        cgm.run(grid=3, steps=4, learn=1, echo=_quiet)
