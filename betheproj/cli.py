@@ -155,6 +155,11 @@ def _check_cgm_options(args: argparse.Namespace) -> None:
     check_count("--steps", args.steps, 2)
     check_int("--population", args.population, 1, 2 ** 63 - 1)
     check_positive("--rate", args.rate)
+    from .cgm.model import _POISSON_LAM_MAX
+
+    if args.rate * args.population > _POISSON_LAM_MAX:
+        raise ValueError(f"--rate x --population must be at most {_POISSON_LAM_MAX:.3g} (numpy's Poisson sampler "
+                         f"draws the observed counts), got {args.rate!r} x {args.population!r}")
     check_count("--seasons", args.seasons)
     check_nonnegative("--noise", args.noise)
 

@@ -176,6 +176,12 @@ def test_cgm_bad_arguments_are_one_line():
         assert proc.stderr.startswith(f"betheproj cgm: error: --{word} must be"), proc.stderr
 
 
+def test_cgm_rate_times_population_beyond_the_sampler_names_both_options(capsys):
+    assert main(["cgm", "--population", str(10 ** 18), "--rate", "100", "--out", "/tmp/never-written"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("betheproj cgm: error: --rate x --population must be at most")
+
+
 def test_a_cgm_grid_too_large_for_memory_is_refused_before_the_work(tmp_path, monkeypatch, capsys):
     import betheproj.cli
     from betheproj.experiments import cgm
