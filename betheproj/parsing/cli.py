@@ -211,7 +211,8 @@ def run(args: argparse.Namespace) -> None:
             kind = loss
         seconds = time.perf_counter() - start
         parser.save(out)
-        line = f"trained on {len(train)} sentences in {seconds:.1f}s ({kind}, {epochs} epochs)"
+        line = (f"trained on {_plural(len(train), 'sentence')} in {seconds:.1f}s ({kind}, "
+                f"{_plural(epochs, 'epoch')})")
         dev_uas = parser.info["dev_uas"][-1] if parser.info.get("dev_uas") else parser.info.get("best_dev")
         if dev is not None and dev_uas is not None:
             line += f"; dev UAS {dev_uas:.2f}"
@@ -257,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     from ..cli import main as betheproj_main
 
     return betheproj_main(["parse", *(sys.argv[1:] if argv is None else argv)])
+
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 if __name__ == "__main__":

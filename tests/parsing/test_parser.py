@@ -172,7 +172,10 @@ def test_cli_train_eval_predict_round_trip(tmp_path, capsys):
     assert main(["train", "--train", str(train), "--dev", str(dev), "--model", str(model), "--epochs", "6",
                  "--bits", "16", "--loss", "svm", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "trained on 40 sentences" in out and "dev UAS" in out and model.is_file()
+    assert "trained on 40 sentences" in out and "svm, 6 epochs)" in out and "dev UAS" in out and model.is_file()
+    assert main(["train", "--train", str(dev), "--model", str(tmp_path / "one.pt"), "--epochs", "1", "--bits", "12",
+                 "--quiet"]) == 0
+    assert "(crf, 1 epoch)" in capsys.readouterr().out
     assert main(["eval", "--model", str(model), "--data", str(dev), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("UAS ") and "punctuation excluded" in out
