@@ -260,7 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     return betheproj_main(["parse", *(sys.argv[1:] if argv is None else argv)])
 
 
-
 def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
