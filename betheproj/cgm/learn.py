@@ -73,11 +73,15 @@ def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, populatio
     whose gradient is the M-step's gradient at the MAP counts (the envelope theorem): each evaluation is one
     E-step (warm-started), with a budget of ``rounds`` evaluations; torch's strong-Wolfe line search may take
     one evaluation past it, so up to ``rounds + 1`` E-steps are run (``history.rounds`` counts them).
+    Parameters with ``requires_grad=False`` stay as they are; at least one must be left to learn.
     """
     rounds, m_iter = check_count("rounds", rounds), check_count("m_iter", m_iter)
     tol, progress = check_nonnegative("tol", tol), check_bool("progress", progress)
     if not isinstance(model, TransitionModel):
         raise TypeError(f"model must be a TransitionModel, got {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("model has nothing to learn: every parameter has requires_grad=False (leave one "
+                         "trainable, or call map_counts for the counts alone)")
     if schedule not in ("alternate", "quasi_newton"):
         raise ValueError(f"schedule must be 'alternate' or 'quasi_newton', got {schedule!r}")
     observed = _as_observations(observed)

@@ -181,6 +181,24 @@ def test_hard_em_bad_arguments():
             fit_hard_em(model, inst.observed, 0.5, 200_000, **options)
 
 
+def test_hard_em_learns_only_the_parameters_left_trainable():
+    from betheproj.cgm import fit_hard_em
+
+    model, inst = _learning_instance()
+    named = dict(model.named_parameters())
+    for p in named.values():
+        p.requires_grad_(False)
+    for schedule in ("alternate", "quasi_newton"):
+        with pytest.raises(ValueError, match="model has nothing to learn: every parameter has requires_grad=False"):
+            fit_hard_em(model, inst.observed, 0.5, 200_000, rounds=2, schedule=schedule)
+    name = next(iter(named))
+    named[name].requires_grad_(True)
+    before = {k: v.detach().clone() for k, v in named.items()}
+    fit_hard_em(model, inst.observed, 0.5, 200_000, rounds=3)
+    assert not torch.equal(named[name], before[name])
+    assert all(torch.equal(named[k], before[k]) for k in named if k != name)
+
+
 def _small_instance():
     return simulate(default_model(2, 3), population=100, rate=0.5, seed=0)
 
