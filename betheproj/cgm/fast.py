@@ -157,4 +157,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             eta = min(eta * 2, _MAX_STEP)
         if eta <= 1e4 * min_step:    # steps shrunk to nothing (a failed iteration goes on from the halved step)
             break
+    if not converged:                # the residual of the point returned, not of the one before the last step
+        residual = _residual(delta, rate - weight / np.maximum(mu, _TINY), mu, log_mu)
+        converged = residual <= tol
     return mu, delta, f, iterations, converged, residual, safeguarded

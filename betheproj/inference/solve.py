@@ -73,9 +73,9 @@ class Solution:
             iterations there and its final value in the last column (its ``iterations`` count both phases).
         safeguarded: [B] whether step-size control had to shrink a step for the example, or (the accelerated
             method) mirror descent finished it.
-        residual: [B] the stationarity residual at the last check (``inf`` if never checked): of the returned
-            point where the example converged; where it did not, of the iterate before its last step (the check
-            opens an iteration, so the point a step moved to is not checked again).
+        residual: [B] the stationarity residual of the returned point (mirror descent, RDA, and the
+            accelerated method where it converged); where the accelerated method did not converge (and mirror
+            descent did not finish the example), of its last oracle point, not of the average it returns.
         oracle_calls: total oracle calls, summed over examples (retries included).
     """
 
@@ -162,6 +162,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     for it in range(max_iter):
         if not state.iterate(it):
             break
+    state.recheck()
 
     b = potentials.node.shape[0]
     final = state.shift(state.theta, state.delta_node, state.delta_edge)

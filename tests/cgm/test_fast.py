@@ -83,3 +83,22 @@ def test_counts_where_the_prior_is_astronomically_small():
     ref = solve(LinearChain(), potentials, Poisson(observed, 0.5, 20.0), method="md", tol=1e-6, max_iter=1000)
     assert bool(fast.converged) and int(fast.iterations) == int(ref.iterations) < 100
     assert torch.allclose(fast.objective, ref.objective, rtol=1e-12, atol=0)
+
+
+def test_an_unfinished_run_reports_the_residual_of_the_point_it_returns():
+    """Cut off after a few iterations, both paths report the residual at the counts returned (and the same one)."""
+    from betheproj.inference.state import _residual
+
+    inst = simulate(default_model(4, 7, seed=2), population=30_000, rate=0.4, seasons=2, noise=0.5, seed=2)
+    for max_iter in (1, 4):
+        fast = map_counts(inst.potentials, inst.observed, 0.4, 30_000, max_iter=max_iter)
+        ref = solve(LinearChain(), inst.potentials, Poisson(inst.observed, 0.4, 30_000), method="md", tol=1e-6,
+                    max_iter=max_iter)
+        assert not fast.converged.any() and not ref.converged.any()
+        torch.testing.assert_close(fast.solution.residual, ref.residual, rtol=1e-9, atol=1e-12)
+        mu = fast.solution.marginals
+        grad = Poisson(inst.observed, 0.4, 30_000).grad(mu).node
+        expected = _residual(fast.potentials.node - inst.potentials.node, grad, mu.node, 1)
+        torch.testing.assert_close(fast.solution.residual, expected, rtol=1e-7, atol=1e-12)
+        again = map_counts(inst.potentials, inst.observed, 0.4, 30_000, max_iter=1, warm_start=fast.potentials)
+        assert not torch.equal(again.potentials.node, fast.potentials.node)    # it stepped: not converged

@@ -816,3 +816,36 @@ def test_a_subnormal_base_marginal_may_round_to_zero(method, dtype, gaps):
         objectives.append(out.objective.double())
     for other in objectives[1:]:            # the label holds no mass at the optimum whatever its gap
         assert torch.allclose(other, objectives[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["md", "rda"])
+@pytest.mark.parametrize("max_iter", [1, 3])
+def test_residual_is_of_the_returned_point_when_max_iter_runs_out(method, max_iter):
+    """An iteration checks the point it starts from; the residual reported for an example that ran out of
+    iterations is still that of the point returned (it was the point before the last step's)."""
+    from betheproj.inference.state import _residual
+
+    torch.manual_seed(3)
+    theta = _theta()
+    energy = Poisson(torch.randint(0, 4, (4, 6, 4)).to(DT), rate=0.5, scale=10.0)      # node marginals only
+    sol = bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=max_iter, tol=1e-9)
+    delta = sol.potentials.node - theta.node
+    grad = energy.grad(sol.marginals).node * sol.marginals.node_mask()[..., None]
+    expected = _residual(delta, grad, sol.marginals.node, 1)
+    assert not sol.converged.any() and (expected > 1e-6).all()
+    torch.testing.assert_close(sol.residual, expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["md", "rda"])
+def test_an_example_whose_last_step_meets_the_tolerance_has_converged(method):
+    torch.manual_seed(4)
+    theta = _theta()
+    energy = Poisson(torch.randint(0, 4, (4, 6, 4)).to(DT), rate=0.5, scale=10.0)
+    tol = 1e-6 if method == "md" else 1e-3                     # RDA's dual average converges as O(1/t)
+    full = bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=3000, tol=tol)
+    assert full.converged.all()
+    steps = int(full.iterations.max())
+    cut = bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=steps, tol=tol)
+    assert cut.converged.all() and torch.equal(cut.iterations, full.iterations)
+    torch.testing.assert_close(cut.residual, full.residual)
+    torch.testing.assert_close(cut.objective, full.objective)
