@@ -200,7 +200,7 @@ def test_cli_second_order_train_eval_predict(tmp_path, capsys):
                  "--quiet"]) == 0
     assert main(["train", "--train", str(train), "--dev", str(dev), "--model", str(second), "--second-order",
                  str(first), "--epochs", "1", "--quiet"]) == 0
-    assert "second order, 1 epochs" in capsys.readouterr().out and second.is_file()
+    assert "second order, 1 epoch)" in capsys.readouterr().out and second.is_file()
     from betheproj.parsing.cli import _DECODING
     from betheproj.parsing.second_order import SecondOrderParser
 
