@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._checks import check_bool
 from ..data.conllu import Sentence
 from ..factor_graphs._util import as_numpy
 
@@ -23,6 +24,8 @@ def _heads(x: Sentence | Sequence[int] | np.ndarray) -> np.ndarray:
     heads = np.asarray(as_numpy(x))                                              # CUDA heads too
     if heads.size and heads.dtype.kind not in "iu":
         raise TypeError(f"predicted heads must be integers, got {heads.dtype}")
+    if heads.ndim != 1:
+        raise ValueError(f"predicted heads must be one list of heads per sentence (1-D), got shape {heads.shape}")
     return heads.astype(np.int64)
 
 
@@ -32,14 +35,29 @@ def _scored(s: Sentence, punct: bool) -> np.ndarray:
     return keep & (s.heads >= 0)
 
 
+def _check_gold(gold: object) -> None:
+    if isinstance(gold, Sentence | str) or not isinstance(gold, Sequence):
+        raise TypeError(f"gold must be a list of Sentence, got {type(gold).__name__}")
+    for i, s in enumerate(gold):
+        if not isinstance(s, Sentence):
+            raise TypeError(f"gold[{i}] must be a Sentence (read_conllu gives them), got {type(s).__name__}")
+
+
 def scorable_words(gold: Sequence[Sentence], punct: bool = False) -> int:
     """How many words :func:`attachment_counts` would score."""
+    _check_gold(gold)
+    punct = check_bool("punct", punct)
     return sum(int(_scored(s, punct).sum()) for s in gold)
 
 
 def attachment_counts(gold: Sequence[Sentence], predicted: Sequence[Sentence | Sequence[int] | np.ndarray],
                       punct: bool = False) -> tuple[int, int]:
     """``(correct, total)`` heads over all words (punctuation included only when ``punct``)."""
+    _check_gold(gold)
+    punct = check_bool("punct", punct)
+    if isinstance(predicted, Sentence | str) or not isinstance(predicted, Sequence | np.ndarray):
+        raise TypeError(f"predicted must be a list with one Sentence or list of heads per gold sentence, got "
+                        f"{type(predicted).__name__}")
     if len(gold) != len(predicted):
         raise ValueError(f"got {len(predicted)} predicted sentences for {len(gold)} gold ones")
     correct = total = 0
@@ -59,6 +77,10 @@ def attachment_counts(gold: Sequence[Sentence], predicted: Sequence[Sentence | S
 def uas(gold: Sequence[Sentence], predicted: Sequence[Sentence | Sequence[int] | np.ndarray],
         punct: bool = False) -> float:
     """Unlabeled attachment score in percent: the share of scored words whose predicted head is the gold one.
-    By default words whose gold UPOS is ``PUNCT`` are excluded (see :data:`PUNCT`); ``punct=True`` scores all."""
+    By default words whose gold UPOS is ``PUNCT`` are excluded (see :data:`PUNCT`); ``punct=True`` scores all.
+    ``ValueError`` when no word is scored (no gold HEAD, or punctuation alone): the score is not defined."""
     correct, total = attachment_counts(gold, predicted, punct)
-    return 100.0 * correct / total if total else float("nan")
+    if total == 0:
+        scope = "" if punct else " (punctuation excluded: punct=True scores it)"
+        raise ValueError(f"gold has no words with a gold HEAD to score{scope}")
+    return 100.0 * correct / total
