@@ -87,6 +87,9 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
             raise ValueError(f"sentence {i} has no words")
         if gold and (s.heads < 0).any():
             raise ValueError(f"sentence {i} has a word without a gold HEAD")
+        loops = np.nonzero(s.heads == np.arange(1, len(s) + 1))[0]
+        if gold and len(loops):                         # kept as a candidate, it would be an arc m -> m
+            raise ValueError(f"sentence {i}: word {int(loops[0]) + 1} is its own gold HEAD")
         if (s.heads > len(s)).any():                    # would index another sentence's padding, or past it
             raise ValueError(f"sentence {i}: gold HEAD {int(s.heads.max())} is not in 0..{len(s)}")
     lengths = np.array([len(s) for s in sentences], dtype=np.int64)
