@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ..data.conllu import Sentence
 
 __all__ = ["UPOS_TAGS", "ArcFeatures"]
@@ -120,9 +120,9 @@ class ArcFeatures:
 
     def __init__(self, bits: int = 22, lowercase: bool = True, xpos: bool = False, context: bool = True):
         self.bits = check_int("bits", bits, 8, 30)
-        self.lowercase = lowercase
-        self.xpos = bool(xpos)
-        self.context = bool(context)
+        self.lowercase = check_bool("lowercase", lowercase)
+        self.xpos = check_bool("xpos", xpos)
+        self.context = check_bool("context", context)
         self.templates = (_TEMPLATES + (_CONTEXT_TEMPLATES if self.context else ())
                           + (_XPOS_TEMPLATES if self.xpos else ()))
         self._hash = _Hasher()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_count
+from .._checks import check_bool, check_count
 from .._files import torch_load, torch_save
 from ..data.conllu import Sentence, head_cycle
 from ..learning.losses import resolve_loss
@@ -184,8 +184,8 @@ class DependencyParser:
     def __init__(self, bits: int = 22, projective: bool = False, single_root: bool = False,
                  lowercase: bool = True, xpos: bool = False, context: bool = True):
         self.features = ArcFeatures(bits, lowercase, xpos, context)
-        self.projective = bool(projective)
-        self.single_root = bool(single_root)
+        self.projective = check_bool("projective", projective)
+        self.single_root = check_bool("single_root", single_root)
         self.weights: Tensor | None = None
         self.info: dict = {}
 

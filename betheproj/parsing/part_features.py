@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ..data.conllu import Sentence
 from .features import _hash_string, _Hasher, _mix
 
@@ -55,8 +55,8 @@ class SecondOrderFeatures:
 
     def __init__(self, bits: int = 20, lowercase: bool = True, context: bool = True):
         self.bits = check_int("bits", bits, 8, 28)
-        self.lowercase = bool(lowercase)
-        self.context = bool(context)
+        self.lowercase = check_bool("lowercase", lowercase)
+        self.context = check_bool("context", context)
         self._hash = _Hasher()
         self._sib = _SIB_TEMPLATES + (_SIB_CONTEXT if self.context else ())
         self._grand = _GRAND_TEMPLATES + (_GRAND_CONTEXT if self.context else ())

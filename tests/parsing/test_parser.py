@@ -260,3 +260,19 @@ def test_greedy_first_decoding_stays_on_the_input_device(monkeypatch):
     monkeypatch.setattr(torch, "nonzero", nonzero)
     heads = GreedyFirst(NonProjective()).map(pot)
     assert heads.device.type == "meta" and heads.shape == (4, 6)
+
+
+def test_switches_must_be_bools():
+    """A string such as "no" was read as True (``lowercase`` was not even converted)."""
+    from betheproj.parsing.part_features import SecondOrderFeatures
+
+    for make, name in ((lambda v: ArcFeatures(bits=8, lowercase=v), "lowercase"),
+                       (lambda v: ArcFeatures(bits=8, xpos=v), "xpos"),
+                       (lambda v: ArcFeatures(bits=8, context=v), "context"),
+                       (lambda v: DependencyParser(bits=8, projective=v), "projective"),
+                       (lambda v: DependencyParser(bits=8, single_root=v), "single_root"),
+                       (lambda v: SecondOrderFeatures(bits=8, lowercase=v), "lowercase"),
+                       (lambda v: SecondOrderFeatures(bits=8, context=v), "context")):
+        with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'no'"):
+            make("no")
+    assert DependencyParser(bits=8, projective=np.bool_(True)).projective is True
