@@ -51,10 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     print(f"{args.problems} problems x 8 chains, max_iter {args.max_iter}, default tolerances")
     print(f"{'dtype':<9}{'method':<13}{'converged':>10}{'stopped early':>15}{'at max_iter':>13}"
-          f"{'median residual left':>22}{'seconds':>9}")
+          f"{'median residual left':>22}{'oracle calls':>14}{'seconds':>9}")
     for dtype in (torch.float32, torch.float64):
         for method in ("md", "accelerated", "rda"):
-            conv = early = maxed = 0
+            conv = early = maxed = calls = 0
             left: list[float] = []
             start = time.perf_counter()
             for seed in range(args.problems):
@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> None:
                 early += int(stopped.sum())
                 maxed += int((~sol.converged & ~stopped).sum())
                 left += sol.residual[~sol.converged].tolist()
+                calls += sol.oracle_calls
             med = f"{statistics.median(left):.1e}" if left else "-"
-            print(f"{str(dtype)[6:]:<9}{method:<13}{conv:>10}{early:>15}{maxed:>13}{med:>22}"
+            print(f"{str(dtype)[6:]:<9}{method:<13}{conv:>10}{early:>15}{maxed:>13}{med:>22}{calls:>14,}"
                   f"{time.perf_counter() - start:>9.1f}")
 
 

@@ -92,8 +92,8 @@ def run_demo(echo: Callable[[str], object] = print) -> dict:
              f"{elapsed:>10.3f}{err:>13.4f}")
     values = [r["objective"] for r in results.values()]
     echo(f"   residual: the stationarity residual, below tol = 1e-6 at convergence; * = stopped at max_iter = "
-         f"{max_iter} first\n   (the two dual-averaging methods converge more slowly; {max_iter}+k: the accelerated "
-         f"method's {max_iter}, then k of mirror descent,\n   which finishes what it leaves unfinished); the "
+         f"{max_iter} first\n   (Bethe-RDA's dual average converges slowly; {max_iter}+k would be the accelerated "
+         f"method's {max_iter}, then k of\n   mirror descent, which finishes what it leaves unfinished); the "
          f"objectives differ by at most {max(values) - min(values):.1e}\n   count error: L1 distance of "
          f"population x mu* to the true counts, relative")
     base_err = (chain.marginals(theta).node * 500 - truth).abs().sum().item() / truth.sum().item()

@@ -18,6 +18,9 @@ marginal polytope, so the solvers are anytime.  Because ``-H_B(mu) - <theta_t, m
 * ``"accelerated"``: accelerated Bethe-RDA, Algorithm 5, with the prox-function the Bregman divergence of
   ``-H_B`` centred at ``mu_0 = oracle(theta)`` (the prox-centre the algorithm starts from):
   ``nu_t = oracle(theta - g_t / (1 + 4L/(t(t+1))))``, ``mu_t = (1 - c_t) mu_{t-1} + c_t nu_t``.
+  Every 20 steps it starts again from its best oracle point, as its new prox-centre (a fixed restart,
+  O'Donoghue & Candes 2015): without restarts the residual at ``nu_t`` fell as O(1/t) and the method met
+  ``tol=1e-6`` on the demo's migration instance after 603 iterations, with them after 43.
 
 Step-size control: a candidate whose objective is not finite, or rises by more than a tolerance over the
 previous iterate, is rejected and recomputed with a smaller step (RDA restarts from the current point as its

@@ -22,6 +22,7 @@ _RELAX = {"rda": 1.1, "accelerated": 2.0}   # how fast beta / L return to the us
 # relative rise of the objective a step may make before it is rejected (RDA and the accelerated
 # method are not descent methods; mirror descent with backtracking is)
 _RISE = {"rda": 0.1, "md": 0.0, "accelerated": 1e-2}
+_RESTART_EVERY = 20  # the accelerated method restarts from its best oracle point after this many steps
 _STALL_L = 1e6      # the accelerated method hands an example to mirror descent once L exceeds this factor
 
 
@@ -495,6 +496,12 @@ class SolverState:
             self._shrink(a, failed, trial, p_cur, s1, cw, g_n, g_e, min_step)
             pending = failed
         self._relax(a, p_cur, clean, min_step)
+        if self.method == "accelerated":
+            # fixed restarts (O'Donoghue & Candes 2015): with the entropy's strong convexity they turn the O(1/t^2)
+            # of the objective into a linear rate, and the residual at nu, which fell as O(1/t), falls with it
+            due = self.since[a] >= _RESTART_EVERY
+            if due.any():
+                self._restart(a[due])
         self.history.append(self.f.clone())
         active = self.active
         self.active = active[~self.converged[active] & ~self.stall[active] & ~self.at_floor[active]]
@@ -726,15 +733,8 @@ class SolverState:
             if restart.numel():
                 # resume from the best oracle point seen (mu averages them and has no dual iterate)
                 rr = a[restart]
-                self.delta_node[rr], self.delta_edge[rr] = self.best_dn[rr], self.best_de[rr]
-                self.log_z[rr] = self.best_logz[rr]
-                self.anchor_node[rr], self.anchor_edge[rr] = self.best_dn[rr], self.best_de[rr]
-                self.gbar_node[rr], self.gbar_edge[rr] = 0.0, 0.0
-                self.since[rr] = 0
+                self._restart(rr)
                 s1[restart], cw[restart] = 1.0, 1.0
-                self.nu_node[rr], self.nu_edge[rr] = self.best_node[rr], self.best_edge[rr]
-                self.mu_node[rr], self.mu_edge[rr] = self.best_node[rr], self.best_edge[rr]
-                self.f[rr] = self.nu_f[rr] = self.best_f[rr]
                 g_n[restart], g_e[restart] = self._gradient_rows(rr, self.best_node[rr], self.best_edge[rr])
         else:
             # RDA restarts from the current point, which becomes the prox-centre (so a large beta means
@@ -751,6 +751,18 @@ class SolverState:
                 self.gbar_edge[rows] = 0.0
             self.since[rows] = 0
             s1[failed], cw[failed] = 1.0, 1.0
+
+    def _restart(self, rr: Tensor) -> None:
+        """The accelerated method starts again at the best oracle point of the examples ``rr``: it becomes the
+        prox-centre, the gradient average and the step count are reset (``L`` is kept)."""
+        self.delta_node[rr], self.delta_edge[rr] = self.best_dn[rr], self.best_de[rr]
+        self.log_z[rr] = self.best_logz[rr]
+        self.anchor_node[rr], self.anchor_edge[rr] = self.best_dn[rr], self.best_de[rr]
+        self.gbar_node[rr], self.gbar_edge[rr] = 0.0, 0.0
+        self.since[rr] = 0
+        self.nu_node[rr], self.nu_edge[rr] = self.best_node[rr], self.best_edge[rr]
+        self.mu_node[rr], self.mu_edge[rr] = self.best_node[rr], self.best_edge[rr]
+        self.f[rr] = self.nu_f[rr] = self.best_f[rr]
 
     def _relax(self, a: Tensor, p_cur: Tensor, clean: Tensor, min_step: Tensor | None) -> None:
         """After a step that needed no shrinking, relax the control towards the user's setting; mark the

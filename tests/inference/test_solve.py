@@ -849,3 +849,22 @@ def test_an_example_whose_last_step_meets_the_tolerance_has_converged(method):
     assert cut.converged.all() and torch.equal(cut.iterations, full.iterations)
     torch.testing.assert_close(cut.residual, full.residual)
     torch.testing.assert_close(cut.objective, full.objective)
+
+
+def test_accelerated_restarts_reach_a_tight_tolerance_in_few_iterations():
+    """Without its fixed restarts the accelerated method's residual fell as O(1/t): 603 iterations to 1e-6 on
+    the demo's migration instance, and on random chains it ran out of 2,000 iterations before mirror descent
+    finished what it left.  With them it converges by itself, in a few times mirror descent's iterations."""
+    from betheproj.demo import migration_instance
+
+    theta, energy, _ = migration_instance()
+    acc = bp.solve(bp.LinearChain(), theta, energy, method="accelerated", max_iter=2000, tol=1e-6)
+    md = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=2000, tol=1e-6)
+    assert bool(acc.converged.all()) and not bool(acc.safeguarded.any()) and int(acc.iterations.max()) <= 100
+    assert torch.allclose(acc.objective, md.objective, rtol=0, atol=1e-8)
+    torch.manual_seed(0)
+    theta = _theta(b=8, lengths=(6,) * 8)
+    energy = (LinearMeasurements(node=torch.randn(3, 4, dtype=DT), offset=0.5, loss="squared_hinge", psi=2.0)
+              + Poisson(torch.randint(0, 4, (8, 6, 4)).to(DT), rate=0.5, scale=10.0))
+    acc = bp.solve(bp.LinearChain(), theta, energy, method="accelerated", max_iter=2000, tol=1e-7)
+    assert bool(acc.converged.all()) and int(acc.iterations.max()) <= 200 and acc.oracle_calls < 1000
