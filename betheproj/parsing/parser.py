@@ -25,7 +25,7 @@ from ..learning.online import SparseExample, fit_online
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
 from ..progress import progress_bar
 from .features import ArcFeatures
-from .metrics import scorable_words, uas
+from .metrics import _require_scorable, scorable_words, uas
 
 __all__ = ["DependencyParser", "GreedyFirst", "read_model", "tree_error", "check_gold_trees", "is_projective"]
 
@@ -322,7 +322,9 @@ class DependencyParser:
         return [s.with_heads(h) for s, h in zip(sentences, heads, strict=True)]
 
     def evaluate(self, sentences: Sequence[Sentence], punct: bool = False, batch_size: int = 256) -> float:
-        """UAS in percent against the gold heads (punctuation, gold UPOS ``PUNCT``, excluded unless ``punct``)."""
+        """UAS in percent against the gold heads (punctuation, gold UPOS ``PUNCT``, excluded unless ``punct``);
+        ``ValueError`` before any parsing when no word would be scored."""
+        _require_scorable(sentences, punct)
         return uas(sentences, self.predict(sentences, batch_size), punct=punct)
 
     # ------------------------------------------------------------------------------------------------ storage

@@ -43,7 +43,7 @@ from ..learning.model import surrogate_nll
 from ..oracles.base import PairwisePotentials
 from ..oracles.nonprojective import NonProjective
 from ..progress import progress_bar
-from .metrics import scorable_words, uas
+from .metrics import _require_scorable, scorable_words, uas
 from .parser import (
     DependencyParser,
     GreedyFirst,
@@ -265,7 +265,9 @@ class SecondOrderParser:
 
     def evaluate(self, sentences: Sequence[Sentence], method: str = "mean_field", punct: bool = False,
                  **options) -> float:
-        """UAS in percent (punctuation excluded unless ``punct``), see :func:`.metrics.uas`."""
+        """UAS in percent (punctuation excluded unless ``punct``), see :func:`.metrics.uas`; ``ValueError``
+        before any parsing when no word would be scored."""
+        _require_scorable(sentences, punct)
         return uas(sentences, self.predict(sentences, method, **options), punct=punct)
 
     # ------------------------------------------------------------------------------------------------ storage

@@ -43,3 +43,17 @@ def test_a_score_over_no_words_is_refused_not_nan():
     with pytest.raises(ValueError, match=r"no words with a gold HEAD to score \(punctuation excluded: punct=True"):
         uas(only_punct, [[0]])
     assert uas(only_punct, [[0]], punct=True) == 100.0
+
+
+def test_evaluate_refuses_sentences_with_nothing_to_score_before_parsing(monkeypatch):
+    from betheproj.parsing import DependencyParser
+
+    parser = DependencyParser(bits=8)
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("parsed before checking that anything can be scored")
+
+    monkeypatch.setattr(parser, "predict", no_parsing)
+    unheaded = parse_conllu("1\tthe\t_\tDET\t_\t_\t_\t_\t_\t_\n2\tcat\t_\tNOUN\t_\t_\t_\t_\t_\t_\n\n")
+    with pytest.raises(ValueError, match="gold has no words with a gold HEAD to score"):
+        parser.evaluate(unheaded)
