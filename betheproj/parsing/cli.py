@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="regularisation lambda: steps are capped at 1/(lambda m) (default 1e-4; not with "
                             "--second-order)")
     train.add_argument("--bits", type=int, default=22, help="hashed weight vector of 2^bits entries: 8..30, 8..28 with "
-                       "--second-order (default 22)")
+                       "--second-order (default 22); training needs about 40 bytes a weight (2.7 GB at 26)")
     train.add_argument("--projective", action="store_true", default=None,
                        help="projective trees (Eisner) instead of CLE (not with --second-order, which is "
                             "non-projective)")
@@ -173,6 +173,7 @@ def run(args: argparse.Namespace) -> None:
         if not 8 <= args.bits <= high:
             raise ValueError(f"--bits must lie in 8..{high}{' with --second-order' if args.second_order else ''}, "
                              f"got {args.bits}")
+        _check_bits_memory(args.bits)
         if args.lam is not None and not (math.isfinite(args.lam) and args.lam > 0):
             raise ValueError(f"--lam must be a finite number > 0, got {args.lam}")
         if args.second_order:
@@ -258,6 +259,21 @@ def main(argv: list[str] | None = None) -> int:
     from ..cli import main as betheproj_main
 
     return betheproj_main(["parse", *(sys.argv[1:] if argv is None else argv)])
+
+
+BYTES_PER_WEIGHT = 40
+"""Peak memory of training per hashed weight, measured with ``/usr/bin/time`` on 30 sentences (2026-11-27):
+first order 2.9 GB at --bits 26 against 0.94 GB at 24 (~40 bytes a weight), second order ~32."""
+
+
+def _check_bits_memory(bits: int) -> None:
+    """``ValueError`` naming ``--bits`` when training's dense weight vectors cannot fit in this machine's memory."""
+    from ..cli import _bytes, _physical_memory
+
+    need, have = BYTES_PER_WEIGHT * 2 ** bits, _physical_memory()
+    if have is not None and need > have:
+        raise ValueError(f"--bits {bits}: training keeps dense vectors of 2^{bits} weights, about {_bytes(need)} of "
+                         f"memory, more than this machine's {_bytes(have)}; use a smaller --bits")
 
 
 def _plural(n: int, noun: str) -> str:

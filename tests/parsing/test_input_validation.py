@@ -442,3 +442,23 @@ def test_predict_reads_standard_input_for_a_dash(models, monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"1\tw\xff\tw\tNOUN\t_\t_\t0\t_\t_\t_\n")))
     assert main(["predict", "--model", str(models["first"]), "--input", "-", "--quiet"]) == 2
     assert "--input: standard input is not UTF-8 text" in _one_error_line(capsys)
+
+
+def test_train_refuses_bits_beyond_this_machines_memory_before_training(models, tmp_path, monkeypatch, capsys):
+    """--bits 30 asked for ~43 GB of dense weights and ran into the machine's memory instead of an error."""
+    import betheproj.cli
+
+    monkeypatch.setattr(DependencyParser, "fit", _no_training)
+    monkeypatch.setattr(SecondOrderParser, "fit", _no_training)
+    monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: 2 ** 30)          # a 1 GB machine
+    for extra in ([], ["--second-order", str(models["first"])]):
+        assert main(["train", "--train", str(models["train"]), "--model", str(tmp_path / "m.pt"), "--bits", "26",
+                     *extra]) == 2
+        err = _one_error_line(capsys)
+        assert "--bits 26: training keeps dense vectors of 2^26 weights, about 2.7 GB" in err
+        assert "more than this machine's 1.1 GB; use a smaller --bits" in err
+    assert not (tmp_path / "m.pt").exists()
+    monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: None)              # unknown: no check
+    from betheproj.parsing.cli import _check_bits_memory
+
+    _check_bits_memory(30)
