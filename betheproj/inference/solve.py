@@ -146,7 +146,8 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             largest dual move the step direction asks for, so that gradients as large as ``1e300`` (counts where
             the base marginal is ``e^-700``) still get steps; an example whose step reaches the floor stops;
             with ``max_backtracks=0`` it never grows beyond ``step``, since no rejected step can be taken back).
-        lipschitz: the accelerated method's Lipschitz constant ``L`` of ``grad L`` (doubled when a step fails).
+        lipschitz: the accelerated method's Lipschitz constant ``L`` of ``grad L`` (doubled when a step fails, never
+            lowered again within the solve).
         max_backtracks: retries per iteration before the last finite candidate is taken as it is (and the
             example counted as ``safeguarded``), unless it collapses a marginal to 0 or leaves the trust
             region, or, for mirror descent (a descent method), raises the objective.
