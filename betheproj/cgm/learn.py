@@ -21,7 +21,9 @@ from ..progress import progress_bar
 from .inference import _as_observations, check_observations, map_counts
 from .model import TransitionModel
 
-__all__ = ["HardEMHistory", "fit_hard_em"]
+__all__ = ["HardEMHistory", "fit_hard_em", "check_schedule"]
+
+SCHEDULES = ("alternate", "quasi_newton")
 
 
 @dataclass
@@ -60,6 +62,13 @@ def _m_step(model: TransitionModel, first: Tensor, flows: Tensor, max_iter: int)
     opt.step(closure)
 
 
+def check_schedule(schedule: object) -> str:
+    """``schedule``, which must be one of :data:`SCHEDULES` (see :func:`fit_hard_em`)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be 'alternate' or 'quasi_newton', got {schedule!r}")
+    return schedule  # type: ignore[return-value]
+
+
 def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, population: float, rounds: int = 30,
                 tol: float = 1e-7, m_iter: int = 100, method: str = "md", schedule: str = "alternate",
                 progress: bool = False) -> HardEMHistory:
@@ -82,8 +91,7 @@ def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, populatio
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("model has nothing to learn: every parameter has requires_grad=False (leave one "
                          "trainable, or call map_counts for the counts alone)")
-    if schedule not in ("alternate", "quasi_newton"):
-        raise ValueError(f"schedule must be 'alternate' or 'quasi_newton', got {schedule!r}")
+    check_schedule(schedule)
     observed = _as_observations(observed)
     batch = max(observed.shape[0], 1) if observed.dim() == 3 else 1   # other shapes: check_observations says why
     with torch.no_grad():

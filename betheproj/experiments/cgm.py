@@ -11,6 +11,7 @@ import torch
 from .._checks import check_bool, check_device
 from .._files import write_json
 from ..cgm import TransitionModel, default_model, fit_hard_em, interior_point, map_counts, simulate
+from ..cgm.learn import check_schedule
 from ..cgm.plot import plot_flows
 from ..oracles import LinearChain
 
@@ -38,8 +39,8 @@ def run(grid: int = 10, steps: int = 10, population: int = 100_000, rate: float 
     grids of up to 20 x 20, elsewhere the batched solver."""
     device = check_device("device", device)
     compare, learn = check_bool("compare", compare), check_bool("learn", learn)
-    if learn and schedule not in ("alternate", "quasi_newton"):      # checked before the solves, not after them
-        raise ValueError(f"schedule must be 'alternate' or 'quasi_newton', got {schedule!r}")
+    if learn:
+        check_schedule(schedule)                        # before the solves, not after them
     model = default_model(grid, steps, seed).to(device)
     inst = simulate(model, population, rate, seasons, noise, seed)
     cells = grid * grid

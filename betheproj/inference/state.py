@@ -18,10 +18,7 @@ from ..oracles.base import Marginals, Oracle, PairwisePotentials, _unchecked, ed
 
 _MAX_STEP = 1e6
 _MIN_STEP = 1e-20   # bounds of the step-size control (eta for MD; 1/beta, 1/L for the others)
-# how fast beta / L return to the user's value after a clean step; the accelerated method's L never goes back
-# down within a solve: halving it after every clean step made it fail and double again, and on 60 x 8 random chains
-# (benchmarks/solver_float32.py) cost 51,467 / 60,376 oracle calls (float32 / float64) against 39,255 / 48,147
-_RELAX = {"rda": 1.1, "accelerated": 1.0}
+_RELAX_BETA = 1.1   # how fast RDA's beta returns to the user's value after a clean step
 # relative rise of the objective a step may make before it is rejected (RDA and the accelerated
 # method are not descent methods; mirror descent with backtracking is)
 _RISE = {"rda": 0.1, "md": 0.0, "accelerated": 1e-2}
@@ -61,6 +58,12 @@ def _lerp(x: Tensor | None, y: Tensor | None, w: Tensor) -> Tensor | None:
 def _rows_all(x: Tensor) -> Tensor:
     """Per-row ``all`` of a boolean tensor [R, ...]."""
     return x.flatten(1).all(-1)
+
+
+def _finite_rows(g_n: Tensor, g_e: Tensor | None) -> Tensor:
+    """[R]: whether row r of the node gradient (and of the edge gradient, if any) is finite everywhere."""
+    finite = _rows_all(torch.isfinite(g_n))
+    return finite if g_e is None else finite & _rows_all(torch.isfinite(g_e))
 
 
 def _check_gradient(energy: Energy, g: Gradient, mu: Marginals, edge_shape: tuple[int, ...]) -> None:
@@ -442,9 +445,7 @@ class SolverState:
         else:
             g_n, g_e = self._gradient_rows(a, self.mu_node[a], self.mu_edge[a] if self.need_edges else None)
             point_node, point_edge = self.mu_node[a], (self.mu_edge[a] if self.need_edges else None)
-        finite = _rows_all(torch.isfinite(g_n))
-        if g_e is not None:
-            finite &= _rows_all(torch.isfinite(g_e))
+        finite = _finite_rows(g_n, g_e)
         if not finite.all():
             nan = bool(torch.isnan(g_n).any()) or (g_e is not None and bool(torch.isnan(g_e).any()))
             _raise_infinite_gradient(a[~finite], self.start_name if it == 0 else None, self.dtype, nan)
@@ -519,9 +520,7 @@ class SolverState:
             return
         edge = self.mu_edge[rows] if self.need_edges else None
         g_n, g_e = self._gradient_rows(rows, self.mu_node[rows], edge)
-        finite = _rows_all(torch.isfinite(g_n))
-        if g_e is not None:
-            finite &= _rows_all(torch.isfinite(g_e))
+        finite = _finite_rows(g_n, g_e)
         res = self._stationarity(rows, self.delta_node[rows], None if g_e is None else self.delta_edge[rows],
                                  g_n, g_e, self.mu_node[rows], edge)
         rows, res = rows[finite], res[finite]
@@ -774,9 +773,12 @@ class SolverState:
             eta = self.user_param
             cap = max(eta, _MAX_STEP) if self.max_backtracks else eta
             p_cur = torch.where(clean, torch.clamp(p_cur * 2, max=cap), p_cur)
-        else:
-            p_cur = torch.where(clean, p_cur / _RELAX[self.method], p_cur)
+        elif self.method == "rda":
+            p_cur = torch.where(clean, p_cur / _RELAX_BETA, p_cur)
             p_cur = torch.where(p_cur < max(self.user_param, 1.0), torch.full_like(p_cur, self.user_param), p_cur)
+        # the accelerated method's L never goes back down within a solve: halving it after every clean step made
+        # the next step fail and double it again, and on 60 x 8 random chains (benchmarks/solver_float32.py) cost
+        # 51,467 / 60,376 oracle calls (float32 / float64) against 39,255 / 48,147
         self.param[a] = p_cur
         if self.method == "md":
             # steps shrunk to nothing: the example sits at the floor that rounding allows and stops

@@ -81,12 +81,16 @@ def uas(gold: Sequence[Sentence], predicted: Sequence[Sentence | Sequence[int] |
     ``ValueError`` when no word is scored (no gold HEAD, or punctuation alone): the score is not defined."""
     correct, total = attachment_counts(gold, predicted, punct)
     if total == 0:
-        _require_scorable(gold, punct)
+        raise _nothing_to_score(punct)
     return 100.0 * correct / total
+
+
+def _nothing_to_score(punct: bool) -> ValueError:
+    scope = "" if punct else " (punctuation excluded: punct=True scores it)"
+    return ValueError(f"gold has no words with a gold HEAD to score{scope}")
 
 
 def _require_scorable(gold: Sequence[Sentence], punct: bool = False) -> None:
     """``ValueError`` when ``gold`` has no word :func:`uas` would score."""
     if not scorable_words(gold, punct):
-        scope = "" if punct else " (punctuation excluded: punct=True scores it)"
-        raise ValueError(f"gold has no words with a gold HEAD to score{scope}")
+        raise _nothing_to_score(punct)
