@@ -64,9 +64,9 @@ def attachment_counts(gold: Sequence[Sentence], predicted: Sequence[Sentence | S
     for i, (g, p) in enumerate(zip(gold, predicted, strict=True)):
         gh, ph = g.heads, _heads(p)
         if gh.shape != ph.shape:
-            raise ValueError(f"sentence {i}: {len(ph)} predicted heads for {len(gh)} words")
+            raise ValueError(f"predicted[{i}]: {len(ph)} predicted heads for {len(gh)} words")
         if ph.size and (ph.min() < 0 or ph.max() > len(ph)):
-            raise ValueError(f"sentence {i}: predicted heads must lie in [0, {len(ph)}] (0 the root), got "
+            raise ValueError(f"predicted[{i}]: heads must lie in [0, {len(ph)}] (0 the root), got "
                              f"{int(ph.min()) if ph.min() < 0 else int(ph.max())}")
         keep = _scored(g, punct)
         correct += int((gh[keep] == ph[keep]).sum())

@@ -295,7 +295,7 @@ class DependencyParser:
         batch_size = check_count("batch_size", batch_size)
         for i, s in enumerate(sentences):
             if len(s) == 0:
-                raise ValueError(f"sentence {i} has no words")
+                raise ValueError(f"sentences[{i}] has no words")
         out: list[np.ndarray | None] = [None] * len(sentences)
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
         oracle = self.oracle

@@ -84,14 +84,14 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
     sentences = _sentences(sentences)
     for i, s in enumerate(sentences):
         if len(s) == 0:
-            raise ValueError(f"sentence {i} has no words")
+            raise ValueError(f"sentences[{i}] has no words")
         if gold and (s.heads < 0).any():
-            raise ValueError(f"sentence {i} has a word without a gold HEAD")
+            raise ValueError(f"sentences[{i}] has a word without a gold HEAD")
         loops = np.nonzero(s.heads == np.arange(1, len(s) + 1))[0]
         if gold and len(loops):                         # kept as a candidate, it would be an arc m -> m
-            raise ValueError(f"sentence {i}: word {int(loops[0]) + 1} is its own gold HEAD")
+            raise ValueError(f"sentences[{i}]: word {int(loops[0]) + 1} is its own gold HEAD")
         if (s.heads > len(s)).any():                    # would index another sentence's padding, or past it
-            raise ValueError(f"sentence {i}: gold HEAD {int(s.heads.max())} is not in 0..{len(s)}")
+            raise ValueError(f"sentences[{i}]: gold HEAD {int(s.heads.max())} is not in 0..{len(s)}")
     lengths = np.array([len(s) for s in sentences], dtype=np.int64)
     if not sentences:                                   # nothing to prune (np.concatenate needs an array)
         empty = np.zeros(0, dtype=np.int16)

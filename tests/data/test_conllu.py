@@ -112,7 +112,7 @@ def test_uas_excludes_gold_punctuation():
     with pytest.raises(TypeError, match="predicted heads must be integers, got float64"):
         uas(gold, [np.array([4.7, 4, 1, 0, 1]), [0, 1]])
     for bad, value in (([4, 4, 1, 0, 6], 6), ([4, -1, 1, 0, 1], -1)):   # scored as wrong once, silently
-        with pytest.raises(ValueError, match=rf"sentence 0: predicted heads must lie in \[0, 5\].*got {value}"):
+        with pytest.raises(ValueError, match=rf"predicted\[0\]: heads must lie in \[0, 5\].*got {value}"):
             attachment_counts(gold, [bad, [0, 1]])
 
 

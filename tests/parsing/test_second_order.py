@@ -147,7 +147,7 @@ def test_prune_bad_inputs():
         prune(first, w, sents[0])
     short = _sentence(["g1", "f"], ["G", "F"], [0, 3])          # HEAD 3 of a 2-word sentence
     for gold in (False, True):
-        with pytest.raises(ValueError, match="HEAD 3 is not in 0..2"):
+        with pytest.raises(ValueError, match=r"sentences\[0\]: gold HEAD 3 is not in 0\.\.2"):
             prune(first, w, [short, *sents], gold=gold)
 
 
@@ -157,6 +157,6 @@ def test_prune_refuses_a_gold_head_that_is_its_own_word():
     first = DependencyParser(bits=8)
     w = torch.randn(257, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     loop = _sentence(["g1", "f"], ["G", "F"], [0, 2])               # word 2 heads itself
-    with pytest.raises(ValueError, match="sentence 2: word 2 is its own gold HEAD"):
+    with pytest.raises(ValueError, match=r"sentences\[2\]: word 2 is its own gold HEAD"):
         prune(first, w, [*sents, loop], gold=True)
     assert prune(first, w, [*sents, loop]).recall <= 1.0            # scoring it without gold arcs is fine
