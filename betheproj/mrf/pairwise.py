@@ -237,6 +237,9 @@ class PairwiseMRF:
         return total
 
     def check_marginals(self, marginals: object, name: str = "marginals") -> LocalMarginals:
+        """``marginals`` (or a :class:`MAPResult`'s) as :class:`LocalMarginals` of this model: one node and edge
+        table per node and edge, of the right shapes, with finite entries no lower than ``-1e-6`` (an LP solver's
+        rounding); ``TypeError``/``ValueError`` naming ``name`` otherwise."""
         if isinstance(marginals, MAPResult):
             marginals = marginals.marginals
         if not isinstance(marginals, LocalMarginals):
@@ -251,6 +254,10 @@ class PairwiseMRF:
             if marginals.edge[e].shape != (self._cards[i], self._cards[j]):
                 raise ValueError(f"{name}.edge[{e}] must have shape {(self._cards[i], self._cards[j])}, got "
                                  f"{marginals.edge[e].shape}")
+        for part, tables in (("node", marginals.node), ("edge", marginals.edge)):
+            for k, m in enumerate(tables):
+                if not np.all(np.isfinite(m)) or np.any(m < -1e-6):
+                    raise ValueError(f"{name}.{part}[{k}] must hold finite marginals >= 0, got {m.tolist()}")
         return marginals
 
     def one_hot(self, labelling: Sequence[int] | np.ndarray) -> LocalMarginals:

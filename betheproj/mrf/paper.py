@@ -134,6 +134,9 @@ def lbp_decision_boundary(beta: float = -1.0, lo: float = 0.5, hi: float = 2.0, 
     the LBP labelling of :func:`figure2_mrf` flips from -1 to 1; LBP predicts ``sign(alpha + gamma beta)``, so the
     flip is at ``alpha = gamma |beta|``.  Returns ``alpha / |beta|``."""
     b = check_real("beta", beta, high=0.0, high_open=True)
+    lo, hi, tol = check_positive("lo", lo), check_positive("hi", hi), check_positive("tol", tol)
+    if lo >= hi:
+        raise ValueError(f"lo must be below hi, got lo={lo} and hi={hi}")
 
     def predicts_one(alpha: float) -> bool:
         res = lbp_map(figure2_mrf(alpha, b, coupling), max_iter=max_iter, tol=1e-12)
@@ -149,6 +152,8 @@ def lbp_decision_boundary(beta: float = -1.0, lo: float = 0.5, hi: float = 2.0, 
         raise ValueError(f"the LBP decision does not flip between alpha = {lo_a} and {hi_a}")
     while hi_a - lo_a > tol * abs(b):
         mid = 0.5 * (lo_a + hi_a)
+        if mid in (lo_a, hi_a):                          # adjacent floats: no finer bracket exists
+            break
         if predicts_one(mid):
             hi_a = mid
         else:
@@ -170,6 +175,9 @@ def random_grid_dataset(num_instances: int, rows: int = 3, cols: int = 3, *, nod
     ``w_true`` is integral and its certified margin (:func:`lp_margin_bounds`, lower bound) is at least
     ``min_margin``.  Returns ``([(model, gold)], w_true)``."""
     num_instances = check_count("num_instances", num_instances)
+    node_dim, edge_dim = check_count("node_dim", node_dim), check_count("edge_dim", edge_dim)
+    max_tries = check_count("max_tries", max_tries)
+    min_margin = check_real("min_margin", min_margin)
     rng = np.random.default_rng(check_seed("seed", seed))
     d = node_dim + edge_dim
     if w_true is None:

@@ -188,3 +188,31 @@ def test_example_script_smoke(tmp_path):
 def test_a_zero_true_weight_vector_is_named():
     with pytest.raises(ValueError, match="w_true must be a non-zero"):
         random_grid_dataset(1, rows=2, cols=2, w_true=np.zeros(5))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"tol": 0.0}, "tol must be a finite number > 0"),      # the bisection never stopped
+    ({"tol": -1e-9}, "tol must be"),
+    ({"tol": float("nan")}, "tol must be"),                # returned (lo + hi) / 2 without measuring
+    ({"lo": float("nan")}, "lo must be"),
+    ({"lo": 2.0, "hi": 0.5}, "lo must be below hi"),
+])
+def test_lbp_decision_boundary_checks_its_bracket_and_tolerance(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        lbp_decision_boundary(**kwargs)
+
+
+def test_lbp_decision_boundary_stops_at_adjacent_floats():
+    """A tolerance below the float spacing near gamma leaves a bracket of two adjacent floats: stop there."""
+    assert abs(lbp_decision_boundary(tol=1e-300) - lbp_gamma()) < 1e-8
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"min_margin": float("nan")}, "min_margin must be"),  # turned the margin filter off
+    ({"node_dim": 0}, "node_dim must be"),                 # ran max_tries and named none of these
+    ({"edge_dim": 1.5}, "edge_dim must be"),
+    ({"max_tries": 0}, "max_tries must be"),
+])
+def test_random_grid_dataset_checks_its_settings(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        random_grid_dataset(1, rows=2, cols=2, **kwargs)

@@ -122,6 +122,15 @@ def test_potential_and_marginal_arguments_are_named():
         mrf.expected_score(LocalMarginals([np.ones(2), np.ones(2)], [np.ones((2, 3))]))
     with pytest.raises(ValueError, match=r"edge\[0\] must have shape \(2, 3\)"):
         mrf.expected_score(LocalMarginals([np.ones(2), np.ones(3)], [np.ones((3, 2))]))
+    for bad, where in ((np.array([np.nan, 1.0]), "node"), (np.array([-3.0, 4.0]), "node"),
+                       (np.array([np.inf, 0.0]), "node"), (np.full((2, 3), np.nan), "edge")):
+        node = [bad if where == "node" else np.ones(2) / 2, np.ones(3) / 3]
+        edge = [bad if where == "edge" else np.ones((2, 3)) / 6]
+        with pytest.raises(ValueError, match=rf"marginals\.{where}\[0\] must hold finite marginals >= 0"):
+            mrf.expected_score(LocalMarginals(node, edge))          # was a NaN or a made-up score
+    lp_noise = LocalMarginals([np.array([1.0 + 1e-9, -1e-9]), np.array([0.0, 1.0, 0.0])],
+                              [np.array([[-1e-12, 1.0, 0.0], [0.0, 0.0, 0.0]])])
+    assert np.isfinite(mrf.expected_score(lp_noise))                # an LP solver's rounding is accepted
     with pytest.raises(ValueError, match="parents must have length 2"):
         mrf.tree_parents([0, 0])
     single = PairwiseMRF([3], [], [np.array([0.0, 3.0, 1.0])])
