@@ -209,6 +209,8 @@ class Dense(Factor):
         p = np.exp(logp)
         entropy = -float(np.sum(xlogy(p, logp)))
         energy = float(np.sum(xlogy(p, self.table)))
+        # log Z_C with every incoming message normalised to sum 1 (as documented, and as the hard factors report)
+        log_z -= sum(float(logsumexp_axes(m, (0,))) for m in incoming)
         return FactorBelief(p, entropy, energy, log_z)
 
     def max_belief(self, incoming: Sequence[np.ndarray]) -> np.ndarray:

@@ -114,6 +114,23 @@ def test_belief_entropy_vs_brute_force(case):
             np.testing.assert_allclose(np.log(z / (1 - z)), log_ratio(out[i]) + log_ratio(incoming[i]), atol=1e-8)
 
 
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_dense_table_of_a_hard_factor_reports_its_belief(case):
+    """A hard factor and the Dense 0 / -inf table of the same constraint report the same belief, log Z_C
+    included (the Dense one had summed unnormalised messages)."""
+    factor, configs = _make(*case)
+    table = np.full((2,) * factor.arity, -np.inf)
+    for c in configs:
+        table[c] = 0.0
+    rng = np.random.default_rng(5 + zlib.crc32(_ids(case).encode()))
+    incoming = [rng.normal(scale=1.5, size=2) + 3.0 for _ in range(factor.arity)]
+    hard, dense = factor.belief(incoming), Dense(tuple(range(factor.arity)), table).belief(incoming)
+    np.testing.assert_allclose(dense.log_partition, hard.log_partition, atol=1e-10)
+    np.testing.assert_allclose(dense.entropy, hard.entropy, atol=1e-10)
+    marg = [dense.marginals.sum(axis=tuple(j for j in range(factor.arity) if j != i))[1] for i in range(factor.arity)]
+    np.testing.assert_allclose(marg, hard.marginals, atol=1e-10)
+
+
 def test_belief_with_clamped_input():
     f = OROut([0, 1, 2])
     incoming = [np.array([0.0, -np.inf]), np.array([0.3, -0.2]), np.array([-0.5, 0.5])]
@@ -153,6 +170,7 @@ def test_dense_messages_and_belief():
     bel = factor.belief(incoming)
     np.testing.assert_allclose(bel.marginals.reshape(-1), ref["belief"], atol=1e-12)
     np.testing.assert_allclose(bel.entropy, ref["entropy"], atol=1e-12)
+    np.testing.assert_allclose(bel.log_partition, ref["log_z"], atol=1e-12)     # messages normalised first
     energy = float(sum(b * table[c] for b, c in zip(ref["belief"], configs, strict=True) if b > 0))
     np.testing.assert_allclose(bel.energy, energy, atol=1e-12)
 
