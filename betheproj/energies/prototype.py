@@ -125,10 +125,14 @@ class NearestPrototype(Energy):
 
     def pieces(self, lengths: Tensor) -> tuple[Tensor, PrototypeDistance]:
         """``L = min_i psi ||w_i - S(mu)||_1`` as convex pieces for :func:`betheproj.inference.solve_global`:
-        one row per (example, candidate prototype) pair, ``rows`` [R] naming the example of each."""
+        one row per (example, candidate prototype) pair, ``rows`` [R] naming the example of each (``psi >= 0``)."""
         b = lengths.shape[0]
-        rows, which = torch.nonzero(self._candidates(lengths), as_tuple=True)
         psi = self.psi
+        if bool((torch.as_tensor(psi) < 0).any()):
+            # psi min_k d_k = max_k psi d_k there: not a minimum of convex pieces
+            raise ValueError("psi must be >= 0 to split the energy into pieces (with psi < 0 the energy is a "
+                             "maximum of concave pieces); use solve for a stationary point")
+        rows, which = torch.nonzero(self._candidates(lengths), as_tuple=True)
         if isinstance(psi, Tensor) and psi.dim() == 1:
             if psi.shape != (b,):
                 raise ValueError(f"psi must be a scalar or have shape [B]=({b},), got {tuple(psi.shape)}")

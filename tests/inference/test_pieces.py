@@ -117,6 +117,10 @@ def test_bad_arguments():
     protos, lengths = _words(WORDS)
     with pytest.raises(ValueError, match="psi"):
         NearestPrototype(protos, torch.ones(5, dtype=DT), "word", lengths).pieces(theta.lengths)
+    unigram = torch.tensor([[3.0, 0.0, 0.0], [0.0, 3.0, 0.0]], dtype=DT)
+    for psi in (-1.0, torch.tensor([1.0, -0.5, 2.0], dtype=DT)):    # psi min_k d_k is then a maximum of pieces:
+        with pytest.raises(ValueError, match="psi must be >= 0 to split"):   # the objective was off by 3-5 nats
+            solve_global(chain, theta, NearestPrototype(unigram, psi))
 
 
 @pytest.mark.parametrize("method", ["rda", "accelerated"])
