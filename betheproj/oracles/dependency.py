@@ -4,8 +4,8 @@ A sentence of ``n`` words has positions ``1..n``; ``0`` is the root.  An arc-fac
 (every word ``m`` has one head ``y_m``) as ``sum_m theta(y_m -> m)``, so the tree is a "labelling" of the
 words whose label is the head: :class:`~betheproj.PairwisePotentials` with ``node[b, m-1, h] = theta(h -> m)``
 ([B, N, N+1]) and a shared all-zero ``[N+1, N+1]`` edge table (the tree constraint replaces pairwise
-factors).  Self-loops and heads past ``lengths[b]`` are ignored whatever their score; other ``-inf`` entries
-are forbidden arcs.
+factors).  Self-loops and heads past ``lengths[b]`` are ignored whatever their finite or ``-inf`` score (NaN
+and ``+inf`` are refused anywhere); other ``-inf`` entries are forbidden arcs.
 
 * :class:`~betheproj.oracles.nonprojective.NonProjective`: all arborescences (matrix-tree theorem for
   marginals, Chu-Liu-Edmonds for MAP).
@@ -136,6 +136,13 @@ def _raise_no_tree(log_z: Tensor) -> None:
     raise_if_not_finite(log_z, "no valid dependency tree (every tree uses a -inf arc)")
 
 
+def _raise_overflow(log_z: Tensor) -> None:
+    """The overflow error where ``log Z`` (or a best score) is ``+inf`` once the column shifts are added back
+    (``-inf``, no tree, is left to the caller)."""
+    if bool((log_z == torch.inf).any()):
+        raise_if_not_finite(torch.where(log_z == -torch.inf, torch.zeros((), dtype=log_z.dtype), log_z))
+
+
 class _GradIsMarginals(torch.autograd.Function):
     """``log Z`` whose gradient with respect to the arc scores is the arc marginals (first order only)."""
 
@@ -244,8 +251,9 @@ class _DependencyOracle:
         node = marg[:, :, 1:].transpose(1, 2).contiguous()
         theta = scores[:, :, 1:].transpose(1, 2)
         shift = top[:, 0, 1:]
-        return DependencyMarginals(node, shifted_log_z + shift.sum(-1), lengths, theta, self._structure(), shift,
-                                   shifted_log_z)
+        log_z = shifted_log_z + shift.sum(-1)
+        _raise_overflow(log_z)
+        return DependencyMarginals(node, log_z, lengths, theta, self._structure(), shift, shifted_log_z)
 
     def support(self, potentials: PairwisePotentials) -> Tensor:
         """Arcs [B, N, N+1] (node layout) that lie in some tree of finite score.  The marginals of the others
@@ -393,10 +401,13 @@ class _DependencyOracle:
         theta = torch.zeros(support.shape, dtype=torch.float64, device=support.device).masked_fill(~support,
                                                                                                     -torch.inf)
         edge = theta.new_zeros(theta.shape[-1], theta.shape[-1])
-        _, marg = self._marginals_core(*self._scores(_unchecked(PairwisePotentials, theta, edge, lengths)),
-                                       strict=False)
+        log_z0, marg = self._marginals_core(*self._scores(_unchecked(PairwisePotentials, theta, edge, lengths)),
+                                            strict=False)
         marg = marg[:, :, 1:].transpose(1, 2)                                 # node layout
         near = (marg < 1e-6) | (marg > 1.0 - 1e-6) if in_all_too else marg < 1e-6
+        no_tree = log_z0 == -torch.inf                    # their marginals are meaningless: no arc is in a tree
+        in_none[no_tree] = support[no_tree]
+        near &= ~no_tree[:, None, None]
         forced, bi, mi, hi = self._clamp_each(theta, support & near)
         copies = [forced]
         if in_all_too:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .dependency import _DependencyOracle, _differentiable, _lse, _prepare, _raise_no_tree
+from .dependency import _DependencyOracle, _differentiable, _lse, _prepare, _raise_no_tree, _raise_overflow
 
 __all__ = ["matrix_tree", "chu_liu_edmonds", "NonProjective"]
 
@@ -60,6 +60,7 @@ def _matrix_tree(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = T
         if strict:
             _raise_no_tree(log_z.index_put((slow,), lz))
         log_z[slow], marg[slow] = lz, mg
+    _raise_overflow(log_z)
     return log_z, marg
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dependency import _column_max, _DependencyOracle, _differentiable, _lse, _prepare, _raise_no_tree
+from .dependency import _column_max, _DependencyOracle, _differentiable, _lse, _prepare, _raise_no_tree, _raise_overflow
 
 __all__ = ["eisner", "eisner_map", "Projective"]
 
@@ -104,7 +104,9 @@ def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) 
         if strict:
             _raise_no_tree(log_z)
         (marg,) = torch.autograd.grad(log_z.sum(), x)
-    return log_z.detach() + shift, marg
+    log_z = log_z.detach() + shift
+    _raise_overflow(log_z)
+    return log_z, marg
 
 
 def eisner_map(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[Tensor, Tensor]:
@@ -122,6 +124,7 @@ def _eisner_map(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, 
     best, (bp_i, bp_cr, bp_cl), root_child = _chart(shifted, lengths, single_root, maximize=True)
     _raise_no_tree(best)
     best = best + shift
+    _raise_overflow(best)
     b, c, _ = s.shape
     heads = torch.full((b, c - 1), -1, dtype=torch.long)
     bp_i, bp_cr, bp_cl = bp_i.cpu().tolist(), bp_cr.cpu().tolist(), bp_cl.cpu().tolist()

@@ -329,6 +329,31 @@ def test_eisner_names_scores_beyond_the_dtype_range():
             f()
 
 
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+def test_log_partition_overflow_is_named(cls):
+    """float32 scores whose tree score overflows: the oracles added the column shifts back after the "no tree"
+    check and returned log Z = +inf silently (the chain and tree oracles name the overflow)."""
+    s = torch.full((2, 13, 13), 3e37)
+    s[0] = 0.0                                                       # example 0 is fine
+    pot = arc_potentials(s)
+    core = matrix_tree if cls is NonProjective else eisner
+    for f in (lambda: cls().marginals(pot), lambda: cls().log_partition(pot), lambda: core(s, None),
+              lambda: eisner_map(s, None)):
+        with pytest.raises(ValueError, match=r"scores overflow float32 .* for examples \[1\]"):
+            f()
+
+
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+def test_support_of_a_sentence_without_a_tree_is_empty(cls):
+    """No arc lies in a tree of a sentence that has none (NonProjective kept the one arc its meaningless
+    marginals put at 1)."""
+    s = torch.zeros(2, 3, 3, dtype=DT)
+    s[0, 0, :] = -INF                                                # nothing may attach to the root
+    support = cls().support(arc_potentials(s))
+    assert not support[0].any()
+    assert support[1].tolist() == [[True, False, True], [True, True, False]]   # every non-loop arc of 2 words
+
+
 def _flow_lp_best(s):
     """Score of the best tree of ``s[h, m]`` by the multi-commodity flow LP (integral for arborescences)."""
     from betheproj.factor_graphs import FactorGraph, Tree, lp_map
