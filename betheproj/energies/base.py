@@ -175,6 +175,10 @@ class EnergySum(Energy):
     """``L(mu) = sum_k L_k(mu)``."""
 
     def __init__(self, terms: list[Energy]):
+        if isinstance(terms, Energy) or not isinstance(terms, list | tuple):
+            raise TypeError(f"terms must be a list of Energy instances, got {type(terms).__name__}")
+        if not terms:
+            raise ValueError("terms must hold at least one Energy (an empty sum has no batch size or dtype)")
         flat: list[Energy] = []
         for term in terms:
             if not isinstance(term, Energy):

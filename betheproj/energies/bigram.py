@@ -53,8 +53,12 @@ class BigramExclusion(MeasurementLoss):
         if left.shape != right.shape:
             raise ValueError(f"left and right must have the same shape [P, C], got {tuple(left.shape)} and "
                              f"{tuple(right.shape)}")
-        if not isinstance(pairs, Tensor) or pairs.is_floating_point() or pairs.dim() != 2 or pairs.shape[1] != 2:
-            raise ValueError("pairs must be an integer tensor [J, 2]")
+        if (not isinstance(pairs, Tensor) or pairs.is_floating_point() or pairs.is_complex()
+                or pairs.dtype == torch.bool):
+            raise TypeError(f"pairs must be an integer tensor [J, 2], got "
+                            f"{pairs.dtype if isinstance(pairs, Tensor) else type(pairs).__name__}")
+        if pairs.dim() != 2 or pairs.shape[1] != 2:
+            raise ValueError(f"pairs must be an integer tensor [J, 2], got shape {tuple(pairs.shape)}")
         if pairs.numel() and (int(pairs.min()) < 0 or int(pairs.max()) >= left.shape[0]):
             raise ValueError(f"pairs must index the {left.shape[0]} patterns")
         self.left, self.right, self.pairs = left, right, pairs.long()

@@ -25,7 +25,9 @@ class MeanField(Energy):
 
     def __init__(self, pairs: Tensor, weights: Tensor):
         pairs = torch.as_tensor(pairs)
-        if pairs.dim() != 2 or pairs.shape[1] != 2 or pairs.is_floating_point():
+        if pairs.is_floating_point() or pairs.is_complex() or pairs.dtype == torch.bool:
+            raise TypeError(f"pairs must be an integer tensor [K, 2], got {pairs.dtype}")
+        if pairs.dim() != 2 or pairs.shape[1] != 2:
             raise ValueError(f"pairs must be an integer tensor [K, 2], got shape {tuple(pairs.shape)}")
         if pairs.shape[0] == 0:
             raise ValueError("pairs must hold at least one pair (K >= 1), got shape (0, 2)")

@@ -69,7 +69,11 @@ def _finite_rows(g_n: Tensor, g_e: Tensor | None) -> Tensor:
 def _check_gradient(energy: Energy, g: Gradient, mu: Marginals, edge_shape: tuple[int, ...]) -> None:
     """The energy's gradient has the marginals' node shape and an edge part [C, C] or of ``edge_shape``'s rank
     that broadcasts to it (a per-example [B, C, C] would broadcast to [B, N-1, C, C] as per-position when
-    B = N-1)."""
+    B = N-1), both in the marginals' dtype."""
+    for part, x in (("node", g.node), ("edge", g.edge)):
+        if x is not None and x.dtype != mu.node.dtype:
+            raise TypeError(f"{type(energy).__name__}.grad returned a {x.dtype} {part} gradient for {mu.node.dtype} "
+                            f"marginals: build the energy's tensors in the potentials' dtype")
     if g.node is not None and g.node.shape != mu.node.shape:
         raise ValueError(f"{type(energy).__name__}.grad returned a node gradient of shape {tuple(g.node.shape)}; "
                          f"the marginals are {tuple(mu.node.shape)}")

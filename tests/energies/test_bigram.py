@@ -44,6 +44,9 @@ def test_solver_keeps_one_format():
     (lambda: BigramExclusion(torch.ones(2, 3), torch.ones(3, 3), torch.tensor([[0, 1]])), "same shape"),
     (lambda: BigramExclusion(torch.ones(2, 3), torch.ones(2, 3), torch.tensor([[0, 2]])), "index the 2 patterns"),
     (lambda: BigramExclusion(torch.ones(2, 3), torch.ones(2, 3), torch.tensor([0, 1])), r"\[J, 2\]"),
+    (lambda: BigramExclusion(torch.ones(2, 3), torch.ones(2, 3), torch.tensor([[True, False]])),   # read as 1, 0
+     r"pairs must be an integer tensor \[J, 2\], got torch.bool"),
+    (lambda: BigramExclusion(torch.ones(2, 3), torch.ones(2, 3), [[0, 1]]), "got list"),
     (lambda: BigramExclusion(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3), torch.tensor([[0, 1]])),
      "floating-point"),
     (lambda: BigramExclusion(torch.ones(2, 3), torch.ones(2, 3), torch.tensor([[0, 1]]), offset=torch.ones(2)),

@@ -240,6 +240,9 @@ def test_user_energy_by_autograd_uses_edges_only_when_read():
     (lambda: NearestPrototype(torch.ones(1, 2, 3), statistic="word", prototype_lengths=torch.tensor([4])),
      "prototype_lengths must be at most M=2"),
     (lambda: MeanField(torch.tensor([[0, 1, 2]]), torch.ones(1, 2, 2)), r"pairs must be an integer tensor \[K, 2\]"),
+    (lambda: MeanField(torch.tensor([[True, False]]), torch.ones(1, 2, 2)),   # read as nodes 1 and 0
+     r"pairs must be an integer tensor \[K, 2\], got torch.bool"),
+    (lambda: MeanField(torch.tensor([[0.0, 1.0]]), torch.ones(1, 2, 2)), "got torch.float32"),
     (lambda: NearestPrototype(torch.ones(2, 3), psi=float("nan")), "psi must be a finite number"),
     (lambda: Poisson(torch.ones(1, 2, 2, dtype=torch.long)), "counts must be a floating-point tensor"),
     (lambda: Poisson(torch.full((1, 2, 2), float("inf"), dtype=DT)), "counts must be finite"),
@@ -392,6 +395,10 @@ def test_energy_algebra_and_wrappers_check_their_arguments():
         e + 3
     with pytest.raises(TypeError, match="terms must be Energy instances"):
         bp.energies.EnergySum([e, 3])
+    with pytest.raises(ValueError, match="terms must hold at least one Energy"):
+        bp.energies.EnergySum([])                                   # failed later in solve on value()'s int 0
+    with pytest.raises(TypeError, match="terms must be a list of Energy instances, got LinearMeasurements"):
+        bp.energies.EnergySum(e)
     with pytest.raises(TypeError, match="energy must be an Energy, got int"):
         bp.energies.Scaled(3, 2.0)
     with pytest.raises(TypeError, match="weight must be a float or a tensor, got str"):

@@ -693,6 +693,21 @@ def test_mixed_dtypes_are_type_errors_naming_the_argument():
     with pytest.raises(TypeError, match="energy.value returned torch.float64 for torch.float32 marginals"):
         bp.solve(bp.LinearChain(), p32, FunctionEnergy(lambda m: (m.node * weights).sum((1, 2))))
 
+    class EdgeTable(bp.energies.Energy):                            # value in the marginals' dtype, grad not
+        edge_totals = True
+
+        def value(self, mu):
+            return (mu.edge_total() * table.to(mu.node)).sum((-1, -2))
+
+        def grad(self, mu):
+            return bp.energies.Gradient(None, table)
+
+    table = torch.randn(3, 3, generator=gen, dtype=torch.float64)
+    for method in ("md", "rda", "accelerated"):                     # was an index_put RuntimeError
+        with pytest.raises(TypeError, match="EdgeTable.grad returned a torch.float64 edge gradient for "
+                                            "torch.float32 marginals"):
+            bp.solve(bp.LinearChain(), p32, EdgeTable(), method=method)
+
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared edge", "per-position edges"])
 def test_an_underflowed_edge_is_solved_alone_as_in_a_batch(shared):
