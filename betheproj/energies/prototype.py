@@ -125,19 +125,28 @@ class NearestPrototype(Energy):
 
     def pieces(self, lengths: Tensor) -> tuple[Tensor, PrototypeDistance]:
         """``L = min_i psi ||w_i - S(mu)||_1`` as convex pieces for :func:`betheproj.inference.solve_global`:
-        one row per (example, candidate prototype) pair, ``rows`` [R] naming the example of each (``psi >= 0``)."""
-        b = lengths.shape[0]
+        one row per (example, candidate prototype) pair, ``rows`` [R] naming the example of each.  Examples
+        with ``psi < 0`` have none (there ``psi min_i d_i = max_i psi d_i``, a maximum of concave pieces): see
+        :meth:`remainder`."""
+        rows, which = torch.nonzero(self._candidates(lengths) & self._sign_rows(lengths)[:, None], as_tuple=True)
+        return rows, PrototypeDistance(self.prototypes[which.to(self.prototypes.device)], self._psi_of(rows),
+                                       self.statistic)
+
+    def remainder(self, lengths: Tensor) -> tuple[Tensor, NearestPrototype]:
+        """The examples :meth:`pieces` leaves out that have an energy (``psi < 0`` and a candidate prototype),
+        ``rows`` [R], and this energy over them: :func:`~betheproj.inference.solve_global` solves them from
+        the base marginals (a stationary point)."""
+        rows = torch.nonzero(self._candidates(lengths).any(-1) & ~self._sign_rows(lengths)).flatten()
+        return rows, NearestPrototype(self.prototypes, self._psi_of(rows), self.statistic, self.prototype_lengths)
+
+    def _psi_of(self, rows: Tensor) -> float | Tensor:
         psi = self.psi
-        if bool((torch.as_tensor(psi) < 0).any()):
-            # psi min_k d_k = max_k psi d_k there: not a minimum of convex pieces
-            raise ValueError("psi must be >= 0 to split the energy into pieces (with psi < 0 the energy is a "
-                             "maximum of concave pieces); use solve for a stationary point")
-        rows, which = torch.nonzero(self._candidates(lengths), as_tuple=True)
-        if isinstance(psi, Tensor) and psi.dim() == 1:
-            if psi.shape != (b,):
-                raise ValueError(f"psi must be a scalar or have shape [B]=({b},), got {tuple(psi.shape)}")
-            psi = psi[rows.to(psi.device)]
-        return rows, PrototypeDistance(self.prototypes[which.to(self.prototypes.device)], psi, self.statistic)
+        return psi[rows.to(psi.device)] if isinstance(psi, Tensor) and psi.dim() == 1 else psi
+
+    def _sign_rows(self, lengths: Tensor) -> Tensor:
+        """[B]: whether each example's ``psi`` is non-negative."""
+        like = torch.zeros((), dtype=self.prototypes.dtype, device=lengths.device)
+        return weight_per_example(self.psi, lengths.shape[0], like) >= 0
 
     def validate(self, marginals: Marginals) -> None:
         c = marginals.node.shape[2]

@@ -7,7 +7,10 @@ their starting marginals.  The nearest-prototype energies (21)-(22) are of this 
 is linear on the polytope (the L1 distance to a vertex), and Bethe-RDA solves a linear piece in one step.
 
 An energy opts in by implementing ``pieces(lengths) -> (rows, energy)``: one row per (example, candidate
-piece) pair, ``rows`` [R] (long) naming the example, and one energy over the R rows, convex in each.
+piece) pair, ``rows`` [R] (long) naming the example, and one energy over the R rows, convex in each.  An
+energy that splits only some examples (a nearest-prototype energy with ``psi < 0`` is a maximum of concave
+pieces) also implements ``remainder(lengths) -> (rows, energy)``: one row per example it leaves out with a
+non-zero energy, solved by :func:`solve` from the base marginals (a stationary point, not the global minimum).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
                  **options) -> Solution:
     """Solve (2) for ``energy = min_k L_k``: all (example, piece) rows in one batched :func:`solve` (with
     ``method`` and ``options``), then per example the row with the lowest objective.  Examples with no
-    candidate piece have zero energy: their solution is the oracle's marginals.  ``iterations`` is the most any
+    candidate piece have zero energy: their solution is the oracle's marginals; those of the energy's
+    ``remainder`` (if any) are solved by :func:`solve` with it from the base marginals.  ``iterations`` is the most any
     of an example's rows took (the rows run side by side); ``objectives`` has a single column (the rows'
     histories are not comparable)."""
     if not callable(getattr(energy, "pieces", None)):
@@ -36,7 +40,9 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     b = potentials.node.shape[0]
     device = potentials.node.device
     base = oracle.marginals(potentials)
-    rows, piece = energy.pieces(potentials.lengths)
+    parts = [energy.pieces(potentials.lengths)]
+    if callable(getattr(energy, "remainder", None)):
+        parts.append(energy.remainder(potentials.lengths))
     best = -base.log_partition.clone()                   # zero energy: f = -H_B - <theta, mu> = -log Z
     node, edge = potentials.node.clone(), potentials.edge
     iterations = torch.zeros(b, dtype=torch.long, device=device)
@@ -46,7 +52,9 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     calls = b
     mu_node, log_z = base.node.clone(), base.log_partition.clone()
     edge_from: list = []                                 # (examples, their winning rows' edge marginals) if any
-    if rows.numel():
+    for rows, piece in parts:                            # the parts' examples are disjoint
+        if not rows.numel():
+            continue
         sol = solve(oracle, potentials.index(rows), piece, method=method, **options)
         calls += sol.oracle_calls
         has = torch.zeros(b, dtype=torch.bool, device=device).index_fill_(0, rows, True)
@@ -59,15 +67,16 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
         won = won[pick]                                  # one winning row per example (the first on a tie)
         node[examples] = sol.potentials.node[won]
         if sol.potentials.edge.dim() == 4:
-            edge = potentials.full_edge().clone()
+            if edge.dim() != 4:
+                edge = potentials.full_edge().clone()
             edge[examples] = sol.potentials.edge[won]
         # the winners' own marginals: the point each objective was measured at (the accelerated method's is
         # not oracle(potentials) unless it converged)
         mu_node[examples], log_z[examples] = sol.marginals.node[won], sol.marginals.log_partition[won]
         edge_from.append((examples, sol.marginals, won))
         iterations.scatter_reduce_(0, rows, sol.iterations, reduce="amax")
-        converged = iterations.new_zeros(b).index_add_(0, rows, (~sol.converged).long()) == 0
-        safeguarded = iterations.new_zeros(b).index_add_(0, rows, sol.safeguarded.long()) > 0
+        converged &= iterations.new_zeros(b).index_add_(0, rows, (~sol.converged).long()) == 0
+        safeguarded |= iterations.new_zeros(b).index_add_(0, rows, sol.safeguarded.long()) > 0
         residual[examples] = sol.residual[won]
     tilde = PairwisePotentials(node, edge, potentials.lengths)
 
