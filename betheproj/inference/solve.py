@@ -222,6 +222,16 @@ def _merge(sol: Solution, other: Solution, rows: Tensor) -> Solution:
 
 
 def objective(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, marginals: Marginals) -> Tensor:
-    """Value of (2), ``-H_B(mu) - <theta, mu> + L(mu)`` [B], at any point of the marginal polytope."""
+    """Value of (2), ``-H_B(mu) - <theta, mu> + L(mu)`` [B], at any point of the marginal polytope
+    (``marginals`` of the same examples as ``potentials``: shapes and lengths must agree)."""
+    if not isinstance(potentials, PairwisePotentials):
+        raise TypeError(f"potentials must be PairwisePotentials, got {type(potentials).__name__}")
+    if not isinstance(marginals, Marginals):
+        raise TypeError(f"marginals must be Marginals, got {type(marginals).__name__}")
+    if marginals.node.shape != potentials.node.shape:
+        raise ValueError(f"marginals.node has shape {tuple(marginals.node.shape)}; the potentials' node scores "
+                         f"have {tuple(potentials.node.shape)}")
+    if not torch.equal(marginals.lengths.to(potentials.lengths.device), potentials.lengths):
+        raise ValueError("marginals.lengths differ from potentials.lengths: marginals of other examples")
     energy.validate(marginals)
     return _objective_parts(oracle, potentials, marginals) + energy.value(marginals)

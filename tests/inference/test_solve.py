@@ -744,6 +744,16 @@ def test_objective_checks_the_energy_against_the_batch():
     one = Poisson(torch.poisson(torch.ones(1, 4, 3, dtype=torch.float64)))
     with pytest.raises(ValueError, match=r"counts have shape \(1, 4, 3\)"):
         bp.objective(chain, theta, one, chain.marginals(theta))
+    energy = LinearMeasurements(node=torch.ones(1, 3, dtype=torch.float64), loss="squared")
+    first = bp.ChainPotentials(theta.node[:1], theta.edge)
+    with pytest.raises(ValueError, match=r"marginals.node has shape \(1, 4, 3\); the potentials' node scores have "
+                                         r"\(2, 4, 3\)"):
+        bp.objective(chain, theta, energy, chain.marginals(first))   # was broadcast: two meaningless values
+    short = bp.ChainPotentials(theta.node, theta.edge, lengths=torch.tensor([4, 2]))
+    with pytest.raises(ValueError, match="marginals.lengths differ"):
+        bp.objective(chain, theta, energy, chain.marginals(short))
+    with pytest.raises(TypeError, match="marginals must be Marginals, got Tensor"):
+        bp.objective(chain, theta, energy, theta.node)
 
 
 @pytest.mark.parametrize("method", METHODS)
