@@ -379,17 +379,29 @@ def _run(args: argparse.Namespace) -> int:
             cgm.run(args.grid, args.steps, args.population, args.rate, args.seasons, args.noise, args.seed,
                     args.compare, args.learn, args.out, args.schedule or "quasi_newton", progress=not args.quiet,
                     device=device)
+        sys.stdout.flush()                       # a full disk or a closed pipe is reported here, not at exit
     except BrokenPipeError:                      # e.g. `betheproj citations --predict F | head`
         sys.stdout = open(os.devnull, "w")       # so the interpreter's final flush stays quiet
         return 1
     except KeyboardInterrupt:
         print(f"betheproj {args.command}: interrupted", file=sys.stderr)
+        _drop_stdout()
         return 130
     except (ValueError, TypeError, ImportError, OSError, EOFError) as err:
         message = error_text(err)
         print(f"betheproj {args.command}: error: {message}", file=sys.stderr)
+        _drop_stdout()
         return 2
     return 0
+
+
+def _drop_stdout() -> None:
+    """Write what stdout still holds where it can be written, and send the rest to nowhere: the interpreter's
+    own flush at exit would print "Exception ignored ..." and exit 120 on a full disk or a closed pipe."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):                # ValueError: stdout closed
+        sys.stdout = open(os.devnull, "w")
 
 
 if __name__ == "__main__":

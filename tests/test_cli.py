@@ -1,5 +1,7 @@
 """The command line: the demo runs and prints what it solved; errors are one line and a non-zero exit."""
 
+import errno
+import io
 import json
 import subprocess
 import sys
@@ -337,6 +339,38 @@ def test_interrupt_and_closed_pipe_end_quietly(monkeypatch, capsys):
         sys.stdout.close()
         sys.stdout = stdout
     assert capsys.readouterr().err == ""
+
+
+class _FullDisk(io.StringIO):
+    """Standard output on a full disk: buffered writes succeed, the flush fails."""
+
+    def flush(self):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["after output", "after an error"])
+def test_output_that_cannot_be_written_is_a_one_line_error(monkeypatch, capsys, fails):
+    """Buffered output was only written by the interpreter's flush at exit, after main had returned: a full disk
+    printed "Exception ignored ... OSError" and the status was 120."""
+    import betheproj.demo
+
+    def demo(*args, **kwargs):
+        print("a table")
+        if fails:
+            raise ValueError("bad input")
+
+    monkeypatch.setattr(betheproj.demo, "run_demo", demo)
+    stdout = sys.stdout
+    sys.stdout = _FullDisk()
+    try:
+        status = main(["demo"])
+        sys.stdout.flush()                              # what the interpreter does at exit: now quiet
+        dropped = not isinstance(sys.stdout, _FullDisk)
+    finally:
+        sys.stdout = stdout
+    assert status == 2 and dropped
+    want = "bad input" if fails else "No space left on device"
+    assert capsys.readouterr().err == f"betheproj demo: error: {want}\n"
 
 
 def test_interrupt_while_the_parser_loads_torch_is_one_line(monkeypatch, capsys):
