@@ -111,6 +111,8 @@ class FeatureIndex:
     @classmethod
     def from_state(cls, state: dict) -> FeatureIndex:
         """The index :meth:`state` describes."""
+        if not isinstance(state, dict):
+            raise TypeError(f"a feature index state is a dict, got {type(state).__name__}")
         obj = cls.__new__(cls)
         obj.features, obj.labels = dict(state["features"]), list(state["labels"])
         obj.lexicon = {w: set(v) for w, v in state["lexicon"].items()}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,7 +179,7 @@ def citation_lines(path: str | Path) -> list[str]:
     try:
         with opener(path, "rt", encoding="utf-8-sig") as handle:        # -sig: a byte-order mark is no token
             lines = [line for line in handle if line.strip()]
-    except (OSError, EOFError, UnicodeDecodeError) as err:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as err:       # zlib: a corrupt gzip stream
         kind = "gzip-compressed UTF-8 text" if path.suffix == ".gz" else "UTF-8 text"
         raise ValueError(f"cannot read {path} as {kind} ({err})") from None
     return lines

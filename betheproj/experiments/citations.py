@@ -391,6 +391,8 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
         raise FileNotFoundError(f"no trained citation model at {path}: run 'betheproj citations --data DIR' first")
     state = torch_load(path, "citation model written by 'betheproj citations'")
     try:
+        if not isinstance(state, dict):
+            raise TypeError(f"it holds a {type(state).__name__}, not a dict")
         index = FeatureIndex.from_state(state["index"])
         config = CitationConfig(**{**state["config"], "test_iters": tuple(state["config"]["test_iters"])})
         base = SparseChainCRF(index.num_features, len(index.labels)).double()
@@ -398,7 +400,7 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
         formats = BigramExclusions(**state["formats"]) if "formats" in state else None
         model = constraint_model(base, Constraints(state["a"], state["b"], state["names"]), config, order, formats)
         model.load_state_dict(state["model"])
-    except (RuntimeError, KeyError, TypeError, ValueError, AttributeError) as err:
+    except (RuntimeError, LookupError, TypeError, ValueError, AttributeError) as err:   # Lookup: Key, Index
         first = (str(err).strip().splitlines() or [""])[0]
         raise ValueError(f"{path} is not a citation model written by 'betheproj citations' "
                          f"({type(err).__name__}: {first})") from None

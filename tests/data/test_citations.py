@@ -146,6 +146,11 @@ def test_unreadable_or_untagged_files_are_errors_naming_the_file(tmp_path):
     (tmp_path / "bad.docs.gz").write_bytes(b"not gzip")
     with pytest.raises(ValueError, match="bad.docs.gz as gzip"):
         read_citations(tmp_path / "bad.docs")
+    packed = bytearray(gzip.compress(" ".join(f"<title> w{i} </title>" for i in range(400)).encode()))
+    packed[60:120] = bytes(255 - b for b in packed[60:120])           # a corrupt deflate stream: zlib.error
+    (tmp_path / "corrupt.docs.gz").write_bytes(bytes(packed))
+    with pytest.raises(ValueError, match="corrupt.docs.gz as gzip-compressed UTF-8 text"):
+        read_citations(tmp_path / "corrupt.docs")
     (tmp_path / "latin.docs").write_bytes("<title> caf\xe9 </title>".encode("latin-1"))
     with pytest.raises(ValueError, match="latin.docs as UTF-8"):
         read_citations(tmp_path / "latin.docs")

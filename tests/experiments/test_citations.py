@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from betheproj.cli import main
 from betheproj.data.citations import load_citations, parse_citation, tokenize_citation
@@ -115,6 +116,15 @@ def test_small_run_and_cli(tmp_path, capsys):
     assert main(["citations", "--out", str(tmp_path), "--predict", str(raw)]) == 2
     err = capsys.readouterr().err
     assert "model.pt is not a citation model" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content", [torch.zeros(3), [1, 2], {"index": torch.zeros(2)}],
+                         ids=["tensor", "list", "dict of tensors"])
+def test_a_model_file_of_other_content_is_named(tmp_path, content):
+    """A tensor in model.pt raised IndexError, which the one-line "not a citation model" error did not cover."""
+    torch.save(content, tmp_path / "model.pt")
+    with pytest.raises(ValueError, match="model.pt is not a citation model written by 'betheproj citations'"):
+        citations.load_model(tmp_path / "model.pt")
 
 
 def test_save_model_to_a_path_that_cannot_be_written_is_an_os_error_naming_it(tmp_path):
