@@ -253,8 +253,9 @@ def _citations(args: argparse.Namespace) -> None:
             raise ValueError("--seed is for training (Algorithm 3's minibatch order); --predict uses the model "
                              "already in --out and draws nothing at random")
         source = Path(args.predict)
-        if args.predict != "-" and not source.is_file():
-            raise FileNotFoundError(f"--predict: no file at {source}")
+        if args.predict != "-" and (not source.exists() or source.is_dir()):   # a pipe is read like a file
+            raise FileNotFoundError(f"--predict: {'a folder, not a file,' if source.is_dir() else 'no file'} at "
+                                    f"{source}")
         index, model = citations.load_model(out / "model.pt")
         if args.predict == "-":
             from ._files import read_stdin

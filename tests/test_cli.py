@@ -3,8 +3,10 @@
 import errno
 import io
 import json
+import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -125,6 +127,22 @@ def test_citation_predict_reads_standard_input_for_a_dash(tagger_stubbed, tmp_pa
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(raw)))          # a pipe's stdin: bytes underneath
     assert main(["citations", "--predict", "-", "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out == "'J. Smith. A title. 2005.'\n'B. Jones. Another. 2006.'\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_citation_predict_reads_a_named_pipe(tagger_stubbed, tmp_path, capsys):
+    """``--predict <(...)`` hands over a pipe, not a regular file: it was refused as "no file"."""
+    fifo = tmp_path / "raw.pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=("J. Smith. A title. 2005.\n",))
+    writer.start()
+    try:
+        assert main(["citations", "--predict", str(fifo), "--out", str(tmp_path)]) == 0
+    finally:
+        writer.join(timeout=10)
+    assert capsys.readouterr().out == "'J. Smith. A title. 2005.'\n"
+    assert main(["citations", "--predict", str(tmp_path), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"betheproj citations: error: --predict: a folder, not a file, at {tmp_path}\n"
 
 
 def test_citation_predict_refuses_a_seed(tagger_stubbed, tmp_path, capsys):

@@ -273,8 +273,9 @@ def read_conllu(source: str | Path | TextIO) -> list[Sentence]:
 def load_conllu(path: str | Path) -> list[Sentence]:
     """:func:`read_conllu`, with a clear error naming the expected file when it is missing."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"expected a CoNLL-U file (.conllu or .conllu.gz) at {p}, found none")
+    if not p.exists() or p.is_dir():                 # a pipe (bash's <(...)) is read like a file
+        found = "a folder" if p.is_dir() else "none"
+        raise FileNotFoundError(f"expected a CoNLL-U file (.conllu or .conllu.gz) at {p}, found {found}")
     return read_conllu(p)
 
 

@@ -2,8 +2,10 @@
 
 import gzip
 import io
+import os
 import random
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +88,24 @@ def test_missing_head_and_errors(tmp_path):
         parse_conllu("# c\n1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n3\tb\tb\tX\t_\t_\t1\t_\t_\t_\n")
     with pytest.raises(FileNotFoundError, match=r"expected a CoNLL-U file \(.conllu or .conllu.gz\) at .*nope.conllu"):
         load_conllu(tmp_path / "nope.conllu")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(FileNotFoundError, match="at .*folder, found a folder"):
+        load_conllu(tmp_path / "folder")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_is_read_like_a_file(tmp_path):
+    """bash's ``<(...)`` hands over a pipe, which is not a regular file: it was refused as "found none"."""
+    fifo = tmp_path / "pipe.conllu"
+    os.mkfifo(fifo)
+    text = "1\ta\ta\tX\t_\t_\t0\t_\t_\t_\n\n"
+    writer = threading.Thread(target=fifo.write_text, args=(text,))
+    writer.start()
+    try:
+        (s,) = load_conllu(fifo)
+    finally:
+        writer.join(timeout=10)
+    assert s.forms == ["a"]
 
 
 def test_sources_and_heads_of_the_wrong_kind_are_type_errors():
