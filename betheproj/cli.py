@@ -160,6 +160,9 @@ def _check_cgm_options(args: argparse.Namespace) -> None:
     if args.rate * args.population > _POISSON_LAM_MAX:
         raise ValueError(f"--rate x --population must be at most {_POISSON_LAM_MAX:.3g} (numpy's Poisson sampler "
                          f"draws the observed counts), got {args.rate!r} x {args.population!r}")
+    if args.population > 2 ** 53:
+        raise ValueError(f"--population must be at most 2**53 = {2 ** 53} (the float64 model holds counts exactly "
+                         f"only up to there), got {args.population}")
     check_count("--seasons", args.seasons)
     check_nonnegative("--noise", args.noise)
 
@@ -224,6 +227,7 @@ def _ocr(args: argparse.Namespace) -> None:
     data = load_ocr(args.data)
     if any(r in ocr.ENERGY_ROWS for r in rows):
         _need_matplotlib()
+    ocr.check_folds(data, folds)                             # before --out is created
     out = _out_folder(args.out, ("results.json", "accuracy_vs_iterations.png", "iterations_histogram.png"))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     results = ocr.run(data, folds, rows, ocr.OCRConfig(seed=args.seed), progress=not args.quiet, log=log,

@@ -88,6 +88,20 @@ def test_a_fold_that_is_absent_is_named_before_any_fold_trains(tmp_path, monkeyp
     absent = next(f for f in range(10) if f not in present)
     with pytest.raises(ValueError, match=rf"folds \[{absent}\] have no words \(folds present: "):
         ocr.run(data, [present[0], absent], ["2gram"])
+    out = tmp_path / "out"                                  # the command line says so before creating --out
+    assert main(["ocr", "--data", str(tmp_path), "--folds", str(absent), "--rows", "2gram", "--out", str(out),
+                 "--quiet"]) == 2
+    assert not out.exists()
+
+
+def test_a_cgm_population_beyond_exact_float64_counts_is_refused_before_out_is_created(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["cgm", "--grid", "2", "--steps", "2", "--population", str(2 ** 53 + 1), "--rate", "1e-12",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"betheproj cgm: error: --population must be at most 2**53 = {2 ** 53} (the float64 model holds " \
+                  f"counts exactly only up to there), got {2 ** 53 + 1}\n"
+    assert not out.exists()
 
 
 def test_each_ocr_row_is_run_once(runs_stubbed, monkeypatch, capsys):
