@@ -45,3 +45,29 @@ def test_demo_and_ocr_seeds_are_checked():
                  lambda: OCRConfig(seed=SEED_MAX + 1)):
         with pytest.raises(ValueError, match=r"^seed must be an int in \[0, 9223372036854775807\]"):
             call()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"steps": 0}, "steps must be an int >= 1"),               # was an IndexError
+    ({"grid": 0}, "grid must be an int >= 1"),
+    ({"population": 0.5}, "population must be a finite number >= 1"),   # was a RuntimeError of multinomial
+    ({"population": float("nan")}, "population must be"),
+    ({"population": 500.7}, "population must be a whole number"),   # sampled 500, scaled by 500.7
+    ({"rate": -1.0}, "rate must be a finite number > 0"),
+    ({"dtype": torch.int64}, "dtype must be torch.float32 or torch.float64"),
+])
+def test_demo_migration_instance_checks_its_arguments(kwargs, message):
+    from betheproj.demo import migration_instance
+
+    with pytest.raises((ValueError, TypeError), match=message):
+        migration_instance(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"length": 0}, "length must be an int >= 1"),
+                                             ({"labels": 0}, "labels must be an int >= 1"),
+                                             ({"batch": 2.5}, "batch must be an int")])
+def test_demo_tagging_instance_checks_its_arguments(kwargs, message):
+    from betheproj.demo import tagging_instance
+
+    with pytest.raises((ValueError, TypeError), match=message):
+        tagging_instance(**kwargs)
