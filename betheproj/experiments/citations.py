@@ -389,7 +389,7 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no trained citation model at {path}: run 'betheproj citations --data DIR' first")
-    state = torch_load(path, "citation model written by 'betheproj citations'")
+    state = torch_load(path, "citation model written by 'betheproj citations'", map_location="cpu")
     try:
         if not isinstance(state, dict):
             raise TypeError(f"it holds a {type(state).__name__}, not a dict")

@@ -128,10 +128,12 @@ class LinearChainCRF(nn.Module):
             raise TypeError(f"features must be a tensor [B, N, F], got {type(features).__name__}")
         if features.dim() != 3 or features.shape[-1] != self.node.in_features:
             raise ValueError(f"features must be [B, N, {self.node.in_features}], got {tuple(features.shape)}")
-        node = self.node(features.to(self.node.weight.dtype))
-        b, n, _ = node.shape
-        lengths = _check_lengths(lengths, b, n, node.device)          # None: every position valid
-        valid = torch.arange(n, device=node.device) < lengths[:, None]
+        x = features.to(self.node.weight.dtype)
+        b, n, _ = x.shape
+        lengths = _check_lengths(lengths, b, n, x.device)             # None: every position valid
+        valid = torch.arange(n, device=x.device) < lengths[:, None]
+        # padding may hold anything: zeroed before the layer, since NaN * 0 in its weight gradient is NaN
+        node = self.node(torch.where(valid[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device)))
         if not bool(torch.isfinite(node[valid]).all()):
             raise ValueError("features give NaN or infinite node scores at valid positions")
         node = torch.where(valid[..., None], node, torch.zeros((), dtype=node.dtype, device=node.device))

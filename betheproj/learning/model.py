@@ -112,13 +112,13 @@ class NonLocalCRF(nn.Module):
     @torch.no_grad()
     def infer(self, features: Tensor, lengths: Tensor, max_iter: int | None = None) -> Solution | None:
         """Solve (2) for a batch (``None`` without an energy: the CRF's marginals are then the oracle's)."""
+        max_iter = self.max_iter if max_iter is None else check_count("max_iter", max_iter, 0)
         energy = self.energy(features, lengths)
         if energy is None:
             return None
         solver = solve_global if self.search == "global" else solve
         return solver(self.oracle, self.potentials(features, lengths), energy, method=self.method,
-                      max_iter=self.max_iter if max_iter is None else check_count("max_iter", max_iter, 0),
-                      tol=self.tol)
+                      max_iter=max_iter, tol=self.tol)
 
     def loss(self, features: Tensor, labels: Tensor, lengths: Tensor, marginals: Marginals | None = None) -> Tensor:
         """Mean surrogate negative log-likelihood (12) of a batch; solves (2) first if ``marginals`` is None."""
@@ -187,7 +187,7 @@ class NonLocalCRF(nn.Module):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint at {path}")
-        state = torch_load(path, "checkpoint written by NonLocalCRF.save")
+        state = torch_load(path, "checkpoint written by NonLocalCRF.save", map_location="cpu")   # a GPU one too
         if not isinstance(state, dict):
             raise ValueError(f"{path} is not a checkpoint written by NonLocalCRF.save (it holds a "
                              f"{type(state).__name__}, not a state dict)")

@@ -58,6 +58,9 @@ class RandomFourierFeatures(nn.Module):
         self.register_buffer("offset", torch.rand(num_features, generator=gen) * 2 * math.pi)
 
     def forward(self, x: Tensor) -> Tensor:
+        if not isinstance(x, Tensor) or x.shape[-1:] != self.weight.shape[:1]:
+            raise ValueError(f"features must have {self.weight.shape[0]} values in their last dimension, got "
+                             f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
         if not x.is_floating_point():                # integer pixels: the weights must stay real
             x = x.to(self.weight.dtype)
         w = self.weight.to(x.dtype)

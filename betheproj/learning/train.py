@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from .._checks import check_count, check_nonnegative, check_positive, check_seed
 from ..oracles.base import Marginals, tree_parents
 from ..progress import progress_bar
-from ._checks import check_sequences
+from ._checks import check_lengths_like, check_sequences
 from .model import NonLocalCRF
 
 __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]
@@ -28,6 +28,7 @@ def character_accuracy(predicted: Tensor, labels: Tensor, lengths: Tensor) -> fl
                          f"{tuple(getattr(predicted, 'shape', ()))} and {tuple(getattr(labels, 'shape', ()))}")
     if predicted.dim() != 2 or not isinstance(lengths, Tensor) or lengths.shape != labels.shape[:1]:
         raise ValueError(f"predicted and labels must be [B, N] and lengths [B]=({labels.shape[0]},)")
+    check_lengths_like(labels, lengths)                  # integers in [1, N]
     n = labels.shape[1]
     valid = torch.arange(n, device=labels.device) < lengths[:, None]
     return float(((predicted == labels) & valid).sum() / valid.sum().clamp(min=1))
@@ -35,7 +36,8 @@ def character_accuracy(predicted: Tensor, labels: Tensor, lengths: Tensor) -> fl
 
 @dataclass
 class History:
-    """What a learner did: the loss of every step, the validation metric of every evaluation, the best one."""
+    """What a learner did: the loss of every step (of every M-step pass for :func:`fit_variational_em`), the
+    validation metric of every evaluation, the best one."""
 
     loss: list[float] = field(default_factory=list)
     valid: list[float] = field(default_factory=list)
@@ -78,6 +80,9 @@ class _Validator:
                  patience: int | None, history: History):
         if patience is not None:
             check_count("patience", patience)
+        if not callable(metric):
+            raise TypeError(f"metric must be a function (predicted, labels, lengths) -> float, got "
+                            f"{type(metric).__name__}")
         if valid is not None:
             if not isinstance(valid, tuple) or len(valid) != 3:
                 raise TypeError("valid must be a tuple (features, labels, lengths)")

@@ -230,6 +230,12 @@ def test_linear_chain_crf_ignores_padding_features_and_names_bad_valid_ones():
     y[1, 3:] = float("nan")                              # padding: was 'node contains NaN'
     chain = bp.LinearChain()
     assert torch.equal(chain.marginals(model(x, lengths)).node, chain.marginals(model(y, lengths)).node)
+    # ... and its weight gradient: NaN * 0 made every weight NaN after one training step
+    labels = torch.tensor([[0, 1, 2, 0, 1], [2, 1, 0, -1, -1]])
+    grads = [torch.autograd.grad(crf_nll(chain, model(f, lengths), labels).sum(), list(model.parameters()))
+             for f in (x, y)]
+    for clean, padded in zip(*grads, strict=True):
+        assert torch.equal(clean, padded)
     y[1, 1, 2] = float("inf")
     with pytest.raises(ValueError, match="features give NaN or infinite node scores at valid positions"):
         model(y, lengths)

@@ -151,6 +151,23 @@ def test_fit_predict_save_load_roundtrip(tmp_path):
         NonLocalCRF(LinearChainCRF(7, 4)).load(tmp_path / "model.pt")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_checkpoint_saved_on_a_gpu_loads_on_a_cpu_only_machine(tmp_path, monkeypatch):
+    """A CUDA model's checkpoint records its tensors' device: loaded without map_location on a machine without
+    CUDA it was refused as "not a checkpoint ... or a damaged one"."""
+    import torch.serialization
+
+    model = NonLocalCRF(LinearChainCRF(6, 4))
+    torch.nn.init.normal_(model.theta.node.weight)
+    with monkeypatch.context() as patch:                            # what torch.save writes for CUDA tensors
+        patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        model.save(tmp_path / "gpu.pt")
+    with pytest.raises(RuntimeError, match="CUDA"):                 # the file does say CUDA
+        torch.load(tmp_path / "gpu.pt", weights_only=True)
+    clone = NonLocalCRF(LinearChainCRF(6, 4)).load(tmp_path / "gpu.pt")
+    assert torch.equal(clone.theta.node.weight, model.theta.node.weight)
+
+
 def test_save_to_a_path_that_cannot_be_written_is_an_os_error_naming_it(tmp_path):
     missing = tmp_path / "missing" / "model.pt"                  # torch.save raises RuntimeError here
     with pytest.raises(OSError, match=f"cannot write {missing}"):
@@ -265,6 +282,21 @@ def test_bad_arguments_are_named():
         model.fit(x, labels, lengths, seed="a")
     with pytest.raises(TypeError, match="lengths must be an integer tensor"):
         model.fit(x, labels, lengths.double())
+    for bad in (-3, "x"):                                           # without an energy too (was ignored)
+        with pytest.raises((ValueError, TypeError), match="max_iter must be an int"):
+            model.predict(x, lengths, max_iter=bad)
+    before = [p.clone() for p in model.parameters()]
+    with pytest.raises(TypeError, match="metric must be a function"):   # was raised after a whole epoch
+        model.fit(x, labels, lengths, epochs=1, valid=(x, labels, lengths), metric="accuracy")
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    with pytest.raises(ValueError, match="features must have 6 values in their last dimension, got"):
+        MeanMapPsi(6, num_features=10)(torch.randn(2, 3, 4), torch.tensor([3, 2]))
+    zeros = torch.zeros(2, 3, dtype=torch.long)
+    for bad in ([0, 0], [7, 9]):                                     # scored 0.0 and 1.0
+        with pytest.raises(ValueError, match=r"lengths must lie in \[1, N\]=\[1, 3\]"):
+            character_accuracy(zeros, zeros, torch.tensor(bad))
+    with pytest.raises(TypeError, match="lengths must be an integer tensor"):
+        character_accuracy(zeros, zeros, torch.tensor([1.5, 2.5]))
 
 
 def test_zero_lengths_are_refused_before_any_step():
