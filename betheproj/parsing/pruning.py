@@ -11,11 +11,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_count, check_real
+from .._checks import check_bool, check_count, check_real
 from ..data.conllu import Sentence
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
 from ..oracles.nonprojective import NonProjective
+from .features import ArcFeatures
 from .parser import DependencyParser, GreedyFirst, _sentences
 
 __all__ = ["Candidates", "prune"]
@@ -24,7 +25,8 @@ __all__ = ["Candidates", "prune"]
 @dataclass
 class Candidates:
     """Pruned arcs of a list of sentences: for sentence ``i`` the rows ``offsets[i]:offsets[i+1]`` of ``mod``
-    (0-based word index ``m - 1``), ``head`` (0 = root) and the first-order feature ids ``ids`` [A, K1] (int32)."""
+    (0-based word index ``m - 1``), ``head`` (0 = root) and the first-order feature ids ``ids`` [A, K1] (int32),
+    hashed by the features whose :func:`feature_settings` are ``features`` (``None``: not recorded)."""
 
     offsets: np.ndarray
     mod: np.ndarray
@@ -32,9 +34,15 @@ class Candidates:
     ids: np.ndarray
     lengths: np.ndarray
     recall: float              # share of gold heads kept (non-punctuation words with a gold head), NaN if none
+    features: tuple | None = None
 
     def rows(self, i: int) -> slice:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+
+def feature_settings(features: ArcFeatures) -> tuple:
+    """What decides the ids an :class:`ArcFeatures` hashes arcs to: its bits and templates."""
+    return features.bits, features.lowercase, features.xpos, features.context
 
 
 def _length_batches(lengths: Sequence[int], max_batch: int, budget: int) -> list[list[int]]:
@@ -69,6 +77,7 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
     MAP tree (so a tree always survives), plus the gold head if ``gold``.  Returns the kept arcs with their
     first-order feature ids and the pruning recall (gold heads kept, punctuation excluded)."""
     top_k, min_prob = check_count("top_k", top_k), check_real("min_prob", min_prob, 0.0, 1.0, high_open=True)
+    gold = check_bool("gold", gold)
     batch_size = check_count("batch_size", batch_size)
     if not isinstance(first, DependencyParser):
         raise TypeError(f"first must be a DependencyParser, got {type(first).__name__}")
@@ -96,7 +105,8 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
     if not sentences:                                   # nothing to prune (np.concatenate needs an array)
         empty = np.zeros(0, dtype=np.int16)
         return Candidates(np.zeros(1, dtype=np.int64), empty, empty.copy(),
-                          np.zeros((0, first.features.num_slots), dtype=np.int32), lengths, float("nan"))
+                          np.zeros((0, first.features.num_slots), dtype=np.int32), lengths, float("nan"),
+                          feature_settings(first.features))
     oracle = NonProjective(single_root=first.single_root)
     decoder = GreedyFirst(oracle)
     kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [None] * len(sentences)  # type: ignore[list-item]
@@ -138,4 +148,5 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
     sizes = np.array([len(k[0]) for k in kept], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     return Candidates(offsets, np.concatenate([k[0] for k in kept]), np.concatenate([k[1] for k in kept]),
-                      np.concatenate([k[2] for k in kept]), lengths, hit / total if total else float("nan"))
+                      np.concatenate([k[2] for k in kept]), lengths, hit / total if total else float("nan"),
+                      feature_settings(first.features))

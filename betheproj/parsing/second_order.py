@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_count, check_nonnegative, check_positive, check_real
+from .._checks import check_count, check_nonnegative, check_positive, check_real, check_seed
 from .._files import torch_save
 from ..data.conllu import Sentence
 from ..energies.second_order import SecondOrderArcs
@@ -54,10 +54,12 @@ from .parser import (
     read_model,
 )
 from .part_features import SecondOrderFeatures
-from .pruning import Candidates, _dense, _length_batches, prune
+from .pruning import Candidates, _dense, _length_batches, feature_settings, prune
 from .second_order_decoding import loopy_bp_parse, mean_field_parse
 
 __all__ = ["SecondOrderParser"]
+
+METHODS = ("mean_field", "loopy_bp", "first_order")   # decoders of SecondOrderParser.predict
 
 FORMAT = "betheproj-second-order-parser"
 VERSION = 1
@@ -150,9 +152,14 @@ class SecondOrderParser:
         if not sentences:
             raise ValueError("no training sentences")
         epochs, train_iter = check_count("epochs", epochs), check_count("train_iter", train_iter)
-        max_batch = check_count("max_batch", max_batch)
+        max_batch, budget = check_count("max_batch", max_batch), check_count("budget", budget)
         lr, lr_first = check_positive("lr", lr), check_nonnegative("lr_first", lr_first)
-        l2 = check_nonnegative("l2", l2)
+        l2, seed = check_nonnegative("l2", l2), check_seed("seed", seed)
+        if dev_method not in METHODS:
+            raise ValueError(f"dev_method must be one of {', '.join(map(repr, METHODS))}, got {dev_method!r}")
+        dev_iter = check_count("dev_iter", dev_iter, 0)
+        if eval_every is not None:
+            eval_every = check_count("eval_every", eval_every)
         if max_seconds is not None:
             max_seconds = check_positive("max_seconds", max_seconds)
         check_gold_trees(sentences, self.first.single_root)
@@ -172,7 +179,7 @@ class SecondOrderParser:
         oracle = NonProjective(self.first.single_root)
         batches = _length_batches(cands.lengths.tolist(), max_batch, budget)
         gen = torch.Generator().manual_seed(seed)
-        eval_every = eval_every or len(batches)
+        eval_every = len(batches) if eval_every is None else eval_every
         bar = progress_bar(epochs * len(batches), progress, "second-order (Algorithm 3)")
         best, best_state, history, steps, stopped = None, None, [], 0, False
         losses: list[float] = []
@@ -233,11 +240,18 @@ class SecondOrderParser:
         """Heads (int64 arrays) of every sentence: ``method="mean_field"`` (:func:`mean_field_parse`, default 30
         Bethe-RDA iterations) or ``"loopy_bp"`` (:func:`loopy_bp_parse`, default 20 iterations); ``"first_order"``
         decodes the pruned arc-factored part alone (``w1``, no second-order terms)."""
-        if method not in ("mean_field", "loopy_bp", "first_order"):
+        if method not in METHODS:
             raise ValueError(f"method must be 'mean_field', 'loopy_bp' or 'first_order', got {method!r}")
+        max_batch, budget = check_count("max_batch", max_batch), check_count("budget", budget)
         sentences = _sentences(sentences)
         if candidates is None:
             candidates = prune(self.first, self.pruner, sentences, self.top_k, self.min_prob)
+        if not isinstance(candidates, Candidates):
+            raise TypeError(f"candidates must be Candidates (from prune), got {type(candidates).__name__}")
+        mine = feature_settings(self.first.features)
+        if candidates.features is not None and candidates.features != mine:
+            raise ValueError(f"candidates were pruned with other first-order features (bits, lowercase, xpos, context "
+                             f"{candidates.features}; this model's {mine}): their feature ids index other weights")
         if len(candidates.lengths) != len(sentences) or any(
                 int(n) != len(s) for n, s in zip(candidates.lengths, sentences, strict=True)):
             raise ValueError(f"candidates do not belong to these sentences (they were pruned for "
@@ -250,10 +264,12 @@ class SecondOrderParser:
             batch = self._batch(sentences, candidates, idx, gold=False)
             if method == "mean_field":
                 heads, _ = mean_field_parse(batch.potentials, batch.sibling, batch.grandparent,
-                                            max_iter=max_iter or 30, decode_on=decode_on or "map", single_root=single,
+                                            max_iter=30 if max_iter is None else max_iter, decode_on=decode_on or "map",
+                                            single_root=single,
                                             parts=batch.parts)
             elif method == "loopy_bp":
-                heads, _ = loopy_bp_parse(batch.potentials, batch.sibling, batch.grandparent, max_iter=max_iter or 20,
+                heads, _ = loopy_bp_parse(batch.potentials, batch.sibling, batch.grandparent,
+                                          max_iter=20 if max_iter is None else max_iter,
                                           damping=damping, decode_on=decode_on or "beliefs", single_root=single)
             else:
                 heads = GreedyFirst(NonProjective(single)).map(batch.potentials)

@@ -122,10 +122,39 @@ def test_parser_bad_inputs(tmp_path):
                        ({"l2": float("nan")}, "l2"), ({"max_seconds": -1.0}, "max_seconds")):
         with pytest.raises(ValueError, match=match):                # lr -1 trained, ascending the loss
             parser.fit(_grandparent_treebank(1), **bad)
+    train = _grandparent_treebank(1)
+    for bad, match in (({"dev_method": "bad"}, "dev_method must be one of"),    # raised after a whole epoch
+                       ({"dev_iter": -1}, "dev_iter must be"), ({"eval_every": 0}, "eval_every must be"),
+                       ({"eval_every": -2}, "eval_every must be"), ({"budget": 0}, "budget must be"),
+                       ({"seed": "a"}, "seed must be an int")):
+        before = parser.w2.clone()
+        with pytest.raises((ValueError, TypeError), match=match):
+            parser.fit(train, dev=train, **bad)
+        assert torch.equal(parser.w2, before)
+    for bad, match in (({"candidates": "x"}, "candidates must be Candidates"), ({"max_batch": 0}, "max_batch"),
+                       ({"budget": -1}, "budget"), ({"method": "loopy_bp", "max_iter": 0}, "max_iter must be")):
+        with pytest.raises((ValueError, TypeError), match=match):     # loopy BP ran its default 20 for 0
+            parser.predict(sents, **bad)
+    wider = DependencyParser(bits=12)
+    wider.weights = torch.zeros(4097)
+    with pytest.raises(ValueError, match=r"candidates were pruned with other first-order features \(bits"):
+        parser.predict(sents, candidates=prune(wider, wider.weights, sents))    # ids of other weights: wrong parses
     with pytest.raises(FileNotFoundError, match="expected a second-order parser model .* at .*missing.pt"):
         SecondOrderParser.load(tmp_path / "missing.pt")
     with pytest.raises(ValueError, match="bits"):
         SecondOrderFeatures(bits=3)
+
+
+def test_zero_decoding_iterations_mean_zero():
+    """``max_iter=0`` fell back to the default (``max_iter or 30``): mean field decoded after 30 iterations."""
+    first = DependencyParser(bits=10)
+    first.weights = torch.randn(1025, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    parser = SecondOrderParser(first, bits=10)
+    parser.w2 = torch.randn_like(parser.w2, generator=torch.Generator().manual_seed(1)) * 3.0
+    sents = _grandparent_treebank(1)
+    zero, thirty = parser.predict(sents, max_iter=0), parser.predict(sents, max_iter=30)
+    assert all((z == f).all() for z, f in zip(zero, parser.predict(sents, method="first_order"), strict=True))
+    assert [h.tolist() for h in parser.predict(sents)] == [h.tolist() for h in thirty]
 
 
 def test_prune_bad_inputs():
@@ -143,6 +172,8 @@ def test_prune_bad_inputs():
         prune(first, torch.full_like(w, float("nan")), sents)
     with pytest.raises(ValueError, match="batch_size"):
         prune(first, w, sents, batch_size=0)
+    with pytest.raises(TypeError, match="gold must be a bool"):       # "yes" was read as True
+        prune(first, w, sents, gold="yes")
     with pytest.raises(TypeError, match="sentences must be a list"):
         prune(first, w, sents[0])
     short = _sentence(["g1", "f"], ["G", "F"], [0, 3])          # HEAD 3 of a 2-word sentence
