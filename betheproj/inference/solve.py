@@ -78,8 +78,12 @@ class Solution:
             method) mirror descent finished it.
         residual: [B] the stationarity residual of the returned point (mirror descent, RDA, and the
             accelerated method where it converged); where the accelerated method did not converge (and mirror
-            descent did not finish the example), of its last oracle point, not of the average it returns.
-        oracle_calls: total oracle calls, summed over examples (retries included).
+            descent did not finish the example), of the oracle point its last iteration started from, not of
+            the average it returns.
+        oracle_calls: total oracle calls, summed over examples (retries included).  The accelerated method's
+            objective at its averages reads ``oracle.entropy`` of marginals no oracle call returned; for the
+            dependency-tree oracles that entropy solves for their parameters with further marginal inferences
+            (a Newton iteration), which are not counted here.
     """
 
     marginals: Marginals
@@ -216,7 +220,8 @@ def _merge(sol: Solution, other: Solution, rows: Tensor) -> Solution:
     objectives[rows, -1] = other.objective[rows]
     return Solution(marginals=mu, potentials=merged, iterations=pick(sol.iterations, sol.iterations + other.iterations),
                     converged=pick(sol.converged, other.converged), objective=pick(sol.objective, other.objective),
-                    objectives=objectives, safeguarded=pick(sol.safeguarded, torch.ones_like(other.safeguarded)),
+                    objectives=objectives,
+                    safeguarded=pick(sol.safeguarded, sol.safeguarded | other.safeguarded | (other.iterations > 0)),
                     residual=pick(sol.residual, other.residual), oracle_calls=sol.oracle_calls + other.oracle_calls,
                     method=sol.method)
 

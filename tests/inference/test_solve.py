@@ -907,3 +907,17 @@ def test_accelerated_keeps_its_lipschitz_estimate_on_a_curved_energy(seed):
     md = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=2000)
     assert bool(acc.converged.all()) and int(acc.iterations.max()) < 500 and acc.oracle_calls < 2000
     assert torch.allclose(acc.objective, md.objective, rtol=0, atol=1e-7)
+
+
+def test_zero_iterations_of_the_accelerated_method_safeguard_nothing():
+    """With max_iter=0 mirror descent takes over every example and runs no iteration: it finished none of them
+    (every example was flagged safeguarded, the stationary one too)."""
+    gen = torch.Generator().manual_seed(0)
+    theta = bp.ChainPotentials(torch.randn(2, 4, 3, generator=gen, dtype=torch.float64),
+                               torch.randn(3, 3, generator=gen, dtype=torch.float64))
+    energy = LinearMeasurements(node=torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64), offset=3.0,
+                                loss="squared", psi=torch.tensor([0.0, 2.0], dtype=torch.float64))   # 0: no energy
+    sol = bp.solve(bp.LinearChain(), theta, energy, method="accelerated", max_iter=0)
+    assert sol.converged.tolist() == [True, False] and sol.safeguarded.tolist() == [False, False]
+    one = bp.solve(bp.LinearChain(), theta, energy, method="accelerated", max_iter=1)
+    assert one.safeguarded.tolist() == [False, True]                # mirror descent ran for example 1
