@@ -16,7 +16,6 @@ from ..data.conllu import Sentence
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
 from ..oracles.nonprojective import NonProjective
-from .features import ArcFeatures
 from .parser import DependencyParser, GreedyFirst, _sentences
 
 __all__ = ["Candidates", "prune"]
@@ -26,7 +25,7 @@ __all__ = ["Candidates", "prune"]
 class Candidates:
     """Pruned arcs of a list of sentences: for sentence ``i`` the rows ``offsets[i]:offsets[i+1]`` of ``mod``
     (0-based word index ``m - 1``), ``head`` (0 = root) and the first-order feature ids ``ids`` [A, K1] (int32),
-    hashed by the features whose :func:`feature_settings` are ``features`` (``None``: not recorded)."""
+    hashed by the features whose ``config()`` is ``features`` (``None``: not recorded)."""
 
     offsets: np.ndarray
     mod: np.ndarray
@@ -34,15 +33,10 @@ class Candidates:
     ids: np.ndarray
     lengths: np.ndarray
     recall: float              # share of gold heads kept (non-punctuation words with a gold head), NaN if none
-    features: tuple | None = None
+    features: dict | None = None
 
     def rows(self, i: int) -> slice:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
-
-
-def feature_settings(features: ArcFeatures) -> tuple:
-    """What decides the ids an :class:`ArcFeatures` hashes arcs to: its bits and templates."""
-    return features.bits, features.lowercase, features.xpos, features.context
 
 
 def _length_batches(lengths: Sequence[int], max_batch: int, budget: int) -> list[list[int]]:
@@ -106,7 +100,7 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
         empty = np.zeros(0, dtype=np.int16)
         return Candidates(np.zeros(1, dtype=np.int64), empty, empty.copy(),
                           np.zeros((0, first.features.num_slots), dtype=np.int32), lengths, float("nan"),
-                          feature_settings(first.features))
+                          first.features.config())
     oracle = NonProjective(single_root=first.single_root)
     decoder = GreedyFirst(oracle)
     kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [None] * len(sentences)  # type: ignore[list-item]
@@ -149,4 +143,4 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     return Candidates(offsets, np.concatenate([k[0] for k in kept]), np.concatenate([k[1] for k in kept]),
                       np.concatenate([k[2] for k in kept]), lengths, hit / total if total else float("nan"),
-                      feature_settings(first.features))
+                      first.features.config())

@@ -54,12 +54,17 @@ from .parser import (
     read_model,
 )
 from .part_features import SecondOrderFeatures
-from .pruning import Candidates, _dense, _length_batches, feature_settings, prune
+from .pruning import Candidates, _dense, _length_batches, prune
 from .second_order_decoding import loopy_bp_parse, mean_field_parse
 
 __all__ = ["SecondOrderParser"]
 
 METHODS = ("mean_field", "loopy_bp", "first_order")   # decoders of SecondOrderParser.predict
+
+
+def _check_method(name: str, method: object) -> None:
+    if method not in METHODS:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
 
 FORMAT = "betheproj-second-order-parser"
 VERSION = 1
@@ -155,8 +160,7 @@ class SecondOrderParser:
         max_batch, budget = check_count("max_batch", max_batch), check_count("budget", budget)
         lr, lr_first = check_positive("lr", lr), check_nonnegative("lr_first", lr_first)
         l2, seed = check_nonnegative("l2", l2), check_seed("seed", seed)
-        if dev_method not in METHODS:
-            raise ValueError(f"dev_method must be one of {', '.join(map(repr, METHODS))}, got {dev_method!r}")
+        _check_method("dev_method", dev_method)
         dev_iter = check_count("dev_iter", dev_iter, 0)
         if eval_every is not None:
             eval_every = check_count("eval_every", eval_every)
@@ -240,18 +244,20 @@ class SecondOrderParser:
         """Heads (int64 arrays) of every sentence: ``method="mean_field"`` (:func:`mean_field_parse`, default 30
         Bethe-RDA iterations) or ``"loopy_bp"`` (:func:`loopy_bp_parse`, default 20 iterations); ``"first_order"``
         decodes the pruned arc-factored part alone (``w1``, no second-order terms)."""
-        if method not in METHODS:
-            raise ValueError(f"method must be 'mean_field', 'loopy_bp' or 'first_order', got {method!r}")
+        _check_method("method", method)
         max_batch, budget = check_count("max_batch", max_batch), check_count("budget", budget)
         sentences = _sentences(sentences)
         if candidates is None:
             candidates = prune(self.first, self.pruner, sentences, self.top_k, self.min_prob)
         if not isinstance(candidates, Candidates):
             raise TypeError(f"candidates must be Candidates (from prune), got {type(candidates).__name__}")
-        mine = feature_settings(self.first.features)
+        mine = self.first.features.config()
         if candidates.features is not None and candidates.features != mine:
-            raise ValueError(f"candidates were pruned with other first-order features (bits, lowercase, xpos, context "
-                             f"{candidates.features}; this model's {mine}): their feature ids index other weights")
+            def show(cfg: dict) -> str:
+                return ", ".join(f"{k}={v}" for k, v in cfg.items())
+
+            raise ValueError(f"candidates were pruned with other first-order features ({show(candidates.features)}; "
+                             f"this model's {show(mine)}): their feature ids index other weights")
         if len(candidates.lengths) != len(sentences) or any(
                 int(n) != len(s) for n, s in zip(candidates.lengths, sentences, strict=True)):
             raise ValueError(f"candidates do not belong to these sentences (they were pruned for "
