@@ -12,8 +12,8 @@ from numbers import Integral, Real
 import numpy as np
 import torch
 
-__all__ = ["check_bool", "check_count", "check_device", "check_int", "check_nonnegative", "check_positive",
-           "check_real", "check_seed"]
+__all__ = ["check_bool", "check_count", "check_device", "check_float_dtype", "check_int", "check_nonnegative",
+           "check_positive", "check_real", "check_seed"]
 
 SEED_MAX = 2 ** 63 - 1          # the seeds of the command line; torch wraps larger ones, NumPy counts in int64
 
@@ -122,3 +122,10 @@ def check_device(name: str, value: object) -> torch.device:
     elif device.type != "cpu":
         raise ValueError(f"{name} must be 'cpu' or a CUDA device, got {str(value)!r}")
     return device
+
+
+def check_float_dtype(name: str, value: object) -> torch.dtype:
+    """``value`` as ``torch.float32`` or ``torch.float64``, the two precisions the package computes in."""
+    if value not in (torch.float32, torch.float64):
+        raise TypeError(f"{name} must be torch.float32 or torch.float64, got {value!r}")
+    return value  # type: ignore[return-value]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._checks import check_count, check_positive, check_real, check_seed
+from ._checks import check_count, check_float_dtype, check_positive, check_real, check_seed
 from .energies import LinearMeasurements, Poisson
 from .inference import decode, solve
 from .oracles import ChainPotentials, LinearChain
@@ -25,7 +25,7 @@ def migration_instance(grid: int = 5, steps: int = 8, population: float = 500.0,
     population, rate = check_real("population", population, 1.0), check_positive("rate", rate)
     if population != int(population):
         raise ValueError(f"population must be a whole number of individuals, got {population!r}")
-    _check_dtype(dtype)
+    check_float_dtype("dtype", dtype)
     cells = grid * grid
     xy = torch.stack(torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij"), -1).reshape(-1, 2)
     diff = (xy[:, None, :] - xy[None, :, :]).abs()
@@ -37,11 +37,6 @@ def migration_instance(grid: int = 5, steps: int = 8, population: float = 500.0,
     truth = sample_counts(theta, int(population), gen)
     counts = torch.poisson(rate * truth, generator=gen)
     return theta, Poisson(counts, rate=rate, scale=population), truth
-
-
-def _check_dtype(dtype: object) -> None:
-    if dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
 
 
 def sample_counts(theta: ChainPotentials, population: int, gen: torch.Generator) -> torch.Tensor:
@@ -63,7 +58,7 @@ def tagging_instance(batch: int = 64, length: int = 12, labels: int = 5, seed: i
     """Random tagging chains plus a soft global constraint: label 0 should appear at least twice."""
     gen = torch.Generator().manual_seed(check_seed("seed", seed))
     batch, length, labels = check_count("batch", batch), check_count("length", length), check_count("labels", labels)
-    _check_dtype(dtype)
+    check_float_dtype("dtype", dtype)
     node = torch.randn(batch, length, labels, generator=gen, dtype=dtype)
     node[..., 0] -= 1.5                                        # label 0 is locally unlikely
     edge = torch.randn(labels, labels, generator=gen, dtype=dtype)

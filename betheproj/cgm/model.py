@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_count, check_int, check_nonnegative, check_positive, check_real
+from .._checks import check_count, check_float_dtype, check_int, check_nonnegative, check_positive, check_real
 from ..oracles import ChainPotentials
 
 __all__ = ["TransitionModel", "MigrationInstance", "default_model", "simulate"]
@@ -34,7 +34,7 @@ class TransitionModel(nn.Module):
                  dtype: torch.dtype = torch.float64):
         super().__init__()
         grid, steps = check_count("grid", grid), check_count("steps", steps, 2)
-        dtype = _check_dtype(dtype)
+        dtype = check_float_dtype("dtype", dtype)
         cells = grid * grid
         self.grid, self.steps = grid, steps
         # the model lives where the tensors it is given live (the CPU if none), buffers included
@@ -132,15 +132,9 @@ class MigrationInstance:
     model: TransitionModel
 
 
-def _check_dtype(dtype: object) -> torch.dtype:
-    if dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
-    return dtype
-
-
 def default_model(grid: int, steps: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> TransitionModel:
     """Short moves with a seasonal drift, random cell attractiveness, a population starting in the south."""
-    grid, dtype = check_count("grid", grid), _check_dtype(dtype)
+    grid, dtype = check_count("grid", grid), check_float_dtype("dtype", dtype)
     gen = torch.Generator().manual_seed(check_int("seed", seed, 0, _SEED_MAX))
     cells = grid * grid
     attraction = 0.5 * torch.randn(cells, generator=gen, dtype=dtype)

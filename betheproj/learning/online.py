@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._checks import check_count, check_positive, check_seed
+from .._checks import check_count, check_float_dtype, check_positive, check_seed
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
 from .losses import CostFn, loss_and_gradient, resolve_loss
@@ -172,8 +172,7 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     each step: see the module docstring); the weights live on the device of the examples' ``ids``."""
     beta, gamma = resolve_loss(loss, beta, gamma)
     num_features = check_count("num_features", num_features)
-    if dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    check_float_dtype("dtype", dtype)
     epochs = check_count("epochs", epochs)
     lam = check_positive("lam (lambda)", lam)
     seed = check_seed("seed", seed)
