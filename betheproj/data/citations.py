@@ -11,7 +11,8 @@ A tag nested directly in a tag of the same name (``<venue> <venue>``, ``<person>
 the data) counts once in the path.  Malformed lines are repaired as they are read, and each repair is
 counted: a closing tag matching a tag further down the stack closes every tag above it; a closing tag
 matching no open tag closes the innermost one (the data's mismatched pairs such as
-``<person-middle> ... </person-first>``); tags left open at the end of a line are closed there.
+``<person-middle> ... </person-first>``); ``</<name>`` (``C. </<person-first>``, twice in the data) is the
+closer ``</name>``; tags left open at the end of a line are closed there.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["Citation", "parse_citation", "read_citations", "load_citations", "to
 
 SPLITS = {"train": "training.docs", "dev": "dev.docs", "test": "testing.docs"}
 _TAG_NAME = re.compile(r"[A-Za-z][\w.-]*")
-_TAG = re.compile(rf"(</?{_TAG_NAME.pattern}>)")
+_TAG = re.compile(rf"(<(?:/<?)?{_TAG_NAME.pattern}>)")      # </<name>: a malformed closer (two lines of the data)
 _QUOTES = "\"\u201c\u201d"
 _SPLIT_OFF = ",;:" + _QUOTES
 _INITIAL = re.compile(r"[^\W\d_]\.")                   # one letter and its period: "J."
@@ -92,6 +93,7 @@ def parse_citation(line: str) -> Citation:
     for piece in _TAG.split(line):
         if _TAG.fullmatch(piece):
             name = piece.strip("</>")
+            repairs += piece.startswith("</<")
             if not piece.startswith("</"):
                 instances += 1
                 stack.append((name, instances))
