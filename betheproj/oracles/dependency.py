@@ -110,6 +110,16 @@ def _prepare(scores: object, lengths: object) -> tuple[Tensor, Tensor]:
     return _mask_head_major(scores, lengths), lengths
 
 
+def _check_range(s: Tensor) -> None:
+    """``ValueError`` where two allowed arcs into one word differ by more than the dtype's range: shifted by its
+    column's best score (as the inside algorithms here are), the lower would read as forbidden, and a sentence
+    whose trees all need such an arc as having no tree."""
+    with torch.no_grad():
+        if bool((torch.isneginf(s - _column_max(s)) & torch.isfinite(s)).any()):
+            raise ValueError(f"arc scores into one word differ by more than {s.dtype}'s range (an allowed arc "
+                             f"would read as forbidden): rescale the scores")
+
+
 def _arc_mask(lengths: Tensor, c: int) -> Tensor:
     """[B, C, C] True at the arcs ``h -> m`` that exist: ``1 <= m <= n``, ``0 <= h <= n``, ``h != m``."""
     pos = torch.arange(c, device=lengths.device)
@@ -245,6 +255,7 @@ class _DependencyOracle:
     def marginals(self, potentials: PairwisePotentials) -> DependencyMarginals:
         """Arc marginals [B, N, N+1] (zero at padding rows and invalid heads) and ``log Z`` [B]."""
         scores, lengths = self._scores(potentials)
+        _check_range(scores)
         top = _column_max(scores)
         with torch.no_grad():
             shifted_log_z, marg = self._marginals_core(scores - top, lengths)

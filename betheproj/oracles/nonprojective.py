@@ -29,7 +29,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .dependency import _DependencyOracle, _differentiable, _lse, _prepare, _raise_no_tree, _raise_overflow
+from .dependency import (
+    _check_range,
+    _DependencyOracle,
+    _differentiable,
+    _lse,
+    _mask_head_major,
+    _prepare,
+    _raise_no_tree,
+    _raise_overflow,
+)
 
 __all__ = ["matrix_tree", "chu_liu_edmonds", "NonProjective"]
 
@@ -46,6 +55,7 @@ def matrix_tree(scores: Tensor, lengths: Tensor, single_root: bool = False) -> t
     if not isinstance(single_root, bool):
         raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
     masked, lengths = _prepare(scores, lengths)
+    _check_range(masked)
     with torch.no_grad():
         log_z, marg = _matrix_tree(masked.detach(), lengths, single_root)
     return _differentiable(scores, log_z, marg), marg
@@ -213,7 +223,8 @@ def _cle(s: np.ndarray) -> np.ndarray | None:
         c = cyc[0]
         hc = heads[cyc]
         history.append((cyc, rep.copy(), arc[hc, cyc]))
-        gain = s[:, cyc] - s[hc, cyc]                                    # [V, |C|]
+        with np.errstate(over="ignore"):                                 # -inf: the caller names the range
+            gain = s[:, cyc] - s[hc, cyc]                                # [V, |C|]
         j = gain.argmax(1)
         s_in, arc_in = gain[nodes, j], arc[nodes, cyc[j]]
         leave = cyc[s[cyc].argmax(0)]
@@ -291,6 +302,7 @@ def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
         raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
     best = _best_tree(scores.detach().to("cpu", torch.float64).numpy().copy(), single_root)
     if best is None:
+        _check_range(_mask_head_major(scores.detach()[None], torch.tensor([len(scores) - 1], device=scores.device)))
         raise ValueError("no valid dependency tree: every tree uses a -inf arc")
     return torch.as_tensor(best[1:], dtype=torch.long, device=scores.device)
 
@@ -313,6 +325,7 @@ class NonProjective(_DependencyOracle):
         for i, n in enumerate(lengths.tolist()):
             best = _best_tree(s[i, : n + 1, : n + 1].copy(), self.single_root)
             if best is None:
+                _check_range(scores[i : i + 1])                          # (CLE's gains overflow like the shifts)
                 raise ValueError(f"example {i}: no valid dependency tree: every tree uses a -inf arc")
             out[i, :n] = best[1:]
         return torch.as_tensor(out, device=scores.device)

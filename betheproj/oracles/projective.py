@@ -18,7 +18,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dependency import _column_max, _DependencyOracle, _differentiable, _lse, _prepare, _raise_no_tree, _raise_overflow
+from .dependency import (
+    _check_range,
+    _column_max,
+    _DependencyOracle,
+    _differentiable,
+    _lse,
+    _prepare,
+    _raise_no_tree,
+    _raise_overflow,
+)
 
 __all__ = ["eisner", "eisner_map", "Projective"]
 
@@ -87,12 +96,9 @@ def eisner(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[
 def _column_shifted(s: Tensor) -> tuple[Tensor, Tensor]:
     """Scores with each modifier's column shifted by its (finite) maximum, and the total shift [B]: every tree
     has one arc into each word, so this only rescales Z, and a huge constant cannot absorb O(1) scores."""
+    _check_range(s)
     col = _column_max(s)
-    shifted = s - col
-    if bool((torch.isneginf(shifted) & torch.isfinite(s)).any()):
-        raise ValueError(f"arc scores into one word differ by more than {s.dtype}'s range (an allowed arc would "
-                         f"read as forbidden): rescale the scores")
-    return shifted, col.sum((1, 2))
+    return s - col, col.sum((1, 2))
 
 
 def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:

@@ -329,6 +329,20 @@ def test_eisner_names_scores_beyond_the_dtype_range():
             f()
 
 
+def test_every_oracle_names_scores_beyond_the_dtype_range():
+    """The one tree, 0 -> 1 -> 2, scores -1e308 + 1e308 = 0, but the arc into 1 is 2e308 below 2 -> 1: the
+    matrix-tree theorem's column shift and Chu-Liu-Edmonds' cycle gain read it as forbidden, and every
+    non-projective path said "no valid dependency tree" (only Eisner named the range)."""
+    s = torch.tensor([[-INF, -1e308, -INF], [-INF, -INF, 1e308], [-INF, 1e308, -INF]], dtype=DT)
+    pot, lengths = arc_potentials(s[None]), torch.tensor([2])
+    for f in (lambda: chu_liu_edmonds(s), lambda: matrix_tree(s[None], lengths), lambda: eisner(s[None], lengths),
+              lambda: eisner_map(s[None], lengths), lambda: NonProjective().map(pot),
+              lambda: NonProjective().marginals(pot), lambda: Projective().marginals(pot),
+              lambda: Projective().map(pot), lambda: NonProjective().log_partition(pot)):
+        with pytest.raises(ValueError, match="range"):
+            f()
+
+
 @pytest.mark.parametrize("cls", [NonProjective, Projective])
 def test_log_partition_overflow_is_named(cls):
     """float32 scores whose tree score overflows: the oracles added the column shifts back after the "no tree"
