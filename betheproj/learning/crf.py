@@ -16,14 +16,20 @@ __all__ = ["LinearChainCRF", "SparseChainCRF", "sequence_score", "sufficient_sta
 
 
 def _check_labels(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
+    b, n, c = potentials.node.shape
+    return _check_label_range(labels, (b, n), c, potentials.lengths)
+
+
+def _check_label_range(labels: object, shape: tuple[int, int], c: int, lengths: Tensor) -> Tensor:
+    """Integer ``labels`` of ``shape`` [B, N] in ``[0, c)`` before ``lengths``, clamped there (for gathers)."""
     if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.is_complex() \
             or labels.dtype == torch.bool:
         raise TypeError(f"labels must be an integer tensor [B, N], got "
                         f"{labels.dtype if isinstance(labels, Tensor) else type(labels).__name__}")
-    b, n, c = potentials.node.shape
+    b, n = shape
     if labels.shape != (b, n):
         raise ValueError(f"labels must have shape [B, N]=({b}, {n}), got {tuple(labels.shape)}")
-    valid = torch.arange(n, device=labels.device) < potentials.lengths[:, None]
+    valid = torch.arange(n, device=labels.device) < lengths[:, None]
     bad = valid & ((labels < 0) | (labels >= c))
     if bad.any():
         raise ValueError(f"labels must lie in [0, {c}) at every valid position")
@@ -95,6 +101,13 @@ def sufficient_statistics(potentials: PairwisePotentials, labels: Tensor, parent
                      potentials.lengths)
 
 
+def _check_gold(oracle: Oracle, lengths: Tensor, labels: Tensor, name: str) -> None:
+    """Gold labels that are no configuration of ``oracle`` (dependency heads that are not a tree): refuse them."""
+    check = getattr(oracle, "check_labels", None)
+    if check is not None:
+        check(labels, lengths, name)
+
+
 def _check_gold_score(gold_score: Tensor) -> None:
     """A gold labelling on a forbidden part (a ``-inf`` potential) has an infinite loss: refuse it."""
     bad = torch.isneginf(gold_score).nonzero().flatten().tolist()
@@ -107,6 +120,7 @@ def crf_nll(oracle: Oracle, potentials: PairwisePotentials, labels: Tensor) -> T
     """Negative log-likelihood [B], differentiable in the potentials (its gradient is ``mu - S(y)``). Labels on a
     forbidden part (a ``-inf`` potential) are a ``ValueError``, as in :func:`~.losses.structured_loss`."""
     score = sequence_score(potentials, labels, tree_parents(oracle, potentials.node.shape[1]))
+    _check_gold(oracle, potentials.lengths, labels, "labels")
     _check_gold_score(score.detach())
     return oracle.log_partition(potentials) - score
 

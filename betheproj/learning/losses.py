@@ -39,7 +39,7 @@ from torch import Tensor
 
 from .._checks import check_nonnegative, check_real
 from ..oracles.base import Oracle, PairwisePotentials, _unchecked, log_partition, tree_parents
-from .crf import _check_gold_score, _check_labels, _edge_indicators, _node_indicators, sequence_score
+from .crf import _check_gold, _check_gold_score, _check_labels, _edge_indicators, _node_indicators, sequence_score
 
 __all__ = ["LOSSES", "LossGradient", "resolve_loss", "hamming_cost", "cost_augmented", "structured_loss",
            "loss_and_gradient"]
@@ -144,8 +144,9 @@ def structured_loss(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor
     ``S(y_hat) - S(y)`` at the cost-augmented MAP ``y_hat``).
 
     ``loss`` names a preset (``crf``, ``svm``, ``softmax_margin``, ``perceptron``); explicit ``beta``/``gamma``
-    override it.  ``gold`` [B, N] holds labels (for dependency oracles: heads), ignored past ``lengths``; a gold
-    labelling on a forbidden part (a ``-inf`` potential) is a ValueError, not an infinite loss.
+    override it.  ``gold`` [B, N] holds labels (for dependency oracles: heads, which must form one of the oracle's
+    trees), ignored past ``lengths``; a gold labelling on a forbidden part (a ``-inf`` potential) is a ValueError,
+    not an infinite loss.
     """
     if loss is None and beta is None and gamma is None:
         raise ValueError("give a loss name (crf, svm, softmax_margin, perceptron) or beta and gamma")
@@ -153,6 +154,7 @@ def structured_loss(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor
     _check_potentials(potentials)
     parents = tree_parents(oracle, potentials.node.shape[1])
     gold_score = sequence_score(potentials, gold, parents)
+    _check_gold(oracle, potentials.lengths, gold, "gold")
     _check_gold_score(gold_score.detach())
     aug, q = cost_augmented(potentials, gold, gamma, beta, cost)
     if math.isinf(beta):
@@ -194,6 +196,7 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
     with torch.no_grad():
         aug, q = cost_augmented(potentials, gold, gamma, beta, cost)
         gold_score = sequence_score(potentials, y, parents)
+        _check_gold(oracle, potentials.lengths, gold, "gold")
         _check_gold_score(gold_score)
         prediction = None
         if math.isinf(beta):

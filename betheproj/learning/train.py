@@ -16,6 +16,7 @@ from .._checks import check_count, check_nonnegative, check_positive, check_seed
 from ..oracles.base import Marginals, tree_parents
 from ..progress import progress_bar
 from ._checks import check_lengths_like, check_sequences
+from .crf import _check_gold, _check_label_range
 from .model import NonLocalCRF
 
 __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]
@@ -152,6 +153,15 @@ def _batches(num: int, batch_size: int, generator: torch.Generator) -> Iterator[
         yield order[start:start + batch_size]
 
 
+def _check_gold_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor) -> None:
+    """Every label in range (and, on dependency oracles, every example's heads a tree) before the first step: a
+    bad label met in a later minibatch stopped training with the model half-trained."""
+    with torch.no_grad():
+        c = model.potentials(features[:1], lengths[:1]).node.shape[-1]  # the number of labels
+    _check_label_range(labels, tuple(labels.shape), c, lengths)
+    _check_gold(model.oracle, lengths, labels, "labels")
+
+
 def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor, epochs: int = 1,
                           batch_size: int = 32, optimizer: str = "adam", lr: float = 1e-2,
                           psi_lr: float | None = None, l2: float = 0.0, psi_l2: float = 0.0,
@@ -175,6 +185,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     features, the last iterate depends on the last minibatches, the mean much less.
     """
     check_sequences(features, labels, lengths, training=True)
+    _check_gold_labels(model, features, labels, lengths)
     check_count("epochs", epochs)
     check_count("batch_size", batch_size)
     seed = check_seed("seed", seed)
@@ -236,6 +247,7 @@ def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, len
     surrogate likelihood (12) at the fixed ``M``.  Validation and early stopping as in
     :func:`fit_doubly_stochastic`, evaluated after each round."""
     check_sequences(features, labels, lengths, training=True)
+    _check_gold_labels(model, features, labels, lengths)
     check_count("rounds", rounds)
     check_count("m_steps", m_steps)
     check_count("batch_size", batch_size)

@@ -282,6 +282,11 @@ class Oracle(Protocol):
     Optionally ``parents`` (a parent array [N], or ``None``): an oracle whose edges are not a chain's says
     which nodes each edge couples (edge ``k``: node ``parents[k+1]`` with node ``k+1``), so that the score of
     a labelling, ``<theta, S(y)>``, pairs the right labels (:func:`tree_parents`).
+
+    Optionally ``check_labels(labels, lengths, name)``: a ``ValueError`` (naming ``name[i]``) for labellings
+    [B, N] that are not configurations of the structure although every label is in range (dependency heads that
+    are not a tree); the learners call it on gold labels, whose loss would otherwise be that of an impossible
+    structure.
     """
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:

@@ -284,6 +284,30 @@ class _DependencyOracle:
         with torch.no_grad():
             return self._map_core(scores, lengths)
 
+    def check_labels(self, labels: Tensor, lengths: Tensor, name: str = "labels") -> None:
+        """``ValueError`` naming the first example (``name[i]``) whose heads ``labels`` [B, N] (0 = root, ignored past
+        ``lengths``) are not a tree: a head outside ``0..n`` or the word itself, a cycle, no root child (or, with
+        ``single_root``, several).  The loss of such a labelling would score parts this oracle masks (its raw
+        scores are still there).  Crossing arcs are allowed for :class:`Projective` too: training a projective
+        model on non-projective gold trees is common practice (the loss then compares the gold tree with the
+        projective ones; the parser warns about it)."""
+        b, n = labels.shape
+        pos = torch.arange(1, n + 1, device=labels.device)
+        valid = pos <= lengths[:, None]
+        h = torch.where(valid, labels.long(), torch.zeros((), dtype=torch.long, device=labels.device))
+        bad = (valid & ((h < 0) | (h > lengths[:, None]) | (h == pos))).any(1)
+        roots = (valid & (h == 0)).sum(1)
+        bad |= ((roots != 1) if self.single_root else (roots == 0)) & (lengths > 0)
+        up = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=h.device), h.clamp(0, n)], 1)   # root: itself
+        for _ in range(max(n, 1).bit_length()):                       # pointer doubling: 2^k >= n steps up
+            up = up.gather(1, up)
+        bad |= (up[:, 1:] != 0).any(1)                                # a word whose head chain never reaches 0
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            kind = "tree" + (" with one root child" if self.single_root else "")
+            raise ValueError(f"{name}[{i}] are not the heads of a {kind} (each word's head in 0..{int(lengths[i])}, "
+                             f"not itself, no cycle): {labels[i, : int(lengths[i])].tolist()}")
+
     def degree(self, lengths: Tensor, n: int) -> Tensor:
         """[B, N]: 1 at each word, 0 at padding.  In factor-graph terms every head variable belongs to exactly one
         factor, the global TREE factor; there are no pairwise edges, so ``bethe_entropy`` with these degrees is

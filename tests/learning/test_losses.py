@@ -254,3 +254,20 @@ def test_a_cost_of_the_wrong_shape_or_with_nan_is_named_and_potentials_are_check
     for f in (structured_loss, loss_and_gradient):
         with pytest.raises(TypeError, match="potentials must be PairwisePotentials"):
             f(chain, pot.node, gold, loss="crf")
+
+
+@pytest.mark.parametrize("oracle", [bp.NonProjective(), bp.Projective()])
+def test_gold_heads_that_are_not_a_tree_are_refused(oracle):
+    """Dependency oracles mask self-loops and heads past the length (their raw scores are still there), and no
+    score sees a cycle: such gold heads gave finite losses, a self-loop of score 50 a loss of -45."""
+    scores = torch.randn(1, 4, 4, generator=torch.Generator().manual_seed(0), dtype=DT)
+    scores[0, 2, 2] = 50.0
+    for gold, n in (([0, 2, 1], 3), ([2, 3, 1], 3), ([3, 0, 0], 2)):   # a self-loop, a cycle, a head past the end
+        gold, pot = torch.tensor([gold]), bp.arc_potentials(scores, torch.tensor([n]))
+        for fn in (structured_loss, loss_and_gradient):
+            with pytest.raises(ValueError, match=r"gold\[0\] are not the heads of a"):
+                fn(oracle, pot, gold, loss="svm")
+        with pytest.raises(ValueError, match=r"labels\[0\] are not the heads of a"):
+            crf_nll(oracle, pot, gold)
+    pot = bp.arc_potentials(scores, torch.tensor([3]))
+    assert torch.isfinite(structured_loss(oracle, pot, torch.tensor([[0, 1, 2]]), loss="crf")).all()

@@ -527,3 +527,35 @@ def test_surrogate_and_score_check_the_energy_against_the_batch():
     model = NonLocalCRF(LinearChainCRF(5, 3).double(), lambda psi: one)
     with pytest.raises(ValueError, match=r"counts have shape \(1, 4, 3\)"):
         model.score(torch.randn(2, 4, 5, dtype=torch.float64), labels, torch.tensor([4, 4]))
+
+
+@pytest.mark.parametrize("algorithm,options", [("doubly_stochastic", {"batch_size": 1}),
+                                               ("em", {"batch_size": 1, "rounds": 1, "m_steps": 1})])
+def test_fit_checks_every_label_before_the_first_step(algorithm, options):
+    """A label out of range in the last example stopped training at its minibatch, the model already changed."""
+    torch.manual_seed(0)
+    x, lengths = torch.randn(4, 3, 2), torch.tensor([3, 3, 3, 2])
+    labels = torch.randint(0, 2, (4, 3))
+    labels[3, 2] = 7                                                    # padding: ignored
+    model = NonLocalCRF(LinearChainCRF(2, 2))
+    model.fit(x, labels, lengths, algorithm=algorithm, lr=0.5, **options)
+    labels[3, 1] = 7
+    model = NonLocalCRF(LinearChainCRF(2, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\)"):
+        model.fit(x, labels, lengths, algorithm=algorithm, lr=0.5, **options)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+    class Arcs(torch.nn.Module):                                        # arc scores node[b, m-1, h]
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 4)
+
+        def forward(self, x, n):
+            return bp.ChainPotentials(self.layer(x), torch.zeros(4, 4), n)
+
+    model = NonLocalCRF(Arcs(), oracle=bp.NonProjective())
+    model.fit(x, torch.tensor([[0, 1, 1]] * 4), torch.tensor([3] * 4), algorithm=algorithm, **options)
+    with pytest.raises(ValueError, match=r"labels\[2\] are not the heads of a tree"):
+        model.fit(x, torch.tensor([[0, 1, 1]] * 2 + [[0, 3, 2]] * 2), torch.tensor([3] * 4), algorithm=algorithm,
+                  **options)

@@ -543,3 +543,24 @@ def test_chu_liu_edmonds_names_a_single_root_that_is_not_a_bool():
     # matrix_tree, eisner, eisner_map and the oracles refuse it; chu_liu_edmonds read "no" as True
     with pytest.raises(TypeError, match="single_root must be a bool, got str"):
         chu_liu_edmonds(torch.zeros(3, 3, dtype=DT), single_root="no")
+
+
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+@pytest.mark.parametrize("single_root", [False, True])
+def test_check_labels_accepts_exactly_the_trees(cls, single_root):
+    """Every head array of 1-4 words (plus one padded word holding garbage), against a plain reference; crossing
+    arcs are allowed for Projective too (a projective parser may train on non-projective gold trees)."""
+    oracle = cls(single_root=single_root)
+    for n in range(1, 5):
+        heads = torch.tensor(list(itertools.product(range(-1, n + 3), repeat=n)))
+        labels = torch.cat([heads, torch.full((len(heads), 1), 7)], 1)      # N = n + 1, the last word padding
+        lengths = torch.full((len(heads),), n)
+        for row, h in zip(labels, heads.tolist(), strict=True):
+            ok = all(0 <= x <= n and x != m for m, x in enumerate(h, 1)) and reaches_root(h)
+            ok &= (h.count(0) == 1) if single_root else True
+            if ok:
+                oracle.check_labels(row[None], lengths[:1])
+            else:
+                with pytest.raises(ValueError, match=r"gold\[0\] are not the heads of a"):
+                    oracle.check_labels(row[None], lengths[:1], "gold")
+    oracle.check_labels(torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]))   # no words: nothing to check
