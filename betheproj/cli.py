@@ -256,6 +256,8 @@ def _citations(args: argparse.Namespace) -> None:
         if args.seed is not None:
             raise ValueError("--seed is for training (Algorithm 3's minibatch order); --predict uses the model "
                              "already in --out and draws nothing at random")
+        if args.predict == "":
+            raise ValueError("--predict: give a file (or - for standard input), got an empty name")
         source = Path(args.predict)
         if args.predict != "-" and (not source.exists() or source.is_dir()):   # a pipe is read like a file
             raise FileNotFoundError(f"--predict: {'a folder, not a file,' if source.is_dir() else 'no file'} at "
@@ -270,7 +272,8 @@ def _citations(args: argparse.Namespace) -> None:
                 text = source.read_text(encoding="utf-8-sig")     # a byte-order mark is no part of the first word
             except UnicodeDecodeError as err:
                 raise ValueError(f"--predict: {source} is not UTF-8 text ({err})") from None
-        lines = [line.rstrip("\r") for line in text.split("\n")]      # one output line per input line
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")   # one output line per input line
+                                                                            # (read_text turns \r into \n too)
         if lines and lines[-1] == "":
             lines.pop()
         for line in citations.tag_strings(lines, index, model):

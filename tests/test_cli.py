@@ -143,6 +143,26 @@ def test_citation_predict_reads_standard_input_for_a_dash(tagger_stubbed, tmp_pa
     assert capsys.readouterr().out == "'J. Smith. A title. 2005.'\n'B. Jones. Another. 2006.'\n"
 
 
+def test_citation_predict_splits_lines_at_a_bare_carriage_return_from_a_file_or_stdin(tagger_stubbed, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """A file's text is read with universal newlines, standard input's was split at "\\n" only: two citations
+    separated by a bare "\\r" were tagged as one from standard input."""
+    import io
+
+    raw = b"J. Smith. A title. 2005.\rB. Jones. Another. 2006.\r"
+    source = tmp_path / "raw.txt"
+    source.write_bytes(raw)
+    expected = "'J. Smith. A title. 2005.'\n'B. Jones. Another. 2006.'\n"
+    assert main(["citations", "--predict", str(source), "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == expected
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(raw)))
+    assert main(["citations", "--predict", "-", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == expected
+    assert main(["citations", "--predict", "", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == ("betheproj citations: error: --predict: give a file (or - for standard input), "
+                                       "got an empty name\n")
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
 def test_citation_predict_reads_a_named_pipe(tagger_stubbed, tmp_path, capsys):
     """``--predict <(...)`` hands over a pipe, not a regular file: it was refused as "no file"."""
