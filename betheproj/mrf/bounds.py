@@ -20,6 +20,16 @@ __all__ = ["LocalPolytope", "lp_margin_bounds", "lp_radius_bounds"]
 # ------------------------------------------------------------------------------------------------------------------
 # the local polytope and the quantities of Theorem 1
 # ------------------------------------------------------------------------------------------------------------------
+def _unit_vector(w: np.ndarray, name: str) -> np.ndarray:
+    """``w / ||w||``, scaled by ``max |w|`` first: the squares of ``||w||`` overflow beyond ~1e154 (the bounds
+    of ``w = (1e160, 1e160)`` came out 0) and lose digits as subnormals below ~1e-154."""
+    top = float(np.abs(w).max(initial=0.0))
+    if top == 0.0:
+        raise ValueError(f"{name} must be a non-zero vector")
+    v = w / top
+    return v / np.linalg.norm(v)
+
+
 @dataclass
 class LocalPolytope:
     """``{z >= 0 : sum_y mu_i(y) = 1, sum_{y_j} mu_e(y_i, y_j) = mu_i(y_i), sum_{y_i} mu_e(y_i, y_j) = mu_j(y_j)}``
@@ -108,10 +118,7 @@ def lp_margin_bounds(model: LinearPairwiseMRF, gold: Sequence[int] | np.ndarray,
     if any(c != 2 for c in model.cardinalities):
         raise ValueError(f"the certified lower bound needs binary label sets, got sizes {model.cardinalities}")
     w = model._check_w(w)
-    norm = float(np.linalg.norm(w))
-    if norm == 0.0:
-        raise ValueError("w must be non-zero")
-    u = w / norm
+    u = _unit_vector(w, "w")
     y = model.structure.check_labelling(gold, "gold")
     feats = model.all_features(max_configurations) @ u                      # scores of all labellings
     gold_score = float(feats[tuple(y)])

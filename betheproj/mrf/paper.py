@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .._checks import check_count, check_nonnegative, check_positive, check_real, check_seed
-from .bounds import lp_margin_bounds
+from .bounds import _unit_vector, lp_margin_bounds
 from .linear import LinearPairwiseMRF
 from .map import lbp_map, lp_map
 from .pairwise import (
@@ -185,10 +185,7 @@ def random_grid_dataset(num_instances: int, rows: int = 3, cols: int = 3, *, nod
     w_true = _as_float_array("w_true", w_true, ndim=1, allow_neg_inf=False)
     if w_true.shape != (d,):
         raise ValueError(f"w_true must have shape ({d},), got {w_true.shape}")
-    norm = np.linalg.norm(w_true)
-    if not np.isfinite(norm) or norm == 0:
-        raise ValueError(f"w_true must be a non-zero finite vector, got norm {norm}")
-    w_true = w_true / norm
+    w_true = _unit_vector(w_true, "w_true")
     labeller = labeller or lp_map
     edges = grid_edges(rows, cols)
     n = rows * cols

@@ -44,3 +44,16 @@ def test_margin_and_radius_brackets():
         lp_margin_bounds(LinearPairwiseMRF([3], [], [np.ones((3, 1))]), [0], np.ones(1))
     with pytest.raises(ValueError, match="offsets"):
         lp_margin_bounds(LinearPairwiseMRF([2], [], [np.ones((2, 1))], node_offsets=[np.zeros(2)]), [0], np.ones(1))
+
+
+def test_margin_bounds_depend_on_the_direction_of_w_only():
+    """||w|| was formed from squares: w = (1e160, 1e160) gave the bounds (0, 0), (1e-300, 1e-300) "w must be
+    non-zero", and (1e-160, 1e-160) bounds 5.6e-6 off (subnormal squares)."""
+    features = [np.array([[0.0, 0.0], [1.0, 0.0]]), np.array([[0.0, 0.0], [0.0, 1.0]])]
+    model = LinearPairwiseMRF([2, 2], [(0, 1)], features)
+    expected = lp_margin_bounds(model, [1, 1], [1.0, 1.0])
+    assert expected == pytest.approx((2 ** -1.5, 2 ** -0.5), rel=1e-12)
+    for scale in (1e160, 1e-160, 1e-300, 1e300):
+        assert lp_margin_bounds(model, [1, 1], [scale, scale]) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="w must be a non-zero vector"):
+        lp_margin_bounds(model, [1, 1], [0.0, 0.0])
