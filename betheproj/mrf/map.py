@@ -145,17 +145,18 @@ def _lbp_numpy(mrf: PairwiseMRF, damping: float, tol: float, max_iter: int
     converged = False
     it = 0
     log_keep, log_mix = (np.log1p(-damping), np.log(damping)) if damping > 0.0 else (0.0, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         while it < max_iter:
             it += 1
             b_fin, b_inf, fin, ninf = totals(msg)
             if exact_inf:
                 cav = np.where(b_inf[src] - ninf[rev] > 0.5, -np.inf, b_fin[src] - fin[rev])
-                new = _normalise_rows(np.max(cav[:, :, None] + table, axis=1))
+                new = np.max(cav[:, :, None] + table, axis=1)
             else:                                          # finite messages: the lean path
-                new = (b_fin[src] - msg[rev])[:, :, None] + table
-                new = new.max(axis=1)
-                new -= new.max(axis=1, keepdims=True)
+                new = ((b_fin[src] - msg[rev])[:, :, None] + table).max(axis=1)
+            if np.isposinf(new).any():                     # inf - inf below: NaN beliefs read as "converged"
+                raise ValueError("node plus edge scores overflow float64 in a message: rescale the potentials")
+            new = _normalise_rows(new) if exact_inf else new - new.max(axis=1, keepdims=True)
             if damping > 0.0:                              # exact zeros are kept (see factor_graphs.bp)
                 new = _normalise_rows(np.where(np.isneginf(new), -np.inf, np.logaddexp(log_keep + new, log_mix + msg)))
             d = np.abs(new - msg)

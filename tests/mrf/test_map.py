@@ -139,3 +139,15 @@ def test_lbp_on_an_edgeless_mrf_with_a_node_all_forbidden_raises():
     mrf = PairwiseMRF([2], [], [np.array([-np.inf, -np.inf])], [])
     with pytest.raises(ValueError, match="every label forbidden"):
         lbp_map(mrf)
+
+
+def test_lbp_names_message_scores_beyond_float64():
+    """A node score plus an edge score above float64's range made inf - inf = NaN messages; a NaN change counted
+    as 0, so the run "converged" after one iteration with NaN beliefs and labels [0, 0] (the MAP is [1, 1])."""
+    big = 1e308
+    mrf = PairwiseMRF([2, 2], [(0, 1)], [np.array([0.0, big]), np.zeros(2)], [np.array([[0.0, 0.0], [0.0, big]])])
+    with pytest.raises(ValueError, match="overflow float64 in a message"):
+        lbp_map(mrf)
+    mrf = PairwiseMRF([2, 2], [(0, 1)], [np.array([-np.inf, big]), np.zeros(2)], [np.array([[0.0, 0.0], [0.0, big]])])
+    with pytest.raises(ValueError, match="overflow float64 in a message"):
+        lbp_map(mrf)                                                # the path that tracks -inf exactly
