@@ -43,10 +43,10 @@ def maximize_linear(score: np.ndarray, **constraints: object) -> OptimizeResult:
     ``1e-9 max |score|`` remain beyond the solver.  ``res.fun`` is ``-max``, in the units of ``score``."""
     score = np.asarray(as_numpy(score), dtype=np.float64)
     largest = float(np.max(np.abs(score))) if score.size else 0.0
-    scale = float(np.ldexp(1.0, int(np.frexp(largest)[1]))) if largest > 0.0 else 1.0
-    res = linprog(-score / scale, method="highs", options=_HIGHS_OPTIONS, **constraints)
+    exponent = int(np.frexp(largest)[1])                  # ldexp, not a division by 2**e: 2**1024 is inf
+    res = linprog(-np.ldexp(score, -exponent), method="highs", options=_HIGHS_OPTIONS, **constraints)
     if res.fun is not None:
-        res.fun = float(res.fun) * scale
+        res.fun = float(np.ldexp(float(res.fun), exponent))
     return res
 
 

@@ -144,3 +144,14 @@ def test_a_large_soft_penalty_does_not_hide_the_other_scores(penalty):
         if not np.array_equal(res.assignment, ref["map"]) or abs(res.objective - ref["map_score"]) > 1e-6:
             wrong.append((seed, ref["map_score"] - g.score(res.assignment)))
     assert wrong == []
+
+
+def test_scores_near_the_float64_limit_are_solved():
+    """The objective was scaled by 2**e with e = 1024 for max |score| >= 2**1023: 2**1024 is inf, the scaled
+    scores all 0 and the objective 0 * inf = NaN."""
+    for top in (9e307, 3.0, 1e-300):
+        g = FactorGraph([2, 3])
+        g.set_unary(0, [0.0, top])
+        g.set_unary(1, [0.0, -top, 0.5 * top])
+        result = lp_map(g)
+        assert result.objective == pytest.approx(1.5 * top, rel=1e-12)
