@@ -108,9 +108,12 @@ class LinearPairwiseMRF:
             edge_fw = [0.0 if f is None else f @ w for f in self._ef]
         if not all(np.isfinite(t).all() for t in (*node_fw, *edge_fw)):
             raise ValueError("w is too large: the feature scores F w overflow float64")
-        node = [o + t for o, t in zip(s._node, node_fw, strict=True)]
-        edge = [o + t for o, t in zip(s._edge, edge_fw, strict=True)]
-        return PairwiseMRF._trusted(s, node, edge)        # finite F w, offsets checked: no NaN/+inf
+        with np.errstate(over="ignore"):
+            node = [o + t for o, t in zip(s._node, node_fw, strict=True)]
+            edge = [o + t for o, t in zip(s._edge, edge_fw, strict=True)]
+        if any(np.isposinf(t).any() for t in (*node, *edge)):
+            raise ValueError("w is too large: the scores F w + offsets overflow float64")
+        return PairwiseMRF._trusted(s, node, edge)        # finite F w, offsets without NaN/+inf: no NaN/+inf
 
     def features(self, z: object) -> np.ndarray:
         """``Phi(x, z)`` for a labelling (label indices: array, list or tensor), a :class:`LocalMarginals` point or a

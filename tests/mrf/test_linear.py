@@ -63,3 +63,8 @@ def test_potentials_that_overflow_are_an_error_naming_w():
     for w in ([1e308], [-1e308]):
         with pytest.raises(ValueError, match="w is too large"):
             model.potentials(np.array(w))
+    # F w finite, F w + offsets +inf: accepted, and exact_map's objective was inf
+    model = LinearPairwiseMRF([2], [], [np.array([[1.0], [0.0]])], node_offsets=[np.array([1e308, 0.0])])
+    with pytest.raises(ValueError, match=r"F w \+ offsets overflow float64"):
+        model.potentials(np.array([1e308]))
+    assert model.potentials(np.array([-1e308])).node_potentials[0].tolist() == [0.0, 0.0]
