@@ -55,6 +55,17 @@ def as_variables(name: str, variables: object, min_arity: int = 1, max_arity: in
     return out
 
 
+def as_config(name: str, config: object, cardinalities: tuple[int, ...]) -> np.ndarray:
+    """``config`` as int64 states [len(cardinalities)], each an integer in ``0..cardinality-1`` (floats such as
+    1.7 are refused, not truncated)."""
+    y = np.asarray(as_numpy(config))
+    if y.shape != (len(cardinalities),) or not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_) \
+            or ((y < 0) | (y >= np.asarray(cardinalities, dtype=np.int64))).any():
+        raise ValueError(f"{name} must be {len(cardinalities)} integer states in the ranges {tuple(cardinalities)}, "
+                         f"got {config!r}")
+    return y.astype(np.int64)
+
+
 def as_flags(name: str, flags: object, n: int) -> tuple[bool, ...]:
     """``None`` (all False) or a length-``n`` sequence of booleans."""
     if flags is None:

@@ -30,6 +30,7 @@ import numpy as np
 from scipy.special import expit
 
 from ._util import (
+    as_config,
     as_flags,
     as_log_array,
     as_numpy,
@@ -168,7 +169,7 @@ class Dense(Factor):
         return self.table.shape
 
     def log_potential(self, config: Sequence[int]) -> float:
-        return float(self.table[tuple(int(c) for c in config)])
+        return float(self.table[tuple(as_config("config", config, self.table.shape))])
 
     def _broadcast(self, msg: np.ndarray, k: int) -> np.ndarray:
         shape = [1] * self.arity
@@ -280,9 +281,7 @@ class BinaryHardFactor(Factor):
     # --- the public interface -----------------------------------------------------------------------------
     def allows(self, config: Sequence[int]) -> bool:
         """Whether ``config`` (a 0/1 sequence, in the order of ``variables``) lies in ``S_C``."""
-        v = np.asarray(as_numpy(config), dtype=np.int64)
-        if v.shape != (self.arity,) or not np.isin(v, (0, 1)).all():
-            raise ValueError(f"config must be a 0/1 sequence of length {self.arity}, got {config!r}")
+        v = as_config("config", config, (2,) * self.arity)
         return bool(self._allows(np.where(self._neg, 1 - v, v)))
 
     def log_potential(self, config: Sequence[int]) -> float:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..oracles.dependency import chu_liu_edmonds, matrix_tree
-from ._util import as_index, as_numpy, as_variables, log_ratio, log_sigmoid, ratio_to_log_message, xlogy
+from ._util import as_config, as_index, as_numpy, as_variables, log_ratio, log_sigmoid, ratio_to_log_message, xlogy
 from .factors import Factor, FactorBelief, _check_mode
 
 if TYPE_CHECKING:
@@ -90,9 +90,7 @@ class Tree(Factor):
     # --- trees --------------------------------------------------------------------------------------------
     def allows(self, config: Sequence[int]) -> bool:
         """Whether the arcs switched on in ``config`` form a (single-root, if requested) dependency tree."""
-        y = np.asarray(as_numpy(config), dtype=np.int64)
-        if y.shape != (self.arity,) or not np.isin(y, (0, 1)).all():
-            raise ValueError(f"config must be a 0/1 sequence of length {self.arity}, got {config!r}")
+        y = as_config("config", config, (2,) * self.arity)
         heads = np.full(self.n + 1, -1)
         for k in np.nonzero(y)[0]:
             if heads[self._m[k]] != -1:

@@ -281,7 +281,7 @@ def test_bad_factor_inputs():
         Tree([0, 1], [(0, 1), (0, 2)], n=1)
     with pytest.raises(TypeError, match="single_root must be a bool"):
         Tree([0], [(0, 1)], single_root=1)
-    with pytest.raises(ValueError, match="config must be a 0/1 sequence of length 2"):
+    with pytest.raises(ValueError, match=r"config must be 2 integer states in the ranges \(2, 2\)"):
         Tree([0, 1], [(0, 1), (0, 2)]).allows([1])
     assert repr(Tree([0, 1], [(0, 1), (0, 2)])) == "Tree(n=2, arcs=2, single_root=False)"
     with pytest.raises(ValueError, match="mode"):
@@ -315,3 +315,15 @@ def test_bad_graph_inputs():
     with pytest.raises(ValueError, match="assignment"):
         g.score([0, 3, 0])
     assert g.num_factors == 0
+
+
+def test_configs_are_integer_states_not_truncated_or_wrapped():
+    """allows() cast configs to int64 first (XOR.allows([1.7, 0]) was True), and Dense.log_potential indexed
+    its table with them ([-1] read the last entry, [5] was a bare IndexError)."""
+    for f in (lambda: XOR([0, 1]).allows([1.7, 0]), lambda: XOR([0, 1]).log_potential([1.7, 0]),
+              lambda: Tree([0], [(0, 1)]).allows([1.9]), lambda: Dense((0,), [0.0, 1.0]).log_potential([-1]),
+              lambda: Dense((0,), [0.0, 1.0]).log_potential([5]), lambda: Dense((0,), [0.0, 1.0]).log_potential([1.0])):
+        with pytest.raises(ValueError, match="config must be 1 integer states|config must be 2 integer states"):
+            f()
+    assert XOR([0, 1]).allows([1, 0]) and XOR([0, 1]).allows(np.array([False, True]))
+    assert Dense((0, 1), np.arange(6.0).reshape(2, 3)).log_potential([1, 2]) == 5.0
