@@ -71,13 +71,17 @@ def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
 
 
 def check_citations(citations: object, empty: bool = True) -> list[Citation]:
-    """``citations`` as a list, which must hold :class:`Citation` objects only (TypeError otherwise) and, unless
-    ``empty``, at least one (ValueError)."""
+    """``citations`` as a list, which must hold :class:`Citation` objects only (TypeError otherwise), each with
+    one path and one label per token, and, unless ``empty``, at least one (ValueError)."""
     if isinstance(citations, Citation) or isinstance(citations, str) or not isinstance(citations, Sequence) \
             or not all(isinstance(c, Citation) for c in citations):
         raise TypeError("citations must be a list of Citation (from parse_citation or load_citations)")
     if not empty and not citations:
         raise ValueError("citations must not be empty")
+    for i, c in enumerate(citations):
+        if not len(c.paths) == len(c.labels) == len(c.tokens):
+            raise ValueError(f"citations[{i}] has {len(c.tokens)} tokens but {len(c.paths)} paths and "
+                             f"{len(c.labels)} labels: one of each per token")
     return list(citations)
 
 

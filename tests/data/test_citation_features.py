@@ -86,3 +86,20 @@ def test_counts_of_the_feature_index_are_checked():
                                ("lexicon_count", 0, ValueError), ("lexicon_count", "2", TypeError)):
         with pytest.raises(error, match=name):                # 0 and 1.5 were accepted silently
             FeatureIndex([cite], **{name: value})
+
+
+def test_citations_need_one_path_and_one_label_per_token():
+    """Citation(tokens, paths) leaves labels empty: encoded, they became -1 inside the length (training stopped
+    with "labels must lie in [0, C)", naming no citation); an extra label was a bare RuntimeError and a short
+    paths list zip()'s error."""
+    from betheproj.data.citation_constraints import citation_constraints
+    from betheproj.data.citations import Citation
+
+    good = parse_citation("<title> a b </title> <year> 2001 </year>")
+    index = FeatureIndex([good])
+    for bad in (Citation(["a", "b"], [("title",)] * 2),
+                Citation(["a"], [("title",)], ["B-title", "O"]),
+                Citation(["a", "b"], [("title",)], ["B-title", "I-title"])):
+        for f, args in ((FeatureIndex, ()), (index.encode, ()), (citation_constraints, (["O", "B-title"],))):
+            with pytest.raises(ValueError, match=r"citations\[1\] has \d tokens but \d paths and \d labels"):
+                f([good, bad], *args)
