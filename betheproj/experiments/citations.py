@@ -326,7 +326,8 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
     group starts a new instance of that group (a second first name, or a last name right after a last name,
     begins a new ``<person>``); a repeated top-level field is a new instance of itself.  A token that would
     read as a tag (``<title>`` in the raw text) is written with ``&lt;`` and ``&gt;`` for its brackets; a label
-    whose tag names would not read as tags (``B-my title``, ``B-1st``) is a ValueError."""
+    whose tag names would not read as tags (``B-my title``, ``B-1st``) or that nests a tag directly in itself
+    (``B-a/a``, which the reader counts once) is a ValueError."""
     if isinstance(tokens, str) or isinstance(labels, str):
         raise TypeError("tokens and labels must be sequences of strings, not one string")
     if len(tokens) != len(labels):
@@ -338,6 +339,10 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
                                                                 and all(map(is_tag_name, label[2:].split("/"))))):
             raise ValueError(f"labels[{i}] must be 'O' or 'B-'/'I-' and a tag path, got {label!r} (a tag name is an "
                              "ASCII letter, then letters, digits, '_', '.' or '-')")
+        names = label[2:].split("/")
+        if any(a == b for a, b in zip(names, names[1:], strict=False)):
+            raise ValueError(f"labels[{i}] = {label!r} nests a tag directly in itself, which the reader counts "
+                             "once: the labels would not read back")
     out: list[str] = []
     open_path: list[str] = []
     seen: list[set[str]] = []                         # the tags opened directly under each open tag

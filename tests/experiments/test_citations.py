@@ -36,6 +36,9 @@ def test_nested_tags_round_trip():
     (["x", "y"], ["O"], "tokens and labels must be as long, got 2 and 1"),
     (["a b"], ["O"], r"tokens\[0\] must be a non-empty string without spaces, got 'a b'"),
     ([""], ["O"], r"tokens\[0\] must be a non-empty string"),
+    # <a> <a> t </a> </a> reads back as B-a: the segments a(0,1), a/a(1,2) became a(0,2)
+    (["t", "u"], ["B-a", "B-a/a"], r"labels\[1\] = 'B-a/a' nests a tag directly in itself"),
+    (["t"], ["I-x/a/a/b"], r"labels\[0\] = 'I-x/a/a/b' nests"),
 ])
 def test_nested_tags_refuse_what_cannot_be_read_back(tokens, labels, message):
     with pytest.raises(ValueError, match=message):
