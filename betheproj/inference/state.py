@@ -310,6 +310,11 @@ class SolverState:
             self.support &= can
             if self.allowed_node is not None:
                 self.allowed_node = self.allowed_node & can
+        # a label that loses every bit of its mass during the solve (float32 RDA drove one through subnormals to 0)
+        # must still show the energy's pull in the residual: where theta allows mass, an exact 0 counts as tiny
+        if self.allowed_node is None:
+            self.allowed_node = self.support
+            self.allowed_edge = (mu_edge > 0) if need_edges else None
         self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
         self.val = energy.value(self._point(mu_node, mu_edge, lengths))     # L at the iterate (MD step test)
         if self.val.dtype != mu_node.dtype:

@@ -522,6 +522,24 @@ def test_a_label_whose_base_marginal_underflows_is_still_pulled_up():
     assert md.converged.item() and md.marginals.node[0, 0, 1].item() == pytest.approx(p[f.argmin()].item(), abs=1e-4)
 
 
+def test_a_label_that_loses_all_its_mass_during_the_solve_is_not_converged():
+    """float32 RDA drove label 0 (base marginal 0.99) through subnormals to an exact 0, where the residual read it
+    as forbidden: "converged" with residual 0 at objective 15, the optimum (md, float64) being 3.09."""
+    def problem(dtype):
+        node = torch.zeros(1, 3, 2, dtype=dtype)
+        node[..., 1] = -5.0
+        energy = LinearMeasurements(node=torch.tensor([[0.0, -1.0]], dtype=dtype), offset=-1.0, psi=1e4,
+                                    loss="squared_hinge")                # count(label 1) >= 1
+        return bp.ChainPotentials(node, torch.zeros(2, 2, dtype=dtype)), energy
+
+    best = bp.solve(bp.LinearChain(), *problem(DT), method="md")
+    assert best.converged.item() and best.objective.item() == pytest.approx(3.08953, abs=1e-5)
+    for dtype in (torch.float32, DT):
+        sol = bp.solve(bp.LinearChain(), *problem(dtype), method="rda", max_iter=300)
+        assert not sol.converged.item() and sol.residual.item() > 1.0, dtype     # measured: 1.99 in both
+        assert sol.objective.item() > best.objective.item() + 1.0
+
+
 def test_an_impossible_label_is_not_taken_for_an_underflowed_one():
     """No transition leads into label 2, so it is impossible after position 0 whatever its (finite) node score;
     at position 0 its marginal only underflows.  The energy pulls label 2 everywhere: mirror descent must give
