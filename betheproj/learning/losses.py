@@ -124,11 +124,16 @@ def cost_augmented(potentials: PairwisePotentials, gold: Tensor, gamma: float, b
                    cost: str | CostFn = "hamming") -> tuple[PairwisePotentials, Tensor | None]:
     """``beta (theta + gamma p)`` (``beta = inf``: ``theta + gamma p``) and ``gamma q`` [B] (or ``None``)."""
     scale = 1.0 if math.isinf(beta) else beta
+    cost_fn = _cost_fn(cost)                         # checked even where gamma = 0 makes it unused
     if gamma == 0:
         pot = potentials
         q = None
     else:
-        p_node, p_edge, q = _cost_fn(cost)(potentials, gold)
+        parts = cost_fn(potentials, gold)
+        if not isinstance(parts, tuple | list) or len(parts) != 3:
+            raise TypeError(f"cost must return the triple (p_node, p_edge, q), got {type(parts).__name__}"
+                            + (f" of length {len(parts)}" if isinstance(parts, tuple | list) else ""))
+        p_node, p_edge, q = parts
         _check_cost_parts(potentials, p_node, p_edge, q)
         pot = potentials.shifted(gamma * p_node, None if p_edge is None else gamma * p_edge)
         q = None if q is None else gamma * q

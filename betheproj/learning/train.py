@@ -32,7 +32,7 @@ def character_accuracy(predicted: Tensor, labels: Tensor, lengths: Tensor) -> fl
     check_lengths_like(labels, lengths)                  # integers in [1, N]
     n = labels.shape[1]
     valid = torch.arange(n, device=labels.device) < lengths[:, None]
-    return float(((predicted == labels) & valid).sum() / valid.sum().clamp(min=1))
+    return int(((predicted == labels) & valid).sum()) / max(int(valid.sum()), 1)      # not a float32 division
 
 
 @dataclass

@@ -271,3 +271,23 @@ def test_gold_heads_that_are_not_a_tree_are_refused(oracle):
             crf_nll(oracle, pot, gold)
     pot = bp.arc_potentials(scores, torch.tensor([3]))
     assert torch.isfinite(structured_loss(oracle, pot, torch.tensor([[0, 1, 2]]), loss="crf")).all()
+
+
+def test_a_cost_is_checked_whatever_gamma_and_must_return_a_triple():
+    """cost="hammming" (a typo) passed silently where gamma = 0 leaves the cost unused, and a cost returning two
+    parts failed with "not enough values to unpack" naming no argument."""
+    pot, gold = _problem(seed=6)
+    for fn in (structured_loss, loss_and_gradient):
+        with pytest.raises(ValueError, match="cost must be one of"):
+            fn(bp.LinearChain(), pot, gold, loss="crf", cost="hammming")
+        with pytest.raises(TypeError, match=r"cost must return the triple \(p_node, p_edge, q\), got tuple of len"):
+            fn(bp.LinearChain(), pot, gold, loss="svm", cost=lambda p, y: (torch.zeros_like(p.node), None))
+
+
+def test_character_accuracy_is_exact_beyond_float32():
+    """The fraction was a float32 division: 3/5 came out 0.6000000238418579."""
+    from betheproj.learning import character_accuracy
+
+    labels = torch.zeros(1, 5, dtype=torch.long)
+    predicted = torch.tensor([[0, 0, 0, 1, 1]])
+    assert character_accuracy(predicted, labels, torch.tensor([5])) == 3 / 5
