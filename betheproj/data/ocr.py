@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_float_dtype
+
 __all__ = ["OCRData", "load_ocr", "OCR_FILE"]
 
 OCR_FILE = "ocr_letters.npz"
@@ -50,6 +52,7 @@ def load_ocr(path: str | Path, dtype: torch.dtype = torch.float32) -> OCRData:
     The arrays are checked to describe padded words consistently (shapes, integer types, ``y`` in 0..25, every
     letter's ``word_id`` and ``position`` inside its word, each position of each word given once); a file that is
     not such an archive is a ``ValueError`` naming it (and the array at fault)."""
+    check_float_dtype("dtype", dtype)                     # the pixels are 0/1 floats
     path = Path(path)
     file = path / OCR_FILE if path.is_dir() else path
     if not file.is_file():

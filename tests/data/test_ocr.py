@@ -61,6 +61,10 @@ def test_a_consistent_tiny_archive_loads(tmp_path):
     data = load_ocr(tmp_path)
     assert data.words == ["ab", "c"] and data.labels.tolist() == [[0, 1], [2, -1]]
     assert data.pixels.shape == (2, 2, 4) and data.pixels[1, 0].tolist() == [0, 0, 1, 0]
+    assert load_ocr(tmp_path, torch.float64).pixels.dtype == torch.float64
+    for dtype in (torch.int64, torch.bool, torch.float16, "float32"):           # were loaded: pixels are 0/1 floats
+        with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
+            load_ocr(tmp_path, dtype)
 
 
 @pytest.mark.parametrize("changes, match", [

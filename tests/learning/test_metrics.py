@@ -46,6 +46,8 @@ def test_a_flat_sequence_of_strings_is_refused():
         segment_f1("B-a", "B-a")
     with pytest.raises(TypeError, match="gold"):
         segment_f1((s for s in [["B-a"]]), [["B-a"]])
+    with pytest.raises(TypeError, match="gold must be a sequence of label sequences"):   # was: len() of an iterator
+        segment_f1([iter(["O"])], [["O"]])
     assert segment_f1((("B-a",),), (("B-a",),)).f1 == 1.0          # tuples are fine
 
 
