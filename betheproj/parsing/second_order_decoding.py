@@ -196,6 +196,9 @@ def loopy_bp_parse(potentials: PairwisePotentials, sibling: Tensor | None, grand
         raise ValueError(f"decode_on must be 'beliefs' or 'log_odds', got {decode_on!r}")
     if not isinstance(potentials, PairwisePotentials):
         raise TypeError(f"potentials must be PairwisePotentials, got {type(potentials).__name__}")
+    if bool((potentials.edge != 0).any()):        # as the oracles and mean_field_parse: ignored, it was wrong
+        raise ValueError("potentials.edge must be all zeros: dependency trees have no pairwise factors "
+                         "(build potentials with arc_potentials)")
     res = loopy_bp(_head_major(potentials.node), sibling, grandparent, potentials.lengths, max_iter, damping,
                    tol, single_root)
     score = res.beliefs if decode_on == "beliefs" else res.log_odds

@@ -230,3 +230,15 @@ def test_bp_refuses_second_order_scores_that_are_not_finite_floats():
         loopy_bp(theta, s, g, lengths, tol=-1.0)
     with pytest.raises(ValueError, match="lengths"):
         loopy_bp(theta, s, g, torch.tensor([3, 3]))
+
+
+def test_both_parse_decoders_refuse_a_non_zero_edge_table():
+    """loopy_bp_parse ignored potentials.edge and parsed anyway; mean_field_parse and the oracles refuse it."""
+    theta, sib, _, lengths = _random_problem([3], seed=0)
+    node = theta[:, :, 1:].transpose(1, 2).contiguous()                            # node[b, m-1, h]
+    potentials = PairwisePotentials(node, torch.ones(4, 4, dtype=torch.float64), lengths)
+    for decode in (loopy_bp_parse, mean_field_parse):
+        with pytest.raises(ValueError, match="potentials.edge must be all zeros"):
+            decode(potentials, sib, None)
+    heads, _ = loopy_bp_parse(PairwisePotentials(node, torch.zeros(4, 4, dtype=torch.float64), lengths), sib, None)
+    assert reaches_root(heads[0].tolist())
