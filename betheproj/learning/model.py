@@ -32,6 +32,11 @@ def surrogate_nll(oracle: Oracle, potentials: PairwisePotentials, energy: Energy
     ``grad_mu L_psi`` in ``psi`` (double backward for energies without a closed form), so any energy whose
     ``psi`` is a tensor that requires grad can be learned.  Without an energy this is the CRF likelihood.
     """
+    if energy is not None and not isinstance(energy, Energy):
+        raise TypeError(f"energy must be an Energy or None, got {type(energy).__name__}")
+    if marginals is not None and not isinstance(marginals, Marginals):
+        raise TypeError(f"marginals must be Marginals (a Solution's .marginals) or None, got "
+                        f"{type(marginals).__name__}")
     if energy is None:
         return crf_nll(oracle, potentials, labels)
     if marginals is None:
@@ -122,6 +127,8 @@ class NonLocalCRF(nn.Module):
 
     def loss(self, features: Tensor, labels: Tensor, lengths: Tensor, marginals: Marginals | None = None) -> Tensor:
         """Mean surrogate negative log-likelihood (12) of a batch; solves (2) first if ``marginals`` is None."""
+        if isinstance(features, Tensor) and features.shape[:1] == (0,):
+            raise ValueError("features hold no examples (B = 0): the mean loss of an empty batch is undefined")
         if marginals is None and self.energy_fn is not None:
             marginals = self.infer(features, lengths).marginals
         return surrogate_nll(self.oracle, self.potentials(features, lengths), self.energy(features, lengths),
@@ -188,9 +195,14 @@ class NonLocalCRF(nn.Module):
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint at {path}")
         state = torch_load(path, "checkpoint written by NonLocalCRF.save", map_location="cpu")   # a GPU one too
-        if not isinstance(state, dict):
+        if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
             raise ValueError(f"{path} is not a checkpoint written by NonLocalCRF.save (it holds a "
                              f"{type(state).__name__}, not a state dict)")
+        mine = self.state_dict()
+        for name, value in state.items():          # load_state_dict would cast a float64 checkpoint to float32
+            if name in mine and isinstance(value, Tensor) and value.dtype != mine[name].dtype:
+                raise ValueError(f"{path} was saved from a model in another dtype ({name}: {value.dtype}, this "
+                                 f"model's {mine[name].dtype}): build the model in {value.dtype} to load it")
         try:
             self.load_state_dict(state)
         except RuntimeError as err:  # missing, unexpected or differently shaped parameters

@@ -559,3 +559,31 @@ def test_fit_checks_every_label_before_the_first_step(algorithm, options):
     with pytest.raises(ValueError, match=r"labels\[2\] are not the heads of a tree"):
         model.fit(x, torch.tensor([[0, 1, 1]] * 2 + [[0, 3, 2]] * 2), torch.tensor([3] * 4), algorithm=algorithm,
                   **options)
+
+
+def test_loss_and_load_name_what_is_wrong(tmp_path):
+    """A Solution for its marginals was a bare AttributeError, an empty batch a NaN loss, and a float64
+    checkpoint was cast into a float32 model without a word (psi 1.2345678901 read back as 1.2345678806)."""
+    torch.manual_seed(0)
+    energy = lambda psi: FunctionEnergy(lambda m: psi * (m.node ** 2).sum((1, 2)))        # noqa: E731
+    model = NonLocalCRF(LinearChainCRF(3, 3).double(), energy)
+    x, lengths = torch.randn(2, 4, 3, dtype=torch.float64), torch.tensor([4, 2])
+    labels = torch.zeros(2, 4, dtype=torch.long)
+    sol = model.infer(x, lengths)
+    with pytest.raises(TypeError, match=r"marginals must be Marginals \(a Solution's .marginals\) or None, got "
+                                        "Solution"):
+        model.loss(x, labels, lengths, sol)
+    assert torch.isfinite(model.loss(x, labels, lengths, sol.marginals))
+    with pytest.raises(ValueError, match=r"features hold no examples \(B = 0\)"):
+        model.loss(x[:0], labels[:0], lengths[:0])
+    with pytest.raises(TypeError, match="energy must be an Energy or None, got str"):
+        surrogate_nll(model.oracle, model.potentials(x, lengths), "energy", sol.marginals, labels)
+    with torch.no_grad():
+        model.psi.value.fill_(1.2345678901)
+    model.save(tmp_path / "m.pt")
+    with pytest.raises(ValueError, match="saved from a model in another dtype .*torch.float64.*torch.float32"):
+        NonLocalCRF(LinearChainCRF(3, 3), energy).load(tmp_path / "m.pt")
+    assert NonLocalCRF(LinearChainCRF(3, 3).double(), energy).load(tmp_path / "m.pt").psi.value.item() == 1.2345678901
+    torch.save({0: torch.zeros(1)}, tmp_path / "int_keys.pt")
+    with pytest.raises(ValueError, match="is not a checkpoint written by NonLocalCRF.save"):
+        model.load(tmp_path / "int_keys.pt")
