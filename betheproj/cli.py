@@ -227,7 +227,7 @@ def _ocr(args: argparse.Namespace) -> None:
     data = load_ocr(args.data)
     if any(r in ocr.ENERGY_ROWS for r in rows):
         _need_matplotlib()
-    ocr.check_folds(data, folds)                             # before --out is created
+    ocr.check_folds(data, folds, rows)                       # before --out is created
     out = _out_folder(args.out, ("results.json", "accuracy_vs_iterations.png", "iterations_histogram.png"))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     results = ocr.run(data, folds, rows, ocr.OCRConfig(seed=args.seed), progress=not args.quiet, log=log,

@@ -94,6 +94,23 @@ def test_a_fold_that_is_absent_is_named_before_any_fold_trains(tmp_path, monkeyp
     assert not out.exists()
 
 
+def test_a_test_word_length_no_training_word_has_is_named_before_the_55_class_row_trains(tmp_path, monkeypatch):
+    """The 55-class row's classes are the training words: a test word of another length failed after the 2-gram and
+    energy rows of that fold had trained."""
+    from betheproj.data.ocr import load_ocr
+    from betheproj.experiments import ocr
+    from tests.experiments.test_ocr import write_synthetic_npz
+
+    write_synthetic_npz(tmp_path / "ocr_letters.npz")
+    data = load_ocr(tmp_path)
+    data.lengths[int(torch.nonzero(data.folds == 0)[0])] = 99             # a length only fold 0 has
+    ocr.check_folds(data, [0, 1], ["2gram", "Lw"])
+    ocr.check_folds(data, [1], ["55class"])
+    monkeypatch.setattr(ocr, "run_fold", lambda *args, **kwargs: pytest.fail("a fold was trained"))
+    with pytest.raises(ValueError, match=r"fold 0 has words of lengths \[99\] that no word of the other folds has"):
+        ocr.run(data, [1, 0], ["2gram", "55class"])
+
+
 def test_a_cgm_population_beyond_exact_float64_counts_is_refused_before_out_is_created(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["cgm", "--grid", "2", "--steps", "2", "--population", str(2 ** 53 + 1), "--rate", "1e-12",

@@ -315,8 +315,10 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     return result
 
 
-def check_folds(data: OCRData, folds: Sequence[int]) -> None:
-    """``ValueError`` unless ``folds`` names at least one fold, each once, and every one of them holds words."""
+def check_folds(data: OCRData, folds: Sequence[int], rows: Sequence[str] = ()) -> None:
+    """``ValueError`` unless ``folds`` names at least one fold, each once, and every one of them holds words; with
+    the 55-class row among ``rows``, unless each fold's words have lengths its training words have (its classes
+    are the training words: a test word of another length has none, an error only met after the other rows)."""
     if not folds:
         raise ValueError("folds must name at least one fold")
     if len(set(folds)) != len(folds):
@@ -326,6 +328,13 @@ def check_folds(data: OCRData, folds: Sequence[int]) -> None:
     missing = [f for f in folds if f not in present]
     if missing:
         raise ValueError(f"folds {missing} have no words (folds present: {sorted(present)})")
+    if "55class" in rows:
+        for fold in folds:
+            test = data.folds == fold
+            unseen = set(data.lengths[test].tolist()) - set(data.lengths[~test].tolist())
+            if unseen:
+                raise ValueError(f"fold {fold} has words of lengths {sorted(unseen)} that no word of the other folds "
+                                 f"has: the 55-class row has no class for them (leave the row out)")
 
 
 def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[str] = tuple(ROWS),
@@ -334,7 +343,7 @@ def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[s
     """Every requested fold (on ``device``); returns a JSON-ready dict with the per-fold results and the means."""
     config = config or OCRConfig()
     device = check_device("device", device)
-    check_folds(data, folds)                     # before any training, not after the folds before it
+    check_folds(data, folds, rows)               # before any training, not after the folds before it
     start = time.perf_counter()
     results = []
     bar = progress_bar(len(folds), progress, "OCR folds", leave=True)
