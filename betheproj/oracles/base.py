@@ -150,18 +150,62 @@ def _finite_max(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
     return torch.where(torch.isfinite(m), m, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def _max_shifted(pot: PairwisePotentials) -> tuple[PairwisePotentials, Tensor]:
+def _two_sum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``a + b`` rounded and its exact rounding error (Knuth's TwoSum), the error 0 where the sum is infinite (NaN
+    there, and only there)."""
+    s = a + b
+    bv = s - a
+    return s, ((a - (s - bv)) + (b - bv)).nan_to_num_(0.0)
+
+
+def _max_shifted(pot: PairwisePotentials) -> tuple[PairwisePotentials, Tensor, Tensor, Tensor]:
     """New potentials (no tensor shared with ``pot``): node scores zeroed past each length, each position's node
-    scores and each edge table shifted by their (finite) maximum, and the total shift [B] per example, which
-    only rescales Z.  Exact recursions run on them so that a huge constant cannot absorb the O(1) scores beside
-    it."""
+    scores and each edge table ([B, N-1, C, C]) shifted by their (finite) maximum; the total shift [B] per
+    example, which only rescales Z; and the rounding errors of the shifted node and edge scores.  Exact
+    recursions run on them so that a huge constant cannot absorb the O(1) scores beside it."""
     node, _ = _valid_node(pot)
     edge = pot.full_edge()
     zero = torch.zeros((), dtype=node.dtype, device=node.device)
     node_max, edge_max = _finite_max(node, -1), _finite_max(edge, (-1, -2))
     edge_valid = torch.arange(edge.shape[1], device=node.device) < (pot.lengths[:, None] - 1)
     shift = node_max[..., 0].sum(-1) + torch.where(edge_valid, edge_max[..., 0, 0], zero).sum(-1)
-    return _unchecked(PairwisePotentials, node - node_max, edge - edge_max, pot.lengths.clone()), shift
+    (node, node_err), (edge, edge_err) = _two_sum(node, -node_max), _two_sum(edge, -edge_max)
+    return _unchecked(PairwisePotentials, node, edge, pot.lengths.clone()), shift, node_err, edge_err
+
+
+# Exact log-space recursions carry every log-mass in two parts, ``big + small``: ``big`` is formed by max-plus
+# (the best score, as Viterbi forms it) and ``small`` holds the log-sum corrections and the exact rounding errors
+# of every sum of ``big`` parts.  Apart, no O(1) quantity is rounded away beside a huge score (``lse(-P, -P) =
+# -P + log 2`` and ``-P + 1`` are ``-P`` in floats once ``P >> 1/eps``); ``small`` is rounded at its own scale.
+
+def _split_add(big: Tensor, small: Tensor, other_big: Tensor, other_small: Tensor) -> tuple[Tensor, Tensor]:
+    """The sum of two two-part log-masses, the rounding error of the ``big`` sum moved into ``small``."""
+    total, err = _two_sum(big, other_big)
+    return total, small + other_small + err
+
+
+def _split_lse(big: Tensor, small: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """``logsumexp(big + small, dim)`` in two parts: ``big.amax(dim)`` and ``logsumexp(big - max + small, dim)``
+    (0 where the max is ``-inf``).  ``small`` must be finite."""
+    top = big.amax(dim, keepdim=True)
+    live = torch.isfinite(top)
+    corr = torch.logsumexp(big - torch.where(live, top, 0.0) + small, dim, keepdim=True)
+    return top.squeeze(dim), torch.where(live, corr, 0.0).squeeze(dim)
+
+
+def _recentre(big: Tensor, small: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Two-part log-masses [..., C] less their maxima over the last dimension (the finite one of ``big``), and
+    those maxima [...]."""
+    big_max = _finite_max(big, -1)
+    big, err = _two_sum(big, -big_max)
+    small = small + err
+    small_max = small.amax(-1, keepdim=True)
+    return big, small - small_max, big_max[..., 0], small_max[..., 0]
+
+
+def _split_softmax(big: Tensor, small: Tensor) -> Tensor:
+    """``softmax(big + small, -1)`` of two-part log-masses, ``big`` re-centred before the sum."""
+    return torch.softmax(big - _finite_max(big, -1) + small, -1)
 
 
 class Marginals:

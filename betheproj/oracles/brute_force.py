@@ -1,4 +1,7 @@
-"""Exact inference by enumerating every labelling: the reference for tests on tiny models."""
+"""Exact inference by enumerating every labelling: the reference for tests on tiny models.
+
+Each labelling's score is summed with the exact rounding errors of its partial sums kept apart (TwoSum), and
+probabilities are a softmax of the scores less the best one, so huge scores cannot absorb the O(1) ones."""
 
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ from .._checks import check_count
 from .base import (
     Marginals,
     PairwisePotentials,
+    _finite_max,
     _max_shifted,
+    _split_add,
     bethe_entropy,
     check_marginals,
     check_potentials,
@@ -38,15 +43,20 @@ class BruteForce:
             raise ValueError(f"{what} have N={n} positions but the tree has {len(self.parents)} nodes")
         return self.parents
 
-    def _joint(self, pot: PairwisePotentials, b: int) -> tuple[Tensor, Tensor]:
-        """All labellings [K, L] of example ``b`` and their scores [K]."""
+    def _labellings(self, pot: PairwisePotentials, b: int) -> tuple[Tensor, Tensor]:
+        """All labellings [K, L] of example ``b``, and the parents of its nodes."""
         length = int(pot.lengths[b])
         c = pot.node.shape[2]
         if c ** length > self.max_states:
             raise ValueError(f"brute force over {c}^{length} labellings exceeds max_states={self.max_states}")
-        parents = self._parents(pot.node.shape[1])[:length]
         ys = torch.tensor(list(itertools.product(range(c), repeat=length)), dtype=torch.long,
                           device=pot.node.device).reshape(-1, length)
+        return ys, self._parents(pot.node.shape[1])[:length]
+
+    def _joint(self, pot: PairwisePotentials, b: int) -> tuple[Tensor, Tensor]:
+        """All labellings [K, L] of example ``b`` and their scores [K]."""
+        ys, parents = self._labellings(pot, b)
+        length = ys.shape[1]
         node = pot.node[b, :length]
         edge = pot.full_edge()[b, : length - 1]
         score = node[torch.arange(length, device=ys.device), ys].sum(-1)
@@ -54,6 +64,24 @@ class BruteForce:
             child = torch.arange(1, length, device=ys.device)
             score = score + edge[child - 1, ys[:, parents[1:]], ys[:, child]].sum(-1)
         return ys, score
+
+    def _relative_scores(self, shifted: tuple, b: int) -> tuple[Tensor, Tensor, Tensor]:
+        """All labellings [K, L] of example ``b`` of :func:`~betheproj.oracles.base._max_shifted` potentials
+        ``shifted``, their scores less the best one [K], and the best score (with the shift).
+
+        Each score is summed with the exact rounding errors of its partial sums (and of the shifts) kept apart,
+        so that a huge score that the leading labellings share cannot absorb the O(1) ones that tell them apart."""
+        pot, shift, node_err, edge_err = shifted
+        ys, parents = self._labellings(pot, b)
+        score = err = pot.node.new_zeros(())
+        for t in range(ys.shape[1]):
+            y = ys[:, t]
+            score, err = _split_add(score, err, pot.node[b, t, y], node_err[b, t, y])
+            if t:
+                y_par = ys[:, parents[t]]
+                score, err = _split_add(score, err, pot.edge[b, t - 1, y_par, y], edge_err[b, t - 1, y_par, y])
+        best = _finite_max(score, 0)
+        return ys, (score - best) + err, shift[b] + best[0]
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
         """Node and edge marginals and ``log Z`` by summing over every labelling (the tests' reference)."""
@@ -63,13 +91,12 @@ class BruteForce:
         edge_m = pot.node.new_zeros(b, n - 1, c, c)
         log_z = pot.node.new_zeros(b)
         parents = self._parents(n)
-        shifted, shift = _max_shifted(pot)          # scores of order 1 to sum, not raw 1e4s (float32)
+        shifted = _max_shifted(pot)          # scores of order 1 to sum, not raw 1e4s (float32)
         for i in range(b):
-            ys, score = self._joint(shifted, i)
+            ys, score, best = self._relative_scores(shifted, i)
             length = ys.shape[1]
-            log_z[i] = torch.logsumexp(score, 0)
-            prob = torch.exp(score - log_z[i])
-            log_z[i] = log_z[i] + shift[i]
+            log_z[i] = best + torch.logsumexp(score, 0)
+            prob = torch.softmax(score, 0)
             for t in range(length):
                 node_m[i, t].index_add_(0, ys[:, t], prob)
             for t in range(1, length):
@@ -87,9 +114,9 @@ class BruteForce:
         potentials = check_potentials(potentials)
         b, n, _ = potentials.node.shape
         labels = torch.full((b, n), -1, dtype=torch.long, device=potentials.node.device)
-        shifted, _ = _max_shifted(potentials)
+        shifted = _max_shifted(potentials)
         for i in range(b):
-            ys, score = self._joint(shifted, i)
+            ys, score, _ = self._relative_scores(shifted, i)
             _raise_if_infeasible(score, i)
             labels[i, : ys.shape[1]] = ys[score.argmax()]
         return labels
@@ -98,11 +125,11 @@ class BruteForce:
         """Entropy of the joint distribution, ``-sum_y p(y) log p(y)`` [B]."""
         potentials = check_potentials(potentials)
         out = potentials.node.new_zeros(potentials.node.shape[0])
-        shifted, _ = _max_shifted(potentials)
+        shifted = _max_shifted(potentials)
         for i in range(len(out)):
-            _, score = self._joint(shifted, i)
+            _, score, _ = self._relative_scores(shifted, i)
             _raise_if_infeasible(score, i)
-            logp = score - torch.logsumexp(score, 0)
+            logp = torch.log_softmax(score, 0)
             p = torch.exp(logp)
             out[i] = -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum()
         return out

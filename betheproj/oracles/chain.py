@@ -5,7 +5,9 @@ Forward-backward runs in two regimes and picks per example:
 * a *scaled probability-space* recursion with matrix products (``alpha_t = (alpha_{t-1} M) * P_t``,
   renormalised every step), the fast path;
 * an exact *log-space* recursion (``logsumexp`` over ``[B, C, C]``), for the examples the fast path cannot
-  certify.
+  certify.  It carries every log-message as a max-plus part and a correction that holds the log-sums and the
+  exact rounding errors (TwoSum) of the max-plus sums (:func:`~betheproj.oracles.base._split_add`), so no O(1)
+  score or log-sum is rounded away beside a huge one (``-P + log 2`` or ``-P + 1`` beside ``P = 1e20``).
 
 The certificate: every quantity of the fast path is at most 1 after renormalisation, so a product that
 underflows loses at most ``tiny`` (the smallest normal float).  A term lost at forward step ``t`` changes
@@ -13,10 +15,20 @@ the path mass by at most ``C^2 tiny / s_t`` relative to the renormalised scale, 
 step ``t`` is ``d_t = sum_j alpha_t(j) beta_t(j)``.  Summing, the relative error of ``Z`` and the absolute
 error of every marginal is at most ``4 C^2 tiny sum_t (1/(s_t d_t) + 1/(r_t d_t))`` (``r_t`` the backward
 normalisers).  Examples whose bound exceeds machine epsilon (huge score gaps, ``-inf`` dead ends) are
-recomputed in log space, so results are exact to rounding for any magnitudes and ``-inf`` patterns.
+recomputed in log space, and so are those where a product ``alpha_t(j) beta_t(j)`` underflowed to 0, or an
+``alpha`` or ``beta`` itself where the marginal, estimated in log space, may be a normal number (a positive
+marginal read as 0 looks forbidden to the solvers).  Marginals are thus exact to rounding for any magnitudes and
+``-inf`` patterns (short of scores beyond ``~1/eps^2`` times their O(1) parts, whose rounding errors are then
+rounded in turn), ``log Z`` to a relative error of order ``N eps``.
+
+Viterbi re-centres its running scores at every position but does not keep their rounding errors: an O(1) score
+of a label that trails the best one by more than ``~1/eps`` is rounded away, which can change the MAP among
+labellings whose scores differ by O(1) beside such a penalty.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -26,6 +38,10 @@ from .base import (
     PairwisePotentials,
     _finite_max,
     _max_shifted,
+    _recentre,
+    _split_add,
+    _split_lse,
+    _split_softmax,
     _valid_node,
     bethe_entropy,
     check_marginals,
@@ -177,10 +193,18 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     bound = 4.0 * c * c * tiny * torch.where(valid_t, (1.0 / s + 1.0 / r) / d, zero).sum(0)
     ok = torch.isfinite(bound) & (bound <= torch.finfo(dtype).eps) & torch.isfinite(log_z)
     if ab.numel() and not bool(ab.amin() > 0):
-        # a marginal that underflowed to 0 (alpha and beta positive) is one the bound cannot see: it bounds
-        # the absolute error, and a mass of 1e-23 read as an exact 0 looks forbidden to the solver.  ``> 0``,
-        # not ``== 0``: another example's padding may hold NaN (0/0 at a dead end), which makes the minimum NaN
+        # a marginal that underflowed to 0 is one the bound cannot see: it bounds the absolute error, and a mass of
+        # 1e-23 read as an exact 0 looks forbidden to the solver.  ``> 0``, not ``== 0``: another example's padding
+        # may hold NaN (0/0 at a dead end), which makes the minimum NaN.  Recomputed: any product alpha * beta that
+        # underflowed, and a 0 from an alpha or beta that underflowed where the marginal may be a normal number
         ok &= ~((ab == 0) & (alpha > 0) & (beta > 0)).any(-1).any(0)
+        # first with every transition factor taken as 1 (cheap), then with the transitions where that is not enough
+        maybe = torch.nonzero(ok & (_lost_marginal(alpha, beta, s, r, d, node, None, lengths) >= math.log(tiny)))
+        if maybe.numel():
+            k = maybe.flatten()
+            sub_edge = edge if shared else (edge[k, 0] if per_example else edge[k])
+            lost = _lost_marginal(alpha[:, k], beta[:, k], s[:, k], r[:, k], d[:, k], node[k], sub_edge, lengths[k])
+            ok[k] = lost < math.log(tiny)
     if any_short:
         node_marg = torch.where(valid[..., None], node_marg, zero)
 
@@ -188,16 +212,12 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     slow_state = None
     if slow.numel():
         node_marg = node_marg.contiguous()
-        # shifted once, for both recursions; new tensors, so the lazy edge marginals see no later writes
-        sub, shift = _max_shifted(pot.index(slow))
-        la, lb, lz = _log_forward_backward(sub)
-        lz = lz + shift
+        # on shifted copies, so the lazy edge marginals see no later writes
+        slow_state, lz = _log_forward_backward(pot.index(slow))
         raise_if_not_finite(lz, examples=slow)
         # normalised per position, so rounding of large scores cannot unbalance the sums
-        marg = torch.softmax(la + lb, dim=-1)
-        node_marg[slow] = torch.where(valid[slow][..., None], marg, zero)
+        node_marg[slow] = torch.where(valid[slow][..., None], _log_node_marginals(slow_state), zero)
         log_z[slow] = lz
-        slow_state = (sub, la, lb, lz)
 
     def scaled_pairs() -> tuple[Tensor, Tensor, Tensor]:
         """``alpha_t``, ``v_{t+1} = P_{t+1} * beta_{t+1}`` [N-1, B, C] and each step's normaliser ``z_t`` [N-1, B]:
@@ -212,9 +232,8 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
 
     def slow_edges() -> Tensor:
         """Exact log-space edge marginals of the uncertified examples, zero past their lengths."""
-        sub, la, lb, lz = slow_state
-        sub_ev = torch.arange(n - 1, device=device) < (sub.lengths[:, None] - 1)
-        return torch.where(sub_ev[..., None, None], _log_edge_marginals(sub, la, lb, lz), zero)
+        sub_ev = torch.arange(n - 1, device=device) < (slow_state[0].lengths[:, None] - 1)
+        return torch.where(sub_ev[..., None, None], _log_edge_marginals(slow_state), zero)
 
     def edge_marginals() -> Tensor:
         if n == 1:
@@ -271,6 +290,35 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     return mu
 
 
+def _lost_marginal(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor, node: Tensor, edge: Tensor | None,
+                   lengths: Tensor) -> Tensor:
+    """[B]: the log of an upper estimate of the largest node marginal that the fast path returns as 0, ``-inf`` if
+    none: ``alpha beta / d`` with the ``alpha``, ``beta`` [N, B, C] entries that underflowed to 0 re-estimated in log
+    space from their predecessors (successors), to a factor C per step (max instead of sum).  ``edge`` is [C, C],
+    [B, C, C] or [B, N-1, C, C]; ``None`` takes every transition factor and every predecessor (successor) as 1, the
+    most they can be (a cruder estimate, with no recursion)."""
+    n, c = alpha.shape[0], alpha.shape[-1]
+    log_p = (node - _finite_max(node, -1)).transpose(0, 1)                   # [N, B, C]
+    tiny = torch.finfo(alpha.dtype).tiny                  # no logs of 0 or subnormals: several times slower
+    log_a, log_b = torch.log(alpha.clamp_min(tiny)), torch.log(beta.clamp_min(tiny))
+    if edge is None:
+        log_a = torch.where(alpha > 0, log_a, log_p - torch.log(s / c)[..., None])
+        log_b = torch.where(beta > 0, log_b, -torch.log(r / c)[..., None])
+    else:
+        log_m = edge - _finite_max(edge, (-1, -2))
+        log_a[0] = torch.where(alpha[0] > 0, log_a[0], log_p[0] - torch.log(s[0])[:, None])
+        for t in range(1, n):
+            best = (log_a[t - 1, :, :, None] + (log_m if log_m.dim() < 4 else log_m[:, t - 1])).amax(-2)
+            log_a[t] = torch.where(alpha[t] > 0, log_a[t], best + log_p[t] - torch.log(s[t] / c)[:, None])
+        for t in range(n - 2, -1, -1):
+            nxt = (log_p[t + 1] + log_b[t + 1])[:, None, :]
+            best = ((log_m if log_m.dim() < 4 else log_m[:, t]) + nxt).amax(-1)
+            log_b[t] = torch.where(beta[t] > 0, log_b[t], best - torch.log(r[t] / c)[:, None])
+    valid = (torch.arange(n, device=lengths.device)[:, None] < lengths)[..., None]
+    lost = torch.where(valid & (alpha * beta == 0), log_a + log_b - torch.log(d)[..., None], -torch.inf)
+    return lost.amax(-1).amax(0)
+
+
 def _row_max(x: Tensor) -> Tensor:
     """``x.amax(-1, keepdim=True)``, exactly, by halving the last dimension with elementwise maxima first: a
     reduction over a short contiguous dimension is several times slower in PyTorch on CPU than elementwise
@@ -283,32 +331,48 @@ def _row_max(x: Tensor) -> Tensor:
     return x.amax(-1, keepdim=True)
 
 
-def _log_forward_backward(pot: PairwisePotentials) -> tuple[Tensor, Tensor, Tensor]:
-    """Exact log-space forward-backward: log alpha, log beta [B, N, C] and log Z [B] (the slow path runs it on
-    :func:`~betheproj.oracles.base._max_shifted` potentials)."""
-    node, valid = _valid_node(pot)
+def _log_forward_backward(pot: PairwisePotentials) -> tuple[tuple, Tensor]:
+    """Exact log-space forward-backward on :func:`~betheproj.oracles.base._max_shifted` copies of ``pot``: the
+    forward and backward log-messages [B, N, C] in two parts (see :func:`~betheproj.oracles.base._split_add`),
+    re-centred at every position, beside the shifted potentials and their rounding errors; and ``log Z`` [B]."""
+    sub, shift, node_err, edge_err = _max_shifted(pot)
+    node, edge, lengths = sub.node, sub.edge, sub.lengths
     b, n, c = node.shape
-    edge = pot.full_edge()
-    lengths = pot.lengths
-    la = torch.empty_like(node)
-    la[:, 0] = node[:, 0]
+    zero = torch.zeros((), dtype=node.dtype, device=node.device)
+    fb, fs = torch.empty_like(node), torch.empty_like(node)
+    fb[:, 0], fs[:, 0], off_big, off_small = _recentre(node[:, 0], node_err[:, 0])
     for t in range(1, n):
-        la[:, t] = torch.logsumexp(la[:, t - 1, :, None] + edge[:, t - 1], dim=1) + node[:, t]
-    lb = torch.zeros_like(node)
+        big, small = _split_add(fb[:, t - 1, :, None], fs[:, t - 1, :, None], edge[:, t - 1], edge_err[:, t - 1])
+        big, small = _split_add(*_split_lse(big, small, -2), node[:, t], node_err[:, t])
+        fb[:, t], fs[:, t], shift_big, shift_small = _recentre(big, small)
+        live = t < lengths                                        # offsets past the length are not Z's
+        off_big = off_big + torch.where(live, shift_big, zero)
+        off_small = off_small + torch.where(live, shift_small, zero)
+    bb, bs = torch.zeros_like(node), torch.zeros_like(node)
     for t in range(n - 2, -1, -1):
-        nxt = torch.logsumexp(edge[:, t] + (node[:, t + 1] + lb[:, t + 1])[:, None, :], dim=2)
-        lb[:, t] = torch.where((t >= lengths - 1)[:, None], torch.zeros((), dtype=node.dtype), nxt)
-    last = la.gather(1, (lengths - 1)[:, None, None].expand(b, 1, c)).squeeze(1)
-    log_z = torch.logsumexp(last, dim=-1)
-    return la, lb, log_z
+        big, small = _split_add(bb[:, t + 1], bs[:, t + 1], node[:, t + 1], node_err[:, t + 1])
+        big, small = _split_add(big[:, None, :], small[:, None, :], edge[:, t], edge_err[:, t])
+        big, small, _, _ = _recentre(*_split_lse(big, small, -1))
+        done = (t >= lengths - 1)[:, None]
+        bb[:, t], bs[:, t] = torch.where(done, zero, big), torch.where(done, zero, small)
+    last = (lengths - 1)[:, None, None].expand(b, 1, c)
+    final = fb.gather(1, last).squeeze(1) + fs.gather(1, last).squeeze(1)     # both parts re-centred: at most 0
+    log_z = (shift + off_big) + (off_small + torch.logsumexp(final, dim=-1))
+    return (sub, node_err, edge_err, fb, fs, bb, bs), log_z
 
 
-def _log_edge_marginals(pot: PairwisePotentials, la: Tensor, lb: Tensor, log_z: Tensor) -> Tensor:
-    node, _ = _valid_node(pot)
-    edge = pot.full_edge()
-    score = la[:, :-1, :, None] + edge + (node[:, 1:] + lb[:, 1:])[:, :, None, :]
-    b, m, c, _ = score.shape
-    return torch.softmax(score.reshape(b, m, c * c), dim=-1).reshape(b, m, c, c)
+def _log_node_marginals(state: tuple) -> Tensor:
+    _, _, _, fb, fs, bb, bs = state
+    return _split_softmax(*_split_add(fb, fs, bb, bs))
+
+
+def _log_edge_marginals(state: tuple) -> Tensor:
+    sub, node_err, edge_err, fb, fs, bb, bs = state
+    nxt = _split_add(sub.node[:, 1:], node_err[:, 1:], bb[:, 1:], bs[:, 1:])
+    big, small = _split_add(fb[:, :-1, :, None], fs[:, :-1, :, None], sub.edge, edge_err)
+    big, small = _split_add(big, small, nxt[0][:, :, None, :], nxt[1][:, :, None, :])
+    b, m, c, _ = big.shape
+    return _split_softmax(big.reshape(b, m, c * c), small.reshape(b, m, c * c)).reshape(b, m, c, c)
 
 
 def _viterbi(pot: PairwisePotentials) -> Tensor:

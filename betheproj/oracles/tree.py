@@ -5,6 +5,11 @@ The tree is given by a parent array with ``parent[0] = -1`` (node 0 is the root)
 the potentials couples ``parent[i]`` (rows) with ``i`` (columns), so a chain is the tree
 ``[-1, 0, 1, ..., N-2]``.  With ``lengths``, example ``b`` keeps the subtree of nodes ``< lengths[b]``
 (a valid tree because parents precede children).  Nodes of the same depth are processed together.
+
+Sum-product carries every message as a max-plus part and a correction that holds the log-sums and the exact
+rounding errors of the max-plus sums (:func:`~betheproj.oracles.base._split_add`), so no O(1) score or log-sum
+is rounded away beside a huge one.  Max-product re-centres every message but, like the chain's Viterbi, rounds
+an O(1) score of a label that trails the best one by more than ``~1/eps``.
 """
 
 from __future__ import annotations
@@ -17,7 +22,12 @@ from torch import Tensor
 from .base import (
     Marginals,
     PairwisePotentials,
+    _finite_max,
     _max_shifted,
+    _recentre,
+    _split_add,
+    _split_lse,
+    _split_softmax,
     bethe_entropy,
     check_marginals,
     check_potentials,
@@ -66,6 +76,16 @@ class Tree:
         for i in range(1, n):
             depth[i] = depth[self.parents[i]] + 1
         self.levels = [torch.nonzero(depth == d).flatten() for d in range(1, int(depth.max()) + 1)]
+        # each level's children split into rounds of distinct parents (a parent's k-th child is in round k), so
+        # that their messages can be added to the parents one at a time, with the rounding error of each sum
+        self.rounds = []
+        for lv in self.levels:
+            count: dict[int, int] = {}
+            rank = []
+            for p in self.parents[lv].tolist():
+                rank.append(count.get(p, 0))
+                count[p] = rank[-1] + 1
+            self.rounds.append([torch.nonzero(torch.tensor(rank) == k).flatten() for k in range(max(rank) + 1)])
 
     @property
     def num_nodes(self) -> int:
@@ -79,60 +99,84 @@ class Tree:
         return potentials
 
     def _setup(self, pot: PairwisePotentials):
-        """The max-shifted node scores and edge tables (:func:`~betheproj.oracles.base._max_shifted`), the valid
-        positions, parents, levels and the shift [B] to add back to ``log Z``."""
-        shifted, shift = _max_shifted(pot)
+        """The max-shifted node scores and edge tables and their rounding errors
+        (:func:`~betheproj.oracles.base._max_shifted`), the valid positions, parents, levels, rounds and the
+        shift [B] to add back to ``log Z``."""
+        shifted, shift, node_err, edge_err = _max_shifted(pot)
         node = shifted.node
         valid = torch.arange(node.shape[1], device=node.device) < pot.lengths[:, None]
         parents = self.parents.to(node.device)
         levels = [lv.to(node.device) for lv in self.levels]
-        return node, shifted.full_edge(), valid, parents, levels, shift
+        rounds = [[r.to(node.device) for r in rs] for rs in self.rounds]
+        return node, node_err, shifted.edge, edge_err, valid, parents, levels, rounds, shift
 
     def _upward(self, pot: PairwisePotentials):
-        """Inside scores, upward messages split into finite part and -inf count (to exclude one exactly)."""
-        node, edge, valid, parents, levels, shift = self._setup(pot)
-        inside = node.clone()
-        fin = torch.zeros_like(node)                   # finite part of the sum of children's messages
+        """Inside scores and upward messages in two parts (see :func:`~betheproj.oracles.base._split_add`), each
+        message re-centred; the sums of children's messages split into finite part and -inf count (to exclude
+        one exactly); ``log Z`` [B]."""
+        node, node_err, edge, edge_err, valid, parents, levels, rounds, shift = self._setup(pot)
+        zero = torch.zeros((), dtype=node.dtype, device=node.device)
+        in_big, in_small = node.clone(), node_err.clone()
+        fin_big, fin_small = torch.zeros_like(node), torch.zeros_like(node)   # sums of the children's messages
         cnt = torch.zeros(node.shape, dtype=torch.long, device=node.device)  # number of -inf messages
-        up = torch.zeros_like(node)                    # message from node i to parent[i], indexed by i
-        for lv in reversed(levels):
-            msg = torch.logsumexp(edge[:, lv - 1] + inside[:, lv, None, :], dim=-1)   # [B, k, C]
-            msg = torch.where(valid[:, lv, None], msg, torch.zeros((), dtype=msg.dtype))
-            up[:, lv] = msg
-            is_inf = torch.isinf(msg)
-            fin.index_add_(1, parents[lv], torch.where(is_inf, torch.zeros((), dtype=msg.dtype), msg))
+        up_big, up_small = torch.zeros_like(node), torch.zeros_like(node)    # from node i to parent[i], at i
+        off_big, off_small = torch.zeros_like(shift), torch.zeros_like(shift)
+        for lv, lv_rounds in zip(reversed(levels), reversed(rounds), strict=True):
+            big, small = _split_add(edge[:, lv - 1], edge_err[:, lv - 1], in_big[:, lv, None, :],
+                                    in_small[:, lv, None, :])
+            big, small, shift_big, shift_small = _recentre(*_split_lse(big, small, -1))     # [B, k, C], [B, k]
+            ok = valid[:, lv]
+            big, small = torch.where(ok[..., None], big, zero), torch.where(ok[..., None], small, zero)
+            off_big += torch.where(ok, shift_big, zero).sum(-1)
+            off_small += torch.where(ok, shift_small, zero).sum(-1)
+            up_big[:, lv], up_small[:, lv] = big, small
+            is_inf = torch.isinf(big)
+            big = torch.where(is_inf, zero, big)
+            for r in lv_rounds:
+                par = parents[lv[r]]
+                fin_big[:, par], fin_small[:, par] = _split_add(fin_big[:, par], fin_small[:, par], big[:, r],
+                                                                small[:, r])
             cnt.index_add_(1, parents[lv], is_inf.long())
             # inside of the parents is final once all their children (this level) are in
             par = parents[lv].unique()
-            inside[:, par] = torch.where(cnt[:, par] > 0, _neg_inf(node), node[:, par] + fin[:, par])
-        return node, edge, valid, parents, levels, shift, inside, up, fin, cnt
+            big, in_small[:, par] = _split_add(node[:, par], node_err[:, par], fin_big[:, par], fin_small[:, par])
+            in_big[:, par] = torch.where(cnt[:, par] > 0, _neg_inf(node), big)
+        root_big, root_small, top_big, top_small = _recentre(in_big[:, 0], in_small[:, 0])
+        log_z = (shift + off_big + top_big) + (off_small + top_small + torch.logsumexp(root_big + root_small, -1))
+        return (node, node_err, edge, edge_err, valid, parents, levels, log_z, in_big, in_small, up_big, up_small,
+                fin_big, fin_small, cnt)
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
         """Node and edge marginals and ``log Z`` by sum-product in log space, leaves to root and back."""
         pot = self._check(potentials)
         with torch.no_grad():
-            node, edge, valid, parents, levels, shift, inside, up, fin, cnt = self._upward(pot)
-            log_z = torch.logsumexp(inside[:, 0], dim=-1) + shift
+            (node, node_err, edge, edge_err, valid, parents, levels, log_z, in_big, in_small, up_big, up_small,
+             fin_big, fin_small, cnt) = self._upward(pot)
             raise_if_not_finite(log_z)
-            down = torch.zeros_like(node)              # message from parent[i] into node i
+            zero = torch.zeros((), dtype=node.dtype, device=node.device)
+            down_big, down_small = torch.zeros_like(node), torch.zeros_like(node)   # from parent[i] into i
             edge_marg = torch.zeros_like(edge)
             for lv in levels:
                 par = parents[lv]
                 # parent's belief without node lv's own message: exact even with -inf messages
-                own_inf = torch.isinf(up[:, lv])
-                rest_cnt = cnt[:, par] - own_inf.long()
-                rest = node[:, par] + down[:, par] + fin[:, par] - torch.where(
-                    own_inf, torch.zeros((), dtype=node.dtype), up[:, lv])
-                rest = torch.where(rest_cnt > 0, _neg_inf(node), rest)              # [B, k, C]
-                pair = rest[..., :, None] + edge[:, lv - 1] + inside[:, lv, None, :]  # [B, k, C, C]
-                down[:, lv] = torch.logsumexp(rest[..., :, None] + edge[:, lv - 1], dim=-2)
-                bsz, k, c, _ = pair.shape
-                edge_marg[:, lv - 1] = torch.softmax(pair.reshape(bsz, k, c * c), -1).reshape(bsz, k, c, c)
+                own_inf = torch.isinf(up_big[:, lv])
+                own_big = torch.where(own_inf, zero, up_big[:, lv])
+                rest = _split_add(fin_big[:, par], fin_small[:, par], -own_big, -up_small[:, lv])
+                rest = _split_add(*rest, node[:, par], node_err[:, par])
+                rest_big, rest_small = _split_add(*rest, down_big[:, par], down_small[:, par])     # [B, k, C]
+                rest_big = torch.where(cnt[:, par] - own_inf.long() > 0, _neg_inf(node), rest_big)
+                pair = _split_add(rest_big[..., :, None], rest_small[..., :, None], edge[:, lv - 1],
+                                  edge_err[:, lv - 1])                                      # [B, k, C, C]
+                down_big[:, lv], down_small[:, lv], _, _ = _recentre(*_split_lse(*pair, -2))
+                pair_big, pair_small = _split_add(*pair, in_big[:, lv, None, :], in_small[:, lv, None, :])
+                bsz, k, c, _ = pair_big.shape
+                edge_marg[:, lv - 1] = _split_softmax(pair_big.reshape(bsz, k, c * c),
+                                                      pair_small.reshape(bsz, k, c * c)).reshape(bsz, k, c, c)
             # normalised per node, so rounding of large scores cannot unbalance the sums
-            node_marg = torch.softmax(inside + down, dim=-1)
-            node_marg = torch.where(valid[..., None], node_marg, torch.zeros((), dtype=node.dtype))
+            node_marg = _split_softmax(*_split_add(in_big, in_small, down_big, down_small))
+            node_marg = torch.where(valid[..., None], node_marg, zero)
             edge_valid = valid[:, 1:]
-            edge_marg = torch.where(edge_valid[..., None, None], edge_marg, torch.zeros((), dtype=node.dtype))
+            edge_marg = torch.where(edge_valid[..., None, None], edge_marg, zero)
         return Marginals(node_marg, edge_marg, log_z, pot.lengths)
 
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
@@ -143,11 +187,13 @@ class Tree:
         """Max-product MAP: labels [B, N], ``-1`` past each length."""
         pot = self._check(potentials)
         with torch.no_grad():
-            node, edge, valid, parents, levels, _ = self._setup(pot)
+            node, _, edge, _, valid, parents, levels, _, _ = self._setup(pot)
             best = node.clone()
             back = torch.zeros(node.shape, dtype=torch.long, device=node.device)
             for lv in reversed(levels):
                 msg, arg = (edge[:, lv - 1] + best[:, lv, None, :]).max(dim=-1)
+                # re-centred, so that a score every label pays cannot absorb the O(1) ones of other children
+                msg = msg - _finite_max(msg, -1)
                 msg = torch.where(valid[:, lv, None], msg, torch.zeros((), dtype=msg.dtype))
                 back[:, lv] = arg
                 best.index_add_(1, parents[lv], msg)

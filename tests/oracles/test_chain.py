@@ -1,10 +1,14 @@
 """LinearChain against brute-force enumeration (float64), plus float32, extremes and the fast/slow paths."""
 
+import math
+
 import pytest
 import torch
 
 import betheproj as bp
-from betheproj.energies import LinearMeasurements
+from betheproj.energies import LinearMeasurements, Poisson
+
+from .test_brute_force import HUGE, TOL, assert_exact, penalised
 
 DT = torch.float64
 INF = float("inf")
@@ -142,13 +146,13 @@ def test_viterbi_of_scores_whose_sum_overflows():
 
 
 def test_fast_and_log_space_paths_agree():
-    from betheproj.oracles.chain import _log_forward_backward
+    from betheproj.oracles.chain import _log_forward_backward, _log_node_marginals
     pot = _chain(32, 10, 6, scale=3.0, lengths=torch.randint(1, 11, (32,)))
-    la, lb, lz = _log_forward_backward(pot)
+    state, lz = _log_forward_backward(pot)
     m = bp.LinearChain().marginals(pot)
     assert torch.allclose(m.log_partition, lz, rtol=1e-12)
     mask = m.node_mask()[..., None]
-    assert torch.allclose(m.node, torch.where(mask, torch.softmax(la + lb, -1), 0.0), atol=1e-12)
+    assert torch.allclose(m.node, torch.where(mask, _log_node_marginals(state), 0.0), atol=1e-12)
 
 
 def test_edge_marginals_are_consistent():
@@ -259,7 +263,7 @@ def test_row_max_is_amax_for_every_label_count(c):
 def test_float32_marginals_of_underflowed_products_are_recomputed():
     # alpha * beta underflowed to an exact 0 for marginals of 1e-23..1e-37 (normal float32 numbers) while the
     # absolute error bound passed; the solver then read those labels as forbidden
-    from betheproj.oracles.chain import _log_forward_backward
+    from betheproj.oracles.chain import _log_forward_backward, _log_node_marginals
     torch.manual_seed(0)
     node, edge = torch.randn(4, 8, 4, dtype=DT), torch.randn(4, 7, 4, 4, dtype=DT)
     a, a_edge = torch.randn(2, 4, dtype=DT), torch.randn(2, 4, 4, dtype=DT)
@@ -267,8 +271,7 @@ def test_float32_marginals_of_underflowed_products_are_recomputed():
     energy = LinearMeasurements(node=a, edge=a_edge, offset=0.3, loss="smoothed_abs", psi=3.0)
     at = bp.solve(bp.LinearChain(), theta, energy, method="md", max_iter=300).potentials
     pot = bp.ChainPotentials(at.node.float(), at.edge.float())
-    la, lb, _ = _log_forward_backward(pot)
-    exact = torch.softmax(la + lb, -1)
+    exact = _log_node_marginals(_log_forward_backward(pot)[0])
     normal = exact >= torch.finfo(torch.float32).tiny
     assert (normal & (exact < 1e-20)).sum() >= 3
     assert not (normal & (bp.LinearChain().marginals(pot).node == 0)).any()
@@ -307,3 +310,45 @@ def test_an_empty_batch():
         assert mu.node.shape == (0, 3, 2) and mu.edge.shape == (0, 2, 2, 2) and mu.log_partition.shape == (0,)
         assert chain.entropy(mu).shape == (0,) and chain.log_partition(pot).shape == (0,)
         assert chain.map(pot).shape == (0, 3)
+
+
+@pytest.mark.parametrize("dtype, big", HUGE)
+def test_log_space_path_keeps_the_log_sums_of_labellings_that_all_pay_one_huge_penalty(dtype, big):
+    # labellings (0, 0), (0, 1) and (1, 1) of positions 0-1 score exactly -P, position 2 is independent with scores
+    # [0, 1]: lse(-P, -P) = -P + log 2 rounded to -P gave [0.5, 0.5] at every position
+    node = torch.tensor([[[0.0, -big], [-big, 0.0], [0.0, 1.0]]], dtype=dtype)
+    edge = torch.tensor([[[[0.0, -big], [-big, 0.0]], [[0.0, 0.0], [0.0, 0.0]]]], dtype=dtype)
+    pot = bp.ChainPotentials(node, edge)
+    e = math.e
+    closed = torch.tensor([[2 / 3, 1 / 3], [1 / 3, 2 / 3], [1 / (1 + e), e / (1 + e)]], dtype=torch.float64)
+    assert torch.allclose(bp.LinearChain().marginals(pot).node[0].double(), closed, atol=TOL[dtype], rtol=0)
+    assert_exact(bp.LinearChain(), pot)
+
+
+@pytest.mark.parametrize("dtype, big", HUGE)
+def test_log_space_path_keeps_o1_scores_beside_huge_penalties(dtype, big):
+    # -P + 0.3 rounds to -P: the O(1) scores of a label that trails the best one by P were lost, and they count
+    # once the best one pays P too.  Viterbi's running sums still round them (the MAP is not checked here)
+    for seed in range(10):
+        assert_exact(bp.LinearChain(), penalised(5, 2 + seed % 2, big, dtype, seed), map_too=False)
+
+
+@pytest.mark.parametrize("dtype, gap, lift", [(torch.float64, 750.0, 656.0), (torch.float32, 110.0, 60.0)])
+def test_an_underflowed_alpha_or_beta_is_recomputed(dtype, gap, lift):
+    # exp(-gap) underflows to 0 in the fast path's node factor, so alpha (example 0) or beta (example 1) is 0 where
+    # the exact value is positive; the marginal e^(lift-gap) / (1 + e^(lift-gap)) is a normal number, and a count
+    # on it made the solver's objective infinite
+    node = torch.tensor([[[0.0, 0.0], [0.0, -gap], [0.0, 0.0]], [[0.0, lift], [0.0, -gap], [0.0, 0.0]]], dtype=dtype)
+    edge = torch.zeros(2, 2, 2, 2, dtype=dtype)
+    edge[0, 1, 1] = lift                                             # example 0: lifted by the edge after it
+    edge[1, 0] = torch.tensor([[0.0, -INF], [-INF, 0.0]])            # example 1: by the node before it
+    pot = bp.ChainPotentials(node, edge, torch.tensor([3, 2]))
+    r = math.exp(lift - gap)
+    assert r > torch.finfo(dtype).tiny
+    mu = bp.LinearChain().marginals(pot)
+    for got in (mu.node[0, 1, 1], mu.node[1, 0, 1], mu.node[1, 1, 1]):
+        assert math.isclose(float(got), r / (1 + r), rel_tol=1e-5)
+    counts = torch.zeros(2, 3, 2, dtype=dtype)
+    counts[0, 1, 1] = counts[1, 0, 1] = 1.0
+    out = bp.solve(bp.LinearChain(), pot, Poisson(counts, rate=1.0, scale=1.0), max_iter=50)
+    assert bool(torch.isfinite(out.objective).all())

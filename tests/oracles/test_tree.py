@@ -1,9 +1,13 @@
 """Tree oracle against brute force; a chain-shaped tree equals LinearChain."""
 
+import math
+
 import pytest
 import torch
 
 import betheproj as bp
+
+from .test_brute_force import HUGE, TOL, assert_exact, penalised
 
 DT = torch.float64
 INF = float("inf")
@@ -103,3 +107,36 @@ def test_entropy_of_marginals_of_another_size_is_an_error_naming_them():
             bp.Tree(parents).entropy(mu)
         with pytest.raises(ValueError, match=rf"n=4 positions but the tree has {len(parents)} nodes"):
             bp.Tree(parents).degree(mu.lengths, 4)
+
+
+@pytest.mark.parametrize("dtype, big", HUGE)
+def test_log_sums_of_labellings_that_all_pay_one_huge_penalty(dtype, big):
+    # chain-shaped: labellings (0, 0), (0, 1), (1, 1) of nodes 0-1 score exactly -P, node 2 is independent
+    node = torch.tensor([[[0.0, -big], [-big, 0.0], [0.0, 1.0]]], dtype=dtype)
+    edge = torch.tensor([[[[0.0, -big], [-big, 0.0]], [[0.0, 0.0], [0.0, 0.0]]]], dtype=dtype)
+    pot = bp.PairwisePotentials(node, edge)
+    e = math.e
+    closed = torch.tensor([[2 / 3, 1 / 3], [1 / 3, 2 / 3], [1 / (1 + e), e / (1 + e)]], dtype=torch.float64)
+    assert torch.allclose(bp.Tree([-1, 0, 1]).marginals(pot).node[0].double(), closed, atol=TOL[dtype], rtol=0)
+    assert_exact(bp.Tree([-1, 0, 1]), pot, [-1, 0, 1])
+    # a star: child 1's message to the root is [-P, -P], child 2 prefers root label 1 by 1; summed unshifted,
+    # -P + 1 rounded to -P and the MAP took root label 0.  Exact: 4 labellings at -P, 2 at -P + 1
+    node = torch.tensor([[[0.0, 0.0], [0.0, -big], [0.0, 0.0]]], dtype=dtype)
+    edge = torch.tensor([[[[-big, 0.0], [-big, -big]], [[0.0, 0.0], [1.0, 1.0]]]], dtype=dtype)
+    pot = bp.PairwisePotentials(node, edge)
+    star = bp.Tree([-1, 0, 0])
+    assert star.map(pot)[0, :2].tolist() == [1, 0]
+    closed = torch.tensor([2 / (2 + e), e / (2 + e)], dtype=torch.float64)
+    assert torch.allclose(star.marginals(pot).node[0, 0].double(), closed, atol=TOL[dtype], rtol=0)
+    assert_exact(star, pot, [-1, 0, 0])
+
+
+@pytest.mark.parametrize("dtype, big", HUGE)
+@pytest.mark.parametrize("parents", [[-1, 0, 1, 2, 3], [-1, 0, 0, 0, 0], [-1, 0, 0, 1, 1]],
+                         ids=["chain", "star", "tree"])
+def test_o1_scores_beside_huge_penalties(parents, dtype, big):
+    # -P + 0.3 rounds to -P (also in the sum of a node's children's messages): the O(1) scores of a label that
+    # trails the best one by P were lost, and they count once the best one pays P too.  The MAP's running sums
+    # still round them (not checked here)
+    for seed in range(10):
+        assert_exact(bp.Tree(parents), penalised(5, 2 + seed % 2, big, dtype, seed), parents, map_too=False)
