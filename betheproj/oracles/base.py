@@ -368,13 +368,35 @@ def edge_row_ends(x: Tensor, parents: Tensor | None) -> Tensor:
     return x[:, :-1] if parents is None else x[:, parents[1:].to(x.device)]
 
 
+class _NoSecondDerivative(torch.autograd.Function):
+    """Zero, whose derivative is an error.  Added to a gradient computed without autograd while autograd records
+    the backward pass (``create_graph``, ``torch.autograd.functional.hessian``), so that differentiating that
+    gradient raises instead of silently reading as 0."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        raise RuntimeError("second derivatives of log Z are not implemented: its gradient, the marginals, comes "
+                           "from the oracle, not from autograd")
+
+
+def _first_order_only(grad: Tensor, wrt: Tensor) -> Tensor:
+    """``grad`` (of ``log Z`` with respect to ``wrt``), made to raise if it is differentiated in turn."""
+    return grad + _NoSecondDerivative.apply(wrt) if torch.is_grad_enabled() and wrt.requires_grad else grad
+
+
 class _LogPartition(torch.autograd.Function):
-    """``log Z(theta)`` whose gradient is the marginals: ``d log Z / d theta = mu`` (eq. 1's conjugacy)."""
+    """``log Z(theta)`` whose gradient is the marginals: ``d log Z / d theta = mu`` (eq. 1's conjugacy); first
+    order only (a second derivative is an error)."""
 
     @staticmethod
     def forward(ctx, oracle, node: Tensor, edge: Tensor, lengths: Tensor) -> Tensor:
         mu = oracle.marginals(_unchecked(PairwisePotentials, node, edge, lengths))
         ctx.mu, ctx.shared = mu, edge.dim() == 2
+        ctx.save_for_backward(node, edge)
         return mu.log_partition
 
     @staticmethod
@@ -385,7 +407,8 @@ class _LogPartition(torch.autograd.Function):
             g_edge = mu.edge_sum(grad) if mu.edge_sum is not None else torch.einsum("b,bnij->ij", grad, mu.edge)
         else:
             g_edge = grad[:, None, None, None] * mu.edge
-        return None, g_node, g_edge, None
+        node, edge = ctx.saved_tensors
+        return None, _first_order_only(g_node, node), _first_order_only(g_edge, edge), None
 
 
 def log_partition(oracle: Oracle, potentials: PairwisePotentials) -> Tensor:

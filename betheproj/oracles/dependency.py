@@ -27,6 +27,7 @@ from .base import (
     _check_float,
     _check_lengths,
     _finite_max,
+    _first_order_only,
     _unchecked,
     log_partition,
     raise_if_not_finite,
@@ -154,17 +155,18 @@ def _raise_overflow(log_z: Tensor) -> None:
 
 
 class _GradIsMarginals(torch.autograd.Function):
-    """``log Z`` whose gradient with respect to the arc scores is the arc marginals (first order only)."""
+    """``log Z`` whose gradient with respect to the arc scores is the arc marginals (first order only: a second
+    derivative is an error)."""
 
     @staticmethod
     def forward(ctx, scores: Tensor, log_z: Tensor, marginals: Tensor) -> Tensor:
-        ctx.save_for_backward(marginals)
+        ctx.save_for_backward(scores, marginals)
         return log_z.clone()
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (marginals,) = ctx.saved_tensors
-        return grad[:, None, None] * marginals, None, None
+        scores, marginals = ctx.saved_tensors
+        return _first_order_only(grad[:, None, None] * marginals, scores), None, None
 
 
 def _differentiable(scores: Tensor, log_z: Tensor, marginals: Tensor) -> Tensor:

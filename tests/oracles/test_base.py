@@ -132,3 +132,19 @@ def test_to_float32_refuses_scores_beyond_its_range():
     node[1, 2, 0], edge[0, 1, 2, 2] = 0.0, 1e40
     with pytest.raises(ValueError, match="edge holds finite scores beyond the range of torch.float32"):
         bp.ChainPotentials(node, edge).to(dtype=torch.float32)
+
+
+@pytest.mark.parametrize("oracle", [bp.LinearChain(), bp.Tree([-1, 0, 0, 1]), bp.NonProjective(), bp.Projective()])
+def test_second_derivatives_of_log_z_are_an_error_not_zero(oracle):
+    """log Z's gradient comes from the oracle: differentiated again it read as 0 (a Hessian of zeros from
+    torch.autograd.functional.hessian, where the truth is the marginals' covariance)."""
+    gen = torch.Generator().manual_seed(0)
+    node = torch.randn(2, 4, 5 if isinstance(oracle, (bp.NonProjective, bp.Projective)) else 3, generator=gen,
+                       dtype=torch.float64)
+    edge = torch.zeros(node.shape[-1], node.shape[-1], dtype=torch.float64)
+    value = lambda n: oracle.log_partition(bp.PairwisePotentials(n, edge)).sum()          # noqa: E731
+    with pytest.raises(RuntimeError, match="second derivatives of log Z are not implemented"):
+        torch.autograd.functional.hessian(value, node)
+    x = node.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(value(x), x, create_graph=True)                   # first order alone still works
+    assert torch.allclose(g, oracle.marginals(bp.PairwisePotentials(node, edge)).node, atol=1e-12)
