@@ -337,8 +337,15 @@ class _DependencyOracle:
             lin = torch.where(mu > 0, theta * mu, torch.zeros((), dtype=mu.dtype, device=mu.device))
             # rounding of log Z - <theta, mu> leaves ~eps below 0 for one-tree inputs
             return (marginals.shifted_log_partition - lin.flatten(1).sum(-1)).clamp_min(0.0)
+        mu = marginals.node
+        lengths = _check_lengths(marginals.lengths, b, n, mu.device)
+        words = (torch.arange(n, device=mu.device) < lengths[:, None])[..., None]
+        tol = torch.finfo(mu.dtype).eps ** 0.5
+        if not bool(torch.isfinite(mu).all()) or bool((words & (mu < -tol)).any()) \
+                or bool((words[..., 0] & ((mu.sum(-1) - 1).abs() > tol)).any()):
+            raise ValueError("marginals.node must hold arc marginals: finite, >= 0, each word's heads summing to 1")
         with torch.no_grad():
-            return self._conjugate_entropy(marginals.node, marginals.lengths).clamp_min(0.0)
+            return self._conjugate_entropy(mu.clamp_min(0.0), lengths).clamp_min(0.0)
 
     def _structure(self) -> tuple:
         return (type(self).__name__, self.single_root)

@@ -293,9 +293,11 @@ def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
     removed and the best result is kept (``O(n^3)``).  Raises
     ``ValueError`` if no tree exists.
     """
-    if not isinstance(scores, Tensor) or scores.dim() != 2 or scores.shape[0] != scores.shape[1] \
-            or scores.shape[0] < 2 or not scores.is_floating_point():
-        raise ValueError("scores must be a floating-point tensor [n+1, n+1] with n >= 1")
+    if not isinstance(scores, Tensor) or scores.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"scores must be a float32 or float64 tensor [n+1, n+1], got "
+                        f"{scores.dtype if isinstance(scores, Tensor) else type(scores).__name__}")
+    if scores.dim() != 2 or scores.shape[0] != scores.shape[1] or scores.shape[0] < 2:
+        raise ValueError(f"scores must be a tensor [n+1, n+1] with n >= 1, got {tuple(scores.shape)}")
     if torch.isnan(scores).any() or torch.isposinf(scores).any():
         raise ValueError("scores must be finite or -inf")
     if not isinstance(single_root, bool):

@@ -564,3 +564,35 @@ def test_check_labels_accepts_exactly_the_trees(cls, single_root):
                 with pytest.raises(ValueError, match=r"gold\[0\] are not the heads of a"):
                     oracle.check_labels(row[None], lengths[:1], "gold")
     oracle.check_labels(torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]))   # no words: nothing to check
+
+
+def test_second_derivatives_of_the_tree_log_partitions_are_an_error():
+    """matrix_tree's and eisner's log Z came out with a Hessian of zeros (their gradient is computed, not traced)."""
+    s = torch.randn(1, 4, 4, generator=torch.Generator().manual_seed(1), dtype=DT)
+    for f in (matrix_tree, eisner):
+        with pytest.raises(RuntimeError, match="second derivatives of log Z are not implemented"):
+            torch.autograd.functional.hessian(lambda x, f=f: f(x, None)[0].sum(), s)
+
+
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+def test_entropy_checks_the_marginals_it_is_given(cls):
+    """NaN or an all-zero row read as "no valid dependency tree", and a negative entry gave 0.0 silently."""
+    oracle = cls()
+    ok = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]], dtype=DT)               # 0 -> 1 -> 2
+    assert oracle.entropy(bp.Marginals(ok, None, None, torch.tensor([2]))).item() == pytest.approx(0.0, abs=1e-9)
+    for rows in ([[float("nan"), 1.0, 0.0], [1.0, 0.0, 0.0]], [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]],
+                 [[1.5, -0.5, 0.0], [1.0, 0.0, 0.0]], [[0.5, 0.5, 0.5], [1.0, 0.0, 0.0]]):
+        with pytest.raises(ValueError, match="marginals.node must hold arc marginals"):
+            oracle.entropy(bp.Marginals(torch.tensor([rows], dtype=DT), None, None, torch.tensor([2])))
+    padded = torch.zeros(1, 3, 4, dtype=DT)
+    padded[0, :2, :3], padded[0, 2] = ok[0], 7.0                                   # a padded word: ignored
+    assert oracle.entropy(bp.Marginals(padded, None, None, torch.tensor([2]))).item() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_chu_liu_edmonds_names_a_wrong_type():
+    for scores in ([[0.0, 1.0], [0.0, 0.0]], torch.zeros(3, 3, dtype=torch.long),
+                   torch.zeros(3, 3, dtype=torch.float16)):
+        with pytest.raises(TypeError, match="scores must be a float32 or float64 tensor"):
+            chu_liu_edmonds(scores)
+    with pytest.raises(ValueError, match=r"scores must be a tensor \[n\+1, n\+1\] with n >= 1, got \(2, 3\)"):
+        chu_liu_edmonds(torch.zeros(2, 3))
