@@ -288,6 +288,9 @@ class PairwiseMRF:
         n = self.num_nodes
         if parents is None:
             parents = [-1] + list(range(n - 1))
+        if isinstance(parents, str) or not all(isinstance(v, int | np.integer) and not isinstance(v, bool)
+                                               for v in np.asarray(parents).tolist()):
+            raise TypeError(f"parents must be integers, got {parents!r}")
         p = [int(v) for v in parents]
         if len(p) != n or p[0] != -1 or any(not 0 <= p[i] < i for i in range(1, n)):
             raise ValueError(f"parents must have length {n}, parents[0] = -1 and 0 <= parents[i] < i, got {p}")

@@ -133,6 +133,10 @@ def test_potential_and_marginal_arguments_are_named():
     assert np.isfinite(mrf.expected_score(lp_noise))                # an LP solver's rounding is accepted
     with pytest.raises(ValueError, match="parents must have length 2"):
         mrf.tree_parents([0, 0])
+    for parents in ([-1, 0.9], ["-1", "0"]):                        # were read as [-1, 0] by int()
+        with pytest.raises(TypeError, match="parents must be integers"):
+            mrf.tree_parents(parents)
+    assert mrf.tree_parents(np.array([-1, 0])).tolist() == mrf.tree_parents([-1, 0]).tolist()
     single = PairwiseMRF([3], [], [np.array([0.0, 3.0, 1.0])])
     pot = single.to_pairwise_potentials()                     # one node: a shared all-zero edge table
     assert pot.edge.shape == (3, 3) and not pot.edge.any() and bp.LinearChain().map(pot).tolist() == [[1]]
