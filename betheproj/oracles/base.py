@@ -297,8 +297,9 @@ def raise_if_not_finite(score: Tensor, infeasible: str = NO_LABELLING, examples:
     neg = bad & (score == float("-inf"))
     if neg.any():
         raise ValueError(f"{infeasible} for examples {index[neg][:10].tolist()}")
+    remedy = "rescale them" + (" or use float64" if score.dtype != torch.float64 else "")
     raise ValueError(f"scores overflow {str(score.dtype).replace('torch.', '')} (log Z or a best score is not finite; "
-                     f"rescale them or use float64) for examples {index[bad][:10].tolist()}")
+                     f"{remedy}) for examples {index[bad][:10].tolist()}")
 
 
 def _plogp(p: Tensor) -> Tensor:

@@ -65,8 +65,12 @@ def test_overflow_is_told_apart_from_infeasibility(oracle):
     node = torch.zeros(2, 4, 2)
     node[1, :, 0] = 1e38
     pot = bp.ChainPotentials(node, torch.zeros(2, 2))
-    with pytest.raises(ValueError, match=r"scores overflow float32 .* for examples \[1\]"):
+    with pytest.raises(ValueError, match=r"scores overflow float32 .* or use float64\) for examples \[1\]"):
         oracle.marginals(pot)
+    big = bp.ChainPotentials(node.double() * 1e270, torch.zeros(2, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"scores overflow float64 \(log Z or a best score is not finite; rescale "
+                                         r"them\) for examples \[1\]"):           # it said "or use float64"
+        oracle.marginals(big)
     node[1, :, 0] = 0.0
     edge = torch.zeros(2, 3, 2, 2)
     edge[1, 1] = -float("inf")
