@@ -136,7 +136,11 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             where it converged or is no higher).
         tol: an example has converged when its stationarity residual is at most ``tol``: the total-variation
             change of any node marginal if the dual iterate moved to ``theta - grad L(mu_t)`` at that node
-            (Proposition 1's fixed point; see ``state._residual``).  Default: 1e-6 in float64, 1e-4 in float32.
+            (Proposition 1's fixed point; see ``state._residual``), and of any edge marginal where the energy
+            has an edge gradient; with one transition table shared by the batch and an energy of the edge
+            totals, of each example's position-averaged edge marginal (zero exactly when every position's is,
+            but up to ~2x smaller away from it than the largest position's).  Default: 1e-6 in float64, 1e-4
+            in float32.
             Bethe-RDA's dual average converges like O(1/t), so it meets tight tolerances slowly; mirror
             descent meets them fastest.  Tolerances below about the square root of machine epsilon can be
             out of reach, since steps that small cannot be told apart.  Mirror descent decides its steps
