@@ -313,16 +313,18 @@ def test_an_empty_batch():
 
 
 @pytest.mark.parametrize("dtype, big", HUGE)
-def test_log_space_path_keeps_the_log_sums_of_labellings_that_all_pay_one_huge_penalty(dtype, big):
+@pytest.mark.parametrize("oracle, parents", [(bp.LinearChain(), None), (bp.Tree([-1, 0, 1]), [-1, 0, 1])],
+                         ids=["chain", "tree"])
+def test_log_space_path_keeps_the_log_sums_of_labellings_that_all_pay_one_huge_penalty(oracle, parents, dtype, big):
     # labellings (0, 0), (0, 1) and (1, 1) of positions 0-1 score exactly -P, position 2 is independent with scores
-    # [0, 1]: lse(-P, -P) = -P + log 2 rounded to -P gave [0.5, 0.5] at every position
+    # [0, 1]: lse(-P, -P) = -P + log 2 rounded to -P gave [0.5, 0.5] at every position (chain and tree alike)
     node = torch.tensor([[[0.0, -big], [-big, 0.0], [0.0, 1.0]]], dtype=dtype)
     edge = torch.tensor([[[[0.0, -big], [-big, 0.0]], [[0.0, 0.0], [0.0, 0.0]]]], dtype=dtype)
     pot = bp.ChainPotentials(node, edge)
     e = math.e
     closed = torch.tensor([[2 / 3, 1 / 3], [1 / 3, 2 / 3], [1 / (1 + e), e / (1 + e)]], dtype=torch.float64)
-    assert torch.allclose(bp.LinearChain().marginals(pot).node[0].double(), closed, atol=TOL[dtype], rtol=0)
-    assert_exact(bp.LinearChain(), pot)
+    assert torch.allclose(oracle.marginals(pot).node[0].double(), closed, atol=TOL[dtype], rtol=0)
+    assert_exact(oracle, pot, *([] if parents is None else [parents]))
 
 
 @pytest.mark.parametrize("dtype, big", HUGE)
