@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
 from .._checks import check_count, check_nonnegative
 from ..oracles import LinearChain
 from ..oracles.base import Marginals, Oracle, PairwisePotentials, _check_lengths, edge_row_ends, tree_parents
+from ..oracles.tree import check_parents
 from ..progress import progress_bar
 from ._checks import check_sequences
 
@@ -36,18 +39,30 @@ def _check_label_range(labels: object, shape: tuple[int, int], c: int, lengths: 
     return labels.long().clamp(0, c - 1)
 
 
-def _check_parents(parents: Tensor | None, n: int) -> None:
-    if parents is not None and len(parents) != n:
+def _check_potentials(potentials: object) -> None:
+    if not isinstance(potentials, PairwisePotentials):
+        raise TypeError(f"potentials must be PairwisePotentials, got {type(potentials).__name__}")
+
+
+def _check_parents(parents: Sequence[int] | Tensor | None, n: int) -> Tensor | None:
+    """``parents`` as a long tensor (a valid parent array of ``n`` nodes), or ``None`` for a chain."""
+    if parents is None:
+        return None
+    parents = check_parents(parents)
+    if len(parents) != n:
         raise ValueError(f"parents must have N={n} entries, got {len(parents)}")
+    return parents
 
 
-def sequence_score(potentials: PairwisePotentials, labels: Tensor, parents: Tensor | None = None) -> Tensor:
+def sequence_score(potentials: PairwisePotentials, labels: Tensor, parents: Sequence[int] | Tensor | None = None
+                   ) -> Tensor:
     """``<theta, S(y)>`` [B]: node scores of the labels plus the edge scores of the label pairs each edge couples:
     consecutive positions on a chain (``parents=None``), ``(parents[k+1], k+1)`` for edge ``k`` on a tree (see
     :func:`~betheproj.oracles.base.tree_parents`)."""
+    _check_potentials(potentials)
     y = _check_labels(potentials, labels)
     b, n, _ = potentials.node.shape
-    _check_parents(parents, n)
+    parents = _check_parents(parents, n)
     pos = torch.arange(n, device=y.device)
     valid = pos < potentials.lengths[:, None]
     node = potentials.node.gather(2, y[..., None]).squeeze(-1)
@@ -96,7 +111,7 @@ def sufficient_statistics(potentials: PairwisePotentials, labels: Tensor, parent
     positions when ``parents`` is None), zero past each length, no ``log_partition``.  An energy evaluated on
     them is ``L(S(y))``, the energy of the labelling itself."""
     y = _check_labels(potentials, labels)
-    _check_parents(parents, potentials.node.shape[1])
+    parents = _check_parents(parents, potentials.node.shape[1])
     return Marginals(_node_indicators(potentials, y), lambda: _edge_indicators(potentials, y, parents), None,
                      potentials.lengths)
 
@@ -119,6 +134,7 @@ def _check_gold_score(gold_score: Tensor) -> None:
 def crf_nll(oracle: Oracle, potentials: PairwisePotentials, labels: Tensor) -> Tensor:
     """Negative log-likelihood [B], differentiable in the potentials (its gradient is ``mu - S(y)``). Labels on a
     forbidden part (a ``-inf`` potential) are a ``ValueError``, as in :func:`~.losses.structured_loss`."""
+    _check_potentials(potentials)
     score = sequence_score(potentials, labels, tree_parents(oracle, potentials.node.shape[1]))
     _check_gold(oracle, potentials.lengths, labels, "labels")
     _check_gold_score(score.detach())

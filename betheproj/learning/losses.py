@@ -39,7 +39,15 @@ from torch import Tensor
 
 from .._checks import check_nonnegative, check_real
 from ..oracles.base import Oracle, PairwisePotentials, _unchecked, log_partition, tree_parents
-from .crf import _check_gold, _check_gold_score, _check_labels, _edge_indicators, _node_indicators, sequence_score
+from .crf import (
+    _check_gold,
+    _check_gold_score,
+    _check_labels,
+    _check_potentials,
+    _edge_indicators,
+    _node_indicators,
+    sequence_score,
+)
 
 __all__ = ["LOSSES", "LossGradient", "resolve_loss", "hamming_cost", "cost_augmented", "structured_loss",
            "loss_and_gradient"]
@@ -112,12 +120,6 @@ def _check_cost_parts(potentials: PairwisePotentials, p_node: object, p_edge: ob
                              f"{' or '.join(str(tuple(t)) for t in dict.fromkeys(shapes[name]))}")
         if not bool(torch.isfinite(part.detach()).all()):
             raise ValueError(f"cost returned {name} with NaN or infinite entries")
-
-
-def _check_potentials(potentials: object) -> None:
-    if not isinstance(potentials, PairwisePotentials):
-        raise TypeError(f"potentials must be PairwisePotentials (node and edge scores), got "
-                        f"{type(potentials).__name__}")
 
 
 def cost_augmented(potentials: PairwisePotentials, gold: Tensor, gamma: float, beta: float = 1.0,

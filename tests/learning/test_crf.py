@@ -241,3 +241,21 @@ def test_linear_chain_crf_ignores_padding_features_and_names_bad_valid_ones():
         model(y, lengths)
     with pytest.raises(ValueError, match="features give NaN or infinite node scores"):
         model(y)
+
+
+def test_scores_take_parents_as_a_list_and_name_a_wrong_potentials_argument():
+    """parents=[-1, 0, 0] (a list) was a bare AttributeError ('list' has no 'to'), and crf_nll with a string for
+    the potentials an AttributeError too."""
+    import betheproj as bp
+    from betheproj.learning import crf_nll, sequence_score, sufficient_statistics
+
+    pot = bp.ChainPotentials(torch.randn(2, 3, 2, dtype=torch.float64), torch.randn(2, 2, dtype=torch.float64))
+    labels = torch.tensor([[0, 1, 1], [1, 0, 1]])
+    star = torch.tensor([-1, 0, 0])
+    assert torch.equal(sequence_score(pot, labels, [-1, 0, 0]), sequence_score(pot, labels, star))
+    stats = sufficient_statistics(pot, labels, [-1, 0, 0])
+    assert torch.equal(stats.edge, sufficient_statistics(pot, labels, star).edge)
+    with pytest.raises(TypeError, match="potentials must be PairwisePotentials, got str"):
+        crf_nll(bp.LinearChain(), "x", labels)
+    with pytest.raises(ValueError, match="parents must have N=3 entries"):
+        sequence_score(pot, labels, [-1, 0])
