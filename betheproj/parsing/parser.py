@@ -8,6 +8,7 @@ Algorithm 1 of Martins et al. (EMNLP 2010, section 5: aggressive online learning
 from __future__ import annotations
 
 import math
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +24,7 @@ from ..data.conllu import Sentence, head_cycle
 from ..learning.losses import resolve_loss
 from ..learning.online import SparseExample, fit_online
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
+from ..oracles.nonprojective import NonProjective
 from ..progress import progress_bar
 from .features import ArcFeatures
 from .metrics import _require_scorable, scorable_words, uas
@@ -136,18 +138,25 @@ class GreedyFirst:
     ``single_root``), that is the MAP: it is the first step of Chu-Liu-Edmonds, which stops there.  The check
     is batched (pointer doubling on the head array, ``ceil(log2 N) + 1`` gathers) and exact; sentences whose
     greedy heads have a cycle go to the wrapped oracle.  Only valid for non-projective decoding (a greedy tree
-    need not be projective).  Marginals and everything else are delegated."""
+    need not be projective), so the wrapped oracle must be :class:`NonProjective`.  Marginals and everything
+    else are delegated."""
 
-    def __init__(self, oracle):
+    def __init__(self, oracle: NonProjective):
+        if not isinstance(oracle, NonProjective):
+            raise TypeError(f"oracle must be NonProjective (the greedy heads need not form a projective tree), got "
+                            f"{type(oracle).__name__}")
         self.oracle = oracle
 
     def __getattr__(self, name: str):
+        if name == "oracle" or name.startswith("__"):        # copy and pickle look these up before __init__ ran
+            raise AttributeError(name)
         return getattr(self.oracle, name)
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
         return self.oracle.marginals(potentials)
 
     def map(self, potentials: PairwisePotentials) -> Tensor:
+        self.oracle._scores(potentials)                      # the oracle's checks (types, shapes, a zero edge table)
         node, lengths = potentials.node, potentials.lengths
         b, n, c = node.shape
         device = node.device
@@ -167,7 +176,11 @@ class GreedyFirst:
         out = torch.where(word, heads, -1)
         rest = torch.nonzero(~tree).flatten()
         if rest.numel():
-            out[rest] = self.oracle.map(potentials.index(rest))
+            try:
+                out[rest] = self.oracle.map(potentials.index(rest))
+            except ValueError as err:                        # name the example in this batch, not in ``rest``
+                raise ValueError(re.sub(r"^example (\d+):", lambda m: f"example {int(rest[int(m.group(1))])}:",
+                                        str(err))) from None
         return out
 
 
@@ -197,7 +210,6 @@ class DependencyParser:
         if self.projective:
             from ..oracles.projective import Projective
             return Projective(single_root=self.single_root)
-        from ..oracles.nonprojective import NonProjective
         return GreedyFirst(NonProjective(single_root=self.single_root))
 
     def config(self) -> dict:
@@ -318,6 +330,7 @@ class DependencyParser:
 
     def parse(self, sentences: Sequence[Sentence], batch_size: int = 256, progress: bool = False) -> list[Sentence]:
         """Copies of the sentences with the predicted HEAD column."""
+        sentences = _sentences(sentences)                # a generator would be used up by predict
         heads = self.predict(sentences, batch_size, progress)
         return [s.with_heads(h) for s, h in zip(sentences, heads, strict=True)]
 

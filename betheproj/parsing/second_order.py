@@ -212,7 +212,8 @@ class SecondOrderParser:
                     timeout = max_seconds is not None and time.perf_counter() - start > max_seconds
                     last = timeout or steps == epochs * len(batches)          # the final weights are a candidate too
                     if dev is not None and (steps % eval_every == 0 or last):
-                        score = self.evaluate(dev, method=dev_method, candidates=dev_c, max_iter=dev_iter)
+                        score = self.evaluate(dev, method=dev_method, candidates=dev_c,
+                                              **({} if dev_method == "first_order" else {"max_iter": dev_iter}))
                         history.append((steps, score))
                         if log is not None:
                             log(f"step {steps}: loss {np.mean(losses[-eval_every:]):.4f}, dev UAS {score:.2f}")
@@ -243,9 +244,23 @@ class SecondOrderParser:
                 decode_on: str | None = None, progress: bool = False) -> list[np.ndarray]:
         """Heads (int64 arrays) of every sentence: ``method="mean_field"`` (:func:`mean_field_parse`, default 30
         Bethe-RDA iterations) or ``"loopy_bp"`` (:func:`loopy_bp_parse`, default 20 iterations); ``"first_order"``
-        decodes the pruned arc-factored part alone (``w1``, no second-order terms)."""
+        decodes the pruned arc-factored part alone (``w1``, no second-order terms).  ``max_iter`` applies to the
+        first two, ``damping`` (in [0, 1)) to loopy BP, ``decode_on`` to mean field (``"map"``, the default, or
+        ``"marginals"``) and loopy BP (``"beliefs"``, the default, or ``"log_odds"``); an option the method does
+        not use is an error rather than ignored."""
         _check_method("method", method)
         max_batch, budget = check_count("max_batch", max_batch), check_count("budget", budget)
+        if max_iter is not None:
+            if method == "first_order":
+                raise ValueError("max_iter applies to method='mean_field' or 'loopy_bp', not 'first_order'")
+            max_iter = check_count("max_iter", max_iter, 0)
+        if damping != 0.0 and method != "loopy_bp":
+            raise ValueError(f"damping applies to method='loopy_bp' only, got damping={damping!r} with {method!r}")
+        choices = {"mean_field": ("map", "marginals"), "loopy_bp": ("beliefs", "log_odds"), "first_order": ()}[method]
+        if decode_on is not None and decode_on not in choices:
+            raise ValueError(f"decode_on must be one of {choices} for method={method!r}, got {decode_on!r}"
+                             if choices else "decode_on applies to method='mean_field' or 'loopy_bp', not "
+                                             "'first_order'")
         sentences = _sentences(sentences)
         if candidates is None:
             candidates = prune(self.first, self.pruner, sentences, self.top_k, self.min_prob)

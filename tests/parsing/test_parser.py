@@ -258,6 +258,7 @@ def test_greedy_first_decoding_stays_on_the_input_device(monkeypatch):
         return real_nonzero(x, *args, **kwargs)
 
     monkeypatch.setattr(torch, "nonzero", nonzero)
+    monkeypatch.setattr(NonProjective, "_scores", lambda self, p: None)   # its checks read values meta lacks
     heads = GreedyFirst(NonProjective()).map(pot)
     assert heads.device.type == "meta" and heads.shape == (4, 6)
 
@@ -276,3 +277,38 @@ def test_switches_must_be_bools():
         with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'no'"):
             make("no")
     assert DependencyParser(bits=8, projective=np.bool_(True)).projective is True
+
+
+def test_greedy_first_checks_like_its_oracle_names_the_batch_example_and_copies():
+    """GreedyFirst ignored a non-zero edge table unless a cycle sent the sentence to the oracle, accepted a
+    projective oracle (its greedy trees need not be projective), named the failing example by its place among
+    the forwarded ones, and copy/pickle recursed forever through __getattr__."""
+    import copy
+    import pickle
+
+    from betheproj.oracles import NonProjective, Projective, arc_potentials
+    from betheproj.oracles.base import PairwisePotentials
+    from betheproj.parsing.parser import GreedyFirst
+
+    greedy = GreedyFirst(NonProjective())
+    node = torch.zeros(1, 2, 3)
+    node[0, :, 0] = 1.0                                       # both words' best head: the root, a tree
+    with pytest.raises(ValueError, match="potentials.edge must be all zeros"):
+        greedy.map(PairwisePotentials(node, torch.full((3, 3), 5.0)))
+    with pytest.raises(TypeError, match="oracle must be NonProjective"):
+        GreedyFirst(Projective())
+    scores = torch.zeros(3, 3, 3, dtype=torch.float64)
+    scores[2] = -torch.inf                                    # example 2 has no tree; 0 and 1 are greedy trees
+    with pytest.raises(ValueError, match="^example 2: no valid dependency tree"):
+        greedy.map(arc_potentials(scores))
+    for clone in (copy.copy(greedy), copy.deepcopy(greedy), pickle.loads(pickle.dumps(greedy))):
+        assert clone.map(arc_potentials(scores[:2])).tolist() == greedy.map(arc_potentials(scores[:2])).tolist()
+
+
+def test_parse_takes_a_generator():
+    """parse() handed a generator to predict, which used it up, then zipped the empty generator with the heads."""
+    sentences = parse_conllu(_treebank(5))
+    parser = DependencyParser(bits=8)
+    parser.fit(sentences, epochs=1)
+    parsed = parser.parse(s for s in sentences)
+    assert [p.heads.tolist() for p in parsed] == [h.tolist() for h in parser.predict(sentences)]

@@ -191,3 +191,22 @@ def test_prune_refuses_a_gold_head_that_is_its_own_word():
     with pytest.raises(ValueError, match=r"sentences\[2\]: word 2 is its own gold HEAD"):
         prune(first, w, [*sents, loop], gold=True)
     assert prune(first, w, [*sents, loop]).recall <= 1.0            # scoring it without gold arcs is fine
+
+
+def test_predict_refuses_options_its_method_does_not_use():
+    """damping=5.0 with mean field, max_iter=-5 or decode_on='x' with first_order were ignored silently."""
+    first = DependencyParser(bits=10)
+    first.weights = torch.zeros(1025)
+    parser = SecondOrderParser(first, bits=10)
+    sents = _grandparent_treebank(1)
+    for method, options, match in (("mean_field", {"damping": 5.0}, "damping applies to method='loopy_bp' only"),
+                                   ("first_order", {"max_iter": -5}, "max_iter applies to"),
+                                   ("first_order", {"decode_on": "x"}, "decode_on applies to"),
+                                   ("mean_field", {"decode_on": "beliefs"}, r"decode_on must be one of \('map', "),
+                                   ("loopy_bp", {"max_iter": -1}, "max_iter")):
+        with pytest.raises(ValueError, match=match):
+            parser.predict(sents, method=method, **options)
+    assert len(parser.predict(sents, method="loopy_bp", damping=0.5, decode_on="log_odds", max_iter=3)) == len(sents)
+    # first_order as the dev method: fit passes it no iteration count
+    parser.fit(sents, epochs=1, max_batch=8, dev=sents[:2], dev_method="first_order")
+    assert parser.info["dev_history"]
