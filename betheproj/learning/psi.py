@@ -80,7 +80,10 @@ class MeanMapPsi(nn.Module):
         self.linear = nn.Linear(num_features, 1 if outputs is None else outputs)
         self.squeeze = outputs is None
         nn.init.zeros_(self.linear.weight)
-        nn.init.constant_(self.linear.bias, float(_finite("init", init)))
+        init = _finite("init", init)
+        if init.numel() != 1:
+            raise ValueError(f"init must be one number (every example's psi bias), got shape {tuple(init.shape)}")
+        nn.init.constant_(self.linear.bias, float(init))
 
     def mean_map(self, features: Tensor, lengths: Tensor) -> Tensor:
         """``mean_n z(x_n)`` over each sequence's valid positions: [B, D]."""

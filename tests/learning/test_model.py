@@ -270,6 +270,8 @@ def test_bad_arguments_are_named():
         MeanMapPsi(0, num_features=10)
     with pytest.raises(ValueError, match="bandwidth must be a finite number > 0"):
         MeanMapPsi(6, num_features=10, bandwidth=0.0)
+    with pytest.raises(ValueError, match=r"init must be one number .*got shape \(2,\)"):   # a bare "only one element"
+        MeanMapPsi(6, num_features=10, init=torch.tensor([1.0, 2.0]))
     with pytest.raises(TypeError, match="solution must be a Solution"):
         bp.decode(bp.LinearChain(), "mu")
     with pytest.raises(ValueError, match="tol must be a finite number >= 0"):
