@@ -106,6 +106,8 @@ def test_a_test_word_length_no_training_word_has_is_named_before_the_55_class_ro
     data.lengths[int(torch.nonzero(data.folds == 0)[0])] = 99             # a length only fold 0 has
     ocr.check_folds(data, [0, 1], ["2gram", "Lw"])
     ocr.check_folds(data, [1], ["55class"])
+    with pytest.raises(ValueError, match=r"fold 0 has words of lengths \[99\]"):   # run_fold alone too
+        ocr.run_fold(data, 0, ["2gram", "55class"])
     monkeypatch.setattr(ocr, "run_fold", lambda *args, **kwargs: pytest.fail("a fold was trained"))
     with pytest.raises(ValueError, match=r"fold 0 has words of lengths \[99\] that no word of the other folds has"):
         ocr.run(data, [1, 0], ["2gram", "55class"])

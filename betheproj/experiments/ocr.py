@@ -259,6 +259,7 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
         raise ValueError(f"rows must be among {tuple(ROWS)}, got {unknown}")
     if not bool((data.folds == fold).any()):
         raise ValueError(f"fold {fold} has no words (folds present: {sorted(set(data.folds.tolist()))})")
+    check_folds(data, [fold], rows)              # the 55-class row's lengths, before the fold's first row trains
     torch.manual_seed(config.seed)
     train, test = data.subset(data.folds != fold), data.subset(data.folds == fold)
     x, y, n = (t.to(device) for t in (train.pixels, train.labels, train.lengths))

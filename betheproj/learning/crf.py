@@ -104,12 +104,13 @@ def _edge_indicators(potentials: PairwisePotentials, y: Tensor, parents: Tensor 
     return out.reshape(b, max(n - 1, 0), c, c)
 
 
-def sufficient_statistics(potentials: PairwisePotentials, labels: Tensor, parents: Tensor | None = None
-                          ) -> Marginals:
+def sufficient_statistics(potentials: PairwisePotentials, labels: Tensor,
+                          parents: Sequence[int] | Tensor | None = None) -> Marginals:
     """``S(y)``, a labelling's sufficient statistics, as (integral) marginals: one-hot node [B, N, C] and edge
     [B, N-1, C, C] indicators (edge ``k`` pairs the labels of nodes ``parents[k+1]`` and ``k+1``; consecutive
     positions when ``parents`` is None), zero past each length, no ``log_partition``.  An energy evaluated on
     them is ``L(S(y))``, the energy of the labelling itself."""
+    _check_potentials(potentials)
     y = _check_labels(potentials, labels)
     parents = _check_parents(parents, potentials.node.shape[1])
     return Marginals(_node_indicators(potentials, y), lambda: _edge_indicators(potentials, y, parents), None,

@@ -41,7 +41,7 @@ def segment_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
     ``gold`` and ``predicted`` hold one sequence of labels per example (not one flat sequence of strings)."""
     for name, seqs in (("gold", gold), ("predicted", predicted)):
         if not isinstance(seqs, Sequence) or isinstance(seqs, str) \
-                or any(isinstance(s, str) or not isinstance(s, Sequence) for s in seqs):
+                or any(isinstance(s, str) or not (hasattr(s, "__len__") and hasattr(s, "__getitem__")) for s in seqs):
             raise TypeError(f"{name} must be a sequence of label sequences (e.g. [['B-a', 'O']]), "
                             f"not a string, a sequence of strings or an iterator")
     if len(gold) != len(predicted):

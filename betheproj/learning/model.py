@@ -190,7 +190,7 @@ class NonLocalCRF(nn.Module):
         """Read parameters written by :meth:`save` into this model (built with the same structure).
 
         ``FileNotFoundError`` for a missing file; ``ValueError`` naming ``path`` for a file that is not such a
-        checkpoint or one saved from a model of another structure."""
+        checkpoint or one saved from a model of another structure or dtype."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint at {path}")

@@ -288,6 +288,8 @@ class PairwiseMRF:
         n = self.num_nodes
         if parents is None:
             parents = [-1] + list(range(n - 1))
+        if not isinstance(parents, str | np.ndarray):
+            parents = list(parents)                          # a generator is read once
         if isinstance(parents, str) or not all(isinstance(v, int | np.integer) and not isinstance(v, bool)
                                                for v in np.asarray(parents).tolist()):
             raise TypeError(f"parents must be integers, got {parents!r}")

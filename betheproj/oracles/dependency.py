@@ -324,8 +324,9 @@ class _DependencyOracle:
         conjugate ``H(mu) = min_theta log Z(theta) - <theta, mu>`` (the variational representation, eq. 1's
         duality), computed by Newton's method with the exact Hessian ``Cov(arcs)``: one batched oracle call with
         every supported arc clamped (``Cov(a, b) = mu_a (mu_b | a) - mu_a mu_b``) per iteration.  That costs
-        ``O(B N^2)`` inferences per iteration, so it is meant for short sentences.  If ``mu`` is not in the
-        polytope the iteration cannot converge and the value returned is an upper bound.
+        ``O(B N^2)`` inferences per iteration, so it is meant for short sentences.  Marginals that are not finite,
+        negative, or whose words' heads do not sum to 1 are a ``ValueError``; other points outside the polytope
+        cannot make the iteration converge, and the value returned is then an upper bound.
         """
         if not isinstance(marginals, Marginals):
             raise TypeError(f"marginals must be Marginals, got {type(marginals).__name__}")

@@ -255,7 +255,8 @@ def test_scores_take_parents_as_a_list_and_name_a_wrong_potentials_argument():
     assert torch.equal(sequence_score(pot, labels, [-1, 0, 0]), sequence_score(pot, labels, star))
     stats = sufficient_statistics(pot, labels, [-1, 0, 0])
     assert torch.equal(stats.edge, sufficient_statistics(pot, labels, star).edge)
-    with pytest.raises(TypeError, match="potentials must be PairwisePotentials, got str"):
-        crf_nll(bp.LinearChain(), "x", labels)
+    for fn in (crf_nll, sufficient_statistics):
+        with pytest.raises(TypeError, match="potentials must be PairwisePotentials, got"):
+            fn(bp.LinearChain(), "x", labels) if fn is crf_nll else fn(torch.zeros(1, 2, 2), labels)
     with pytest.raises(ValueError, match="parents must have N=3 entries"):
         sequence_score(pot, labels, [-1, 0])

@@ -1,5 +1,6 @@
 """Segment F1 against hand-counted cases."""
 
+import numpy as np
 import pytest
 
 from betheproj.learning.metrics import segment_f1
@@ -49,6 +50,7 @@ def test_a_flat_sequence_of_strings_is_refused():
     with pytest.raises(TypeError, match="gold must be a sequence of label sequences"):   # was: len() of an iterator
         segment_f1([iter(["O"])], [["O"]])
     assert segment_f1((("B-a",),), (("B-a",),)).f1 == 1.0          # tuples are fine
+    assert segment_f1([np.array(["B-a", "O"])], [np.array(["B-a", "O"])]).f1 == 1.0   # and NumPy arrays
 
 
 def test_labels_that_are_not_bio_are_refused():

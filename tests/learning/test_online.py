@@ -233,3 +233,22 @@ def test_dtype_must_be_a_float_type_torch_can_train_in():
     for dtype in (torch.float16, torch.long):
         with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
             fit_online(bp.LinearChain(), [ex], num_features=1, dtype=dtype)
+
+
+def test_gold_heads_that_are_not_a_tree_are_named_before_the_first_step():
+    """The dependency oracles' tree check ran inside the epoch: training stopped at the bad example, after the
+    steps before it, naming it gold[0] (its place in a batch of one)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def example(gold):
+        n = len(gold)
+        allowed = torch.ones(n, n + 1, dtype=torch.bool)
+        allowed[torch.arange(n), torch.arange(1, n + 1)] = False              # no word heads itself
+        return SparseExample(torch.randint(0, 20, (n, n + 1, 2), generator=gen), torch.tensor(gold), allowed)
+
+    examples = [example([0, 1, 2]) for _ in range(6)] + [example([2, 3, 2])]  # example 6: a cycle 2 <-> 3
+    steps = []
+    with pytest.raises(ValueError, match=r"^examples\[6\]\.gold are not the heads of a tree"):
+        fit_online(bp.NonProjective(), examples, 20, loss="crf", epochs=1, callback=lambda *a: steps.append(a))
+    assert steps == []
+    fit_online(bp.NonProjective(), examples[:6], 20, loss="crf", epochs=1)

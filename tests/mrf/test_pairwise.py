@@ -137,6 +137,7 @@ def test_potential_and_marginal_arguments_are_named():
         with pytest.raises(TypeError, match="parents must be integers"):
             mrf.tree_parents(parents)
     assert mrf.tree_parents(np.array([-1, 0])).tolist() == mrf.tree_parents([-1, 0]).tolist()
+    assert mrf.tree_parents(v for v in [-1, 0]).tolist() == [0]              # a generator, read once
     single = PairwiseMRF([3], [], [np.array([0.0, 3.0, 1.0])])
     pot = single.to_pairwise_potentials()                     # one node: a shared all-zero edge table
     assert pot.edge.shape == (3, 3) and not pot.edge.any() and bp.LinearChain().map(pot).tolist() == [[1]]
