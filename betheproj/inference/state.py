@@ -314,7 +314,7 @@ class SolverState:
         # must still show the energy's pull in the residual: where theta allows mass, an exact 0 counts as tiny
         if self.allowed_node is None:
             self.allowed_node = self.support
-            self.allowed_edge = (mu_edge > 0) if need_edges else None
+            self.allowed_edge = None if not need_edges else (base.edge_total() if totals else base.edge) > 0
         self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
         self.val = energy.value(self._point(mu_node, mu_edge, lengths))     # L at the iterate (MD step test)
         if self.val.dtype != mu_node.dtype:
