@@ -219,6 +219,21 @@ def _damped_step(evals: Tensor, evecs: Tensor, g_eig: Tensor, g: Tensor, cut: Te
     return step, (g * step.flatten(1)).sum(-1)
 
 
+def check_arc_potentials(potentials: object) -> None:
+    """``potentials`` of a dependency oracle: :class:`PairwisePotentials` with node scores [B, N, N+1] (heads of
+    each word) and an all-zero edge table."""
+    if not isinstance(potentials, PairwisePotentials):
+        raise TypeError(f"potentials must be PairwisePotentials (see arc_potentials), got "
+                        f"{type(potentials).__name__}")
+    b, n, c = potentials.node.shape
+    if c != n + 1:
+        raise ValueError(f"potentials.node must be [B, N, N+1] (node[b, m-1, h] = score of h -> m), got "
+                         f"{tuple(potentials.node.shape)}")
+    if bool((potentials.edge != 0).any()):
+        raise ValueError("potentials.edge must be all zeros: dependency trees have no pairwise factors "
+                         "(build potentials with arc_potentials)")
+
+
 class _DependencyOracle:
     """Shared protocol implementation; subclasses provide ``_marginals_core(scores, lengths, strict)`` -> (log Z,
     arc marginals, both head-major; ``strict``: raise for an example with no tree, else its ``log Z`` is -inf)
@@ -239,16 +254,8 @@ class _DependencyOracle:
     # protocol -----------------------------------------------------------------------------------------------
     def _scores(self, potentials: object) -> tuple[Tensor, Tensor]:
         """Head-major masked scores [B, N+1, N+1] from validated potentials."""
-        if not isinstance(potentials, PairwisePotentials):
-            raise TypeError(f"potentials must be PairwisePotentials (see arc_potentials), got "
-                            f"{type(potentials).__name__}")
+        check_arc_potentials(potentials)
         b, n, c = potentials.node.shape
-        if c != n + 1:
-            raise ValueError(f"potentials.node must be [B, N, N+1] (node[b, m-1, h] = score of h -> m), got "
-                             f"{tuple(potentials.node.shape)}")
-        if bool((potentials.edge != 0).any()):
-            raise ValueError("potentials.edge must be all zeros: dependency trees have no pairwise factors "
-                             "(build potentials with arc_potentials)")
         node = potentials.node
         scores = torch.cat([torch.full((b, c, 1), -torch.inf, dtype=node.dtype, device=node.device),
                             node.transpose(1, 2)], 2)

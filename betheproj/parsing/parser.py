@@ -24,6 +24,7 @@ from ..data.conllu import Sentence, head_cycle
 from ..learning.losses import resolve_loss
 from ..learning.online import SparseExample, fit_online
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
+from ..oracles.dependency import check_arc_potentials
 from ..oracles.nonprojective import NonProjective
 from ..progress import progress_bar
 from .features import ArcFeatures
@@ -156,7 +157,7 @@ class GreedyFirst:
         return self.oracle.marginals(potentials)
 
     def map(self, potentials: PairwisePotentials) -> Tensor:
-        self.oracle._scores(potentials)                      # the oracle's checks (types, shapes, a zero edge table)
+        check_arc_potentials(potentials)                     # as the oracle's (types, shapes, a zero edge table)
         node, lengths = potentials.node, potentials.lengths
         b, n, c = node.shape
         device = node.device
