@@ -111,12 +111,12 @@ def _prepare(scores: object, lengths: object) -> tuple[Tensor, Tensor]:
     return _mask_head_major(scores, lengths), lengths
 
 
-def _check_range(s: Tensor) -> None:
+def _check_range(s: Tensor, top: Tensor | None = None) -> None:
     """``ValueError`` where two allowed arcs into one word differ by more than the dtype's range: shifted by its
     column's best score (as the inside algorithms here are), the lower would read as forbidden, and a sentence
-    whose trees all need such an arc as having no tree."""
+    whose trees all need such an arc as having no tree.  ``top``: the column maxima, if the caller has them."""
     with torch.no_grad():
-        if bool((torch.isneginf(s - _column_max(s)) & torch.isfinite(s)).any()):
+        if bool((torch.isneginf(s - (_column_max(s) if top is None else top)) & torch.isfinite(s)).any()):
             raise ValueError(f"arc scores into one word differ by more than {s.dtype}'s range (an allowed arc "
                              f"would read as forbidden): rescale the scores")
 
@@ -264,8 +264,8 @@ class _DependencyOracle:
     def marginals(self, potentials: PairwisePotentials) -> DependencyMarginals:
         """Arc marginals [B, N, N+1] (zero at padding rows and invalid heads) and ``log Z`` [B]."""
         scores, lengths = self._scores(potentials)
-        _check_range(scores)
         top = _column_max(scores)
+        _check_range(scores, top)
         with torch.no_grad():
             shifted_log_z, marg = self._marginals_core(scores - top, lengths)
         node = marg[:, :, 1:].transpose(1, 2).contiguous()

@@ -96,8 +96,8 @@ def eisner(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[
 def _column_shifted(s: Tensor) -> tuple[Tensor, Tensor]:
     """Scores with each modifier's column shifted by its (finite) maximum, and the total shift [B]: every tree
     has one arc into each word, so this only rescales Z, and a huge constant cannot absorb O(1) scores."""
-    _check_range(s)
     col = _column_max(s)
+    _check_range(s, col)
     return s - col, col.sum((1, 2))
 
 
