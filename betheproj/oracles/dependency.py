@@ -219,6 +219,20 @@ def _damped_step(evals: Tensor, evecs: Tensor, g_eig: Tensor, g: Tensor, cut: Te
     return step, (g * step.flatten(1)).sum(-1)
 
 
+def _is_tree(heads: Tensor, words: Tensor, single_root: bool) -> Tensor:
+    """[B]: whether ``heads`` [B, N] (heads of words ``1..N`` in ``0..N``, read where ``words``) reach the root 0
+    from every word, by pointer doubling (``2^k > N`` steps up in ``k`` gathers), with exactly one word under
+    the root if ``single_root`` (an example without words is a tree)."""
+    b, n = heads.shape
+    up = torch.cat([heads.new_zeros(b, 1), torch.where(words, heads, 0)], 1)     # the root points at itself
+    for _ in range(max(n, 1).bit_length()):
+        up = up.gather(1, up)
+    tree = (up == 0).all(1)
+    if single_root:
+        tree &= ((words & (heads == 0)).sum(1) == 1) | ~words.any(1)
+    return tree
+
+
 def check_arc_potentials(potentials: object) -> None:
     """``potentials`` of a dependency oracle: :class:`PairwisePotentials` with node scores [B, N, N+1] (heads of
     each word) and an all-zero edge table."""
@@ -294,23 +308,18 @@ class _DependencyOracle:
             return self._map_core(scores, lengths)
 
     def check_labels(self, labels: Tensor, lengths: Tensor, name: str = "labels") -> None:
-        """``ValueError`` naming the first example (``name[i]``) whose heads ``labels`` [B, N] (0 = root, ignored past
-        ``lengths``) are not a tree: a head outside ``0..n`` or the word itself, a cycle, no root child (or, with
-        ``single_root``, several).  The loss of such a labelling would score parts this oracle masks (its raw
-        scores are still there).  Crossing arcs are allowed for :class:`Projective` too: training a projective
-        model on non-projective gold trees is common practice (the loss then compares the gold tree with the
-        projective ones; the parser warns about it)."""
-        b, n = labels.shape
+        """``ValueError`` naming the first example (``name[i]``) whose heads
+        ``labels`` [B, N] (0 = root, ignored past ``lengths``) are not a tree: a head outside ``0..n`` or the word
+        itself, a cycle, no root child (or, with ``single_root``, several).  The loss of such a labelling would
+        score parts this oracle masks (its raw scores are still there).  Crossing arcs are allowed for
+        :class:`Projective` too: training a projective model on non-projective gold trees is common practice (the
+        loss then compares the gold tree with the projective ones; the parser warns about it)."""
+        n = labels.shape[1]
         pos = torch.arange(1, n + 1, device=labels.device)
         valid = pos <= lengths[:, None]
         h = torch.where(valid, labels.long(), torch.zeros((), dtype=torch.long, device=labels.device))
         bad = (valid & ((h < 0) | (h > lengths[:, None]) | (h == pos))).any(1)
-        roots = (valid & (h == 0)).sum(1)
-        bad |= ((roots != 1) if self.single_root else (roots == 0)) & (lengths > 0)
-        up = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=h.device), h.clamp(0, n)], 1)   # root: itself
-        for _ in range(max(n, 1).bit_length()):                       # pointer doubling: 2^k >= n steps up
-            up = up.gather(1, up)
-        bad |= (up[:, 1:] != 0).any(1)                                # a word whose head chain never reaches 0
+        bad |= ~_is_tree(h.clamp(0, n), valid, self.single_root)
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
             kind = "tree" + (" with one root child" if self.single_root else "")

@@ -24,7 +24,7 @@ from ..data.conllu import Sentence, head_cycle
 from ..learning.losses import resolve_loss
 from ..learning.online import SparseExample, fit_online
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
-from ..oracles.dependency import check_arc_potentials
+from ..oracles.dependency import _is_tree, check_arc_potentials
 from ..oracles.nonprojective import NonProjective
 from ..progress import progress_bar
 from .features import ArcFeatures
@@ -167,13 +167,7 @@ class GreedyFirst:
         masked = node.masked_fill(~usable, -math.inf)
         best, heads = masked.max(-1)                                      # [B, N]
         word = mods[None, :] <= lengths[:, None]
-        parent = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), torch.where(word, heads, 0)],
-                           1)                                             # [B, N+1]
-        for _ in range(max(1, math.ceil(math.log2(n + 1))) + 1):
-            parent = parent.gather(1, parent)                             # 2^k-th ancestor
-        tree = (parent == 0).all(1) & (torch.isfinite(best) | ~word).all(1)
-        if getattr(self.oracle, "single_root", False):
-            tree &= ((heads == 0) & word).sum(1) == 1
+        tree = _is_tree(heads, word, self.oracle.single_root) & (torch.isfinite(best) | ~word).all(1)
         out = torch.where(word, heads, -1)
         rest = torch.nonzero(~tree).flatten()
         if rest.numel():
