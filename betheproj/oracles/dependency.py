@@ -308,7 +308,7 @@ class _DependencyOracle:
             return self._map_core(scores, lengths)
 
     def check_labels(self, labels: Tensor, lengths: Tensor, name: str = "labels") -> None:
-        """``ValueError`` naming the first example (``name[i]``) whose heads
+        """``ValueError`` naming the first example (``name[i]``, or ``name`` with ``{i}`` filled in) whose heads
         ``labels`` [B, N] (0 = root, ignored past ``lengths``) are not a tree: a head outside ``0..n`` or the word
         itself, a cycle, no root child (or, with ``single_root``, several).  The loss of such a labelling would
         score parts this oracle masks (its raw scores are still there).  Crossing arcs are allowed for
@@ -323,7 +323,8 @@ class _DependencyOracle:
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
             kind = "tree" + (" with one root child" if self.single_root else "")
-            raise ValueError(f"{name}[{i}] are not the heads of a {kind} (each word's head in 0..{int(lengths[i])}, "
+            where = name.format(i=i) if "{i}" in name else f"{name}[{i}]"
+            raise ValueError(f"{where} are not the heads of a {kind} (each word's head in 0..{int(lengths[i])}, "
                              f"not itself, no cycle): {labels[i, : int(lengths[i])].tolist()}")
 
     def degree(self, lengths: Tensor, n: int) -> Tensor:
