@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import errno
 import io
+import math
 import os
 import signal
 import sys
@@ -163,6 +164,13 @@ def _check_cgm_options(args: argparse.Namespace) -> None:
     if args.population > 2 ** 53:
         raise ValueError(f"--population must be at most 2**53 = {2 ** 53} (the float64 model holds counts exactly "
                          f"only up to there), got {args.population}")
+    # the observed counts are Poisson draws of mean at most rate x population: ten standard deviations above it
+    # must stay exact too (the draw itself is checked again, but only after --out is created)
+    lam = args.rate * args.population
+    if lam + 10 * math.sqrt(lam) > 2 ** 53:
+        raise ValueError(f"--rate x --population must leave the observed counts (Poisson draws of mean up to "
+                         f"{lam:.4g}) at most 2**53 = {2 ** 53}, which the float64 model holds exactly; got "
+                         f"{args.rate!r} x {args.population!r}")
     check_count("--seasons", args.seasons)
     check_nonnegative("--noise", args.noise)
 

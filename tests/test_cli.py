@@ -123,6 +123,29 @@ def test_a_cgm_population_beyond_exact_float64_counts_is_refused_before_out_is_c
     assert not out.exists()
 
 
+def test_a_cgm_rate_whose_counts_would_pass_exact_float64_is_refused_before_out_is_created(tmp_path, capsys):
+    # population 2**52 at rate 3: observed Poisson counts near 1.35e16 > 2**53, which the float64 model rounds
+    out = tmp_path / "out"
+    assert main(["cgm", "--grid", "2", "--steps", "2", "--population", str(2 ** 52), "--rate", "3",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("betheproj cgm: error: --rate x --population must leave the observed counts")
+    assert "got 3.0 x 4503599627370496" in err
+    assert not out.exists()
+
+
+def test_a_cgm_rate_and_population_at_the_exact_limit_are_accepted(monkeypatch, tmp_path):
+    # 2**52 at rate 1.9: mean 8.6e15, ten standard deviations below 2**53 (the draw is checked again)
+    import betheproj.experiments.cgm as cgm_experiment
+
+    ran = []
+    monkeypatch.setattr(cgm_experiment, "run", lambda *args, **kwargs: ran.append(args))
+    assert main(["cgm", "--grid", "2", "--steps", "2", "--population", str(2 ** 52), "--rate", "1.9",
+                 "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    assert len(ran) == 1
+
+
 def test_each_ocr_row_is_run_once(runs_stubbed, monkeypatch, capsys):
     from betheproj.experiments import ocr
 
