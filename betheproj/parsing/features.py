@@ -75,6 +75,15 @@ _XPOS_TEMPLATES: tuple[tuple[str, ...], ...] = (
 )
 
 
+_RESERVED = frozenset({"<root>", "<s>", "</s>", "<none>"})
+
+
+def _literal(value: str) -> str:
+    """A word's attribute as hashed: the strings that stand for the root token and the sentence's ends are moved
+    out of the way (a tab, which no CoNLL-U field holds, in front), so a word written ``<root>`` is not the root."""
+    return "\t" + value if value in _RESERVED else value
+
+
 def _hash_string(s: str) -> int:
     return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8).digest(), "little")
 
@@ -186,10 +195,10 @@ class ArcFeatures:
             tags.append("<root>")
             xtags.append("<root>")
             for w in s.words:
-                forms.append(w[1].lower() if self.lowercase else w[1])
-                lemmas.append(w[2])
-                tags.append(w[3])
-                xtags.append(w[4])
+                forms.append(_literal(w[1].lower() if self.lowercase else w[1]))
+                lemmas.append(_literal(w[2]))
+                tags.append(_literal(w[3]))
+                xtags.append(_literal(w[4]))
         lengths = np.array([len(s) + 1 for s in sentences], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         hp = self._hash(tags)

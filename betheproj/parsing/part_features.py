@@ -10,7 +10,7 @@ import numpy as np
 
 from .._checks import check_bool, check_int
 from ..data.conllu import Sentence
-from .features import _hash_string, _Hasher, _mix
+from .features import _hash_string, _Hasher, _literal, _mix
 
 __all__ = ["SecondOrderFeatures"]
 
@@ -79,8 +79,8 @@ class SecondOrderFeatures:
         for s in sentences:
             forms.append("<root>")
             tags.append("<root>")
-            forms.extend(w[1].lower() if self.lowercase else w[1] for w in s.words)
-            tags.extend(w[3] for w in s.words)
+            forms.extend(_literal(w[1].lower() if self.lowercase else w[1]) for w in s.words)
+            tags.extend(_literal(w[3]) for w in s.words)
         sizes = np.array([len(s) + 1 for s in sentences], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         p = self._hash(["p:" + t for t in tags])

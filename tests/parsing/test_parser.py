@@ -313,3 +313,21 @@ def test_parse_takes_a_generator():
     parser.fit(sentences, epochs=1)
     parsed = parser.parse(s for s in sentences)
     assert [p.heads.tolist() for p in parsed] == [h.tolist() for h in parser.predict(sentences)]
+
+
+def test_a_word_written_like_the_root_or_a_sentence_end_is_not_hashed_as_one():
+    from betheproj.parsing.part_features import SecondOrderFeatures
+
+    text = ("1\t<root>\t<root>\t<root>\t<root>\t_\t0\t_\t_\t_\n"
+            "2\t<s>\t</s>\tNOUN\t<none>\t_\t1\t_\t_\t_\n"
+            "3\t</s>\t<s>\t<none>\tVB\t_\t1\t_\t_\t_\n\n")
+    sentence = parse_conllu(text)
+    tok = ArcFeatures(bits=16, xpos=True)._tokens(sentence)
+    for key in ("w", "l", "p", "x"):                          # token 0 is the root, 1 the word "<root>"
+        assert tok[key][0] != tok[key][1], key
+    root_prev, root_next = tok["qw"][0], tok["nw"][3]         # the sentence's ends as neighbours
+    assert tok["w"][2] != root_prev and tok["w"][3] != root_prev
+    assert tok["w"][2] != root_next and tok["w"][3] != root_next
+    part, _ = SecondOrderFeatures(bits=16).tokens(sentence)
+    assert part["w"][0] != part["w"][1] and part["p"][0] != part["p"][1]
+    assert part["p"][3] != part["q"][0]                       # the tag "<none>" is not the boundary's
