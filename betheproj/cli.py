@@ -268,8 +268,8 @@ def _citations(args: argparse.Namespace) -> None:
             raise ValueError("--predict: give a file (or - for standard input), got an empty name")
         source = Path(args.predict)
         if args.predict != "-" and (not source.exists() or source.is_dir()):   # a pipe is read like a file
-            raise FileNotFoundError(f"--predict: {'a folder, not a file,' if source.is_dir() else 'no file'} at "
-                                    f"{source}")
+            raise FileNotFoundError(f"--predict: expected a file of raw citations, one a line, at {source}, found "
+                                    f"{'a folder' if source.is_dir() else 'none'}")
         index, model = citations.load_model(out / "model.pt")
         if args.predict == "-":
             from ._files import read_stdin

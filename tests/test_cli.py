@@ -218,7 +218,11 @@ def test_citation_predict_reads_a_named_pipe(tagger_stubbed, tmp_path, capsys):
         writer.join(timeout=10)
     assert capsys.readouterr().out == "'J. Smith. A title. 2005.'\n"
     assert main(["citations", "--predict", str(tmp_path), "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"betheproj citations: error: --predict: a folder, not a file, at {tmp_path}\n"
+    assert capsys.readouterr().err == (f"betheproj citations: error: --predict: expected a file of raw citations, "
+                                       f"one a line, at {tmp_path}, found a folder\n")
+    assert main(["citations", "--predict", str(tmp_path / "missing.txt"), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"betheproj citations: error: --predict: expected a file of raw citations, "
+                                       f"one a line, at {tmp_path / 'missing.txt'}, found none\n")
 
 
 def test_citation_predict_refuses_a_seed(tagger_stubbed, tmp_path, capsys):
