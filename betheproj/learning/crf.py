@@ -7,9 +7,17 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_count, check_nonnegative
+from .._checks import check_bool, check_count, check_nonnegative
 from ..oracles import LinearChain
-from ..oracles.base import Marginals, Oracle, PairwisePotentials, _check_lengths, edge_row_ends, tree_parents
+from ..oracles.base import (
+    Marginals,
+    Oracle,
+    PairwisePotentials,
+    _check_lengths,
+    edge_row_ends,
+    has_pairwise_factors,
+    tree_parents,
+)
 from ..oracles.tree import check_parents
 from ..progress import progress_bar
 from ._checks import check_sequences
@@ -54,13 +62,16 @@ def _check_parents(parents: Sequence[int] | Tensor | None, n: int) -> Tensor | N
     return parents
 
 
-def sequence_score(potentials: PairwisePotentials, labels: Tensor, parents: Sequence[int] | Tensor | None = None
-                   ) -> Tensor:
+def sequence_score(potentials: PairwisePotentials, labels: Tensor, parents: Sequence[int] | Tensor | None = None,
+                   *, pairwise_factors: bool = True) -> Tensor:
     """``<theta, S(y)>`` [B]: node scores of the labels plus the edge scores of the label pairs each edge couples:
     consecutive positions on a chain (``parents=None``), ``(parents[k+1], k+1)`` for edge ``k`` on a tree (see
-    :func:`~betheproj.oracles.base.tree_parents`)."""
+    :func:`~betheproj.oracles.base.tree_parents`).  ``pairwise_factors=False`` (a structure without them, see
+    :func:`~betheproj.oracles.base.has_pairwise_factors`) leaves the edge scores out: the score does not depend
+    on them (its gradient there is zero)."""
     _check_potentials(potentials)
     y = _check_labels(potentials, labels)
+    pairwise_factors = check_bool("pairwise_factors", pairwise_factors)
     b, n, _ = potentials.node.shape
     parents = _check_parents(parents, n)
     pos = torch.arange(n, device=y.device)
@@ -73,8 +84,10 @@ def sequence_score(potentials: PairwisePotentials, labels: Tensor, parents: Sequ
             pair = potentials.edge[rows, y[:, 1:]]
         else:
             pair = potentials.edge[torch.arange(b, device=y.device)[:, None], pos[None, : n - 1], rows, y[:, 1:]]
-        # edge k is valid when its child k+1 is (parents precede children, so its parent is too)
-        score = score + torch.where(valid[:, 1:], pair, torch.zeros((), dtype=pair.dtype)).sum(-1)
+        # edge k is valid when its child k+1 is (parents precede children, so its parent is too), and counts
+        # only where the structure has pairwise factors (masked, not skipped: the edge stays in the graph)
+        counts = valid[:, 1:] & pairwise_factors
+        score = score + torch.where(counts, pair, torch.zeros((), dtype=pair.dtype)).sum(-1)
     return score
 
 
@@ -88,12 +101,14 @@ def _node_indicators(potentials: PairwisePotentials, y: Tensor) -> Tensor:
 
 
 def _edge_indicators(potentials: PairwisePotentials, y: Tensor, parents: Tensor | None,
-                     total: bool = False) -> Tensor:
+                     total: bool = False, pairwise_factors: bool = True) -> Tensor:
     """``S(y)`` on the edge parts: [B, N-1, C, C] indicators of the label pair each edge couples, zero past each
-    length (``total``: their sum over the batch, [C, C])."""
+    length, and everywhere for a structure without pairwise factors (``total``: their sum over the batch,
+    [C, C])."""
     b, n, c = potentials.node.shape
     y = y.clamp_min(0)
-    valid = (torch.arange(n - 1, device=y.device) < (potentials.lengths[:, None] - 1)).to(potentials.node.dtype)
+    valid = (torch.arange(n - 1, device=y.device) < (potentials.lengths[:, None] - 1)) & pairwise_factors
+    valid = valid.to(potentials.node.dtype)
     flat = edge_row_ends(y, parents) * c + y[:, 1:]                        # [B, N-1]
     if total:
         out = potentials.node.new_zeros(c * c)
@@ -105,15 +120,23 @@ def _edge_indicators(potentials: PairwisePotentials, y: Tensor, parents: Tensor 
 
 
 def sufficient_statistics(potentials: PairwisePotentials, labels: Tensor,
-                          parents: Sequence[int] | Tensor | None = None) -> Marginals:
+                          parents: Sequence[int] | Tensor | None = None, *, pairwise_factors: bool = True
+                          ) -> Marginals:
     """``S(y)``, a labelling's sufficient statistics, as (integral) marginals: one-hot node [B, N, C] and edge
     [B, N-1, C, C] indicators (edge ``k`` pairs the labels of nodes ``parents[k+1]`` and ``k+1``; consecutive
     positions when ``parents`` is None), zero past each length, no ``log_partition``.  An energy evaluated on
-    them is ``L(S(y))``, the energy of the labelling itself."""
+    them is ``L(S(y))``, the energy of the labelling itself.
+
+    Pass the oracle's structure: ``parents=tree_parents(oracle, N)`` and
+    ``pairwise_factors=has_pairwise_factors(oracle)``; the latter is ``False`` for the dependency oracles, whose
+    marginals' edges are all-zero placeholders (there are no pairwise factors), and then the edge indicators are
+    all zero too, so that an energy reading edge marginals sees the same statistics on ``S(y)`` as on ``mu``."""
     _check_potentials(potentials)
     y = _check_labels(potentials, labels)
     parents = _check_parents(parents, potentials.node.shape[1])
-    return Marginals(_node_indicators(potentials, y), lambda: _edge_indicators(potentials, y, parents), None,
+    pairwise_factors = check_bool("pairwise_factors", pairwise_factors)
+    return Marginals(_node_indicators(potentials, y),
+                     lambda: _edge_indicators(potentials, y, parents, pairwise_factors=pairwise_factors), None,
                      potentials.lengths)
 
 
@@ -136,7 +159,8 @@ def crf_nll(oracle: Oracle, potentials: PairwisePotentials, labels: Tensor) -> T
     """Negative log-likelihood [B], differentiable in the potentials (its gradient is ``mu - S(y)``). Labels on a
     forbidden part (a ``-inf`` potential) are a ``ValueError``, as in :func:`~.losses.structured_loss`."""
     _check_potentials(potentials)
-    score = sequence_score(potentials, labels, tree_parents(oracle, potentials.node.shape[1]))
+    score = sequence_score(potentials, labels, tree_parents(oracle, potentials.node.shape[1]),
+                           pairwise_factors=has_pairwise_factors(oracle))
     _check_gold(oracle, potentials.lengths, labels, "labels")
     _check_gold_score(score.detach())
     return oracle.log_partition(potentials) - score

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_nonnegative, check_real
-from ..oracles.base import Oracle, PairwisePotentials, _unchecked, log_partition, tree_parents
+from ..oracles.base import Oracle, PairwisePotentials, _unchecked, has_pairwise_factors, log_partition, tree_parents
 from .crf import (
     _check_gold,
     _check_gold_score,
@@ -160,13 +160,14 @@ def structured_loss(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor
     beta, gamma = resolve_loss(loss, beta, gamma)
     _check_potentials(potentials)
     parents = tree_parents(oracle, potentials.node.shape[1])
-    gold_score = sequence_score(potentials, gold, parents)
+    pairwise = has_pairwise_factors(oracle)
+    gold_score = sequence_score(potentials, gold, parents, pairwise_factors=pairwise)
     _check_gold(oracle, potentials.lengths, gold, "gold")
     _check_gold_score(gold_score.detach())
     aug, q = cost_augmented(potentials, gold, gamma, beta, cost)
     if math.isinf(beta):
         y_hat = oracle.map(aug)
-        value = sequence_score(aug, y_hat, parents)
+        value = sequence_score(aug, y_hat, parents, pairwise_factors=pairwise)
     else:
         value = log_partition(oracle, aug) / beta
     value = value - gold_score
@@ -193,26 +194,29 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
                       edge: bool = True) -> LossGradient:
     """``L_{beta,gamma}`` [B] and its (sub)gradient ``mu_hat - S(y)`` (Algorithm 1, lines 5-6) computed from one
     oracle call (marginals for finite ``beta``, MAP for ``beta = inf``), without building an autograd graph.
-    ``edge=False`` skips the edge gradient (for models whose edge potentials are constant)."""
+    ``edge=False`` skips the edge gradient (for models whose edge potentials are constant); for an oracle without
+    pairwise factors (:func:`~betheproj.oracles.base.has_pairwise_factors`: the dependency oracles) it is zero,
+    since both its marginals' edges and ``S(y)``'s are."""
     if loss is None and beta is None and gamma is None:
         raise ValueError("give a loss name (crf, svm, softmax_margin, perceptron) or beta and gamma")
     beta, gamma = resolve_loss(loss, beta, gamma)
     _check_potentials(potentials)
     y = _check_labels(potentials, gold)
     parents = tree_parents(oracle, potentials.node.shape[1])
+    pairwise = has_pairwise_factors(oracle)
     with torch.no_grad():
         aug, q = cost_augmented(potentials, gold, gamma, beta, cost)
-        gold_score = sequence_score(potentials, y, parents)
+        gold_score = sequence_score(potentials, y, parents, pairwise_factors=pairwise)
         _check_gold(oracle, potentials.lengths, gold, "gold")
         _check_gold_score(gold_score)
         prediction = None
         if math.isinf(beta):
             prediction = oracle.map(aug)
-            value = sequence_score(aug, prediction, parents) - gold_score
+            value = sequence_score(aug, prediction, parents, pairwise_factors=pairwise) - gold_score
             g_node = _node_indicators(potentials, prediction) - _node_indicators(potentials, y)
             shared = potentials.shared_edge
-            g_edge = (_edge_indicators(potentials, prediction, parents, shared)
-                      - _edge_indicators(potentials, y, parents, shared) if edge else None)
+            g_edge = (_edge_indicators(potentials, prediction, parents, shared, pairwise)
+                      - _edge_indicators(potentials, y, parents, shared, pairwise) if edge else None)
         else:
             mu = oracle.marginals(aug)
             value = mu.log_partition / beta - gold_score
@@ -224,7 +228,7 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
                     mu_edge = mu.edge_sum(ones) if mu.edge_sum is not None else mu.edge.sum((0, 1))
                 else:
                     mu_edge = mu.edge
-                g_edge = mu_edge - _edge_indicators(potentials, y, parents, potentials.shared_edge)
+                g_edge = mu_edge - _edge_indicators(potentials, y, parents, potentials.shared_edge, pairwise)
         if q is not None:
             value = value + q
     return LossGradient(value, g_node, g_edge, prediction)

@@ -15,7 +15,7 @@ from ..inference.decode import decode
 from ..inference.pieces import solve_global
 from ..inference.solve import METHODS, Solution, solve
 from ..oracles import LinearChain
-from ..oracles.base import Marginals, Oracle, PairwisePotentials, tree_parents
+from ..oracles.base import Marginals, Oracle, PairwisePotentials, has_pairwise_factors, tree_parents
 from ._checks import check_lengths_like
 from .crf import crf_nll, sequence_score, sufficient_statistics
 
@@ -143,11 +143,12 @@ class NonLocalCRF(nn.Module):
         check_lengths_like(features, lengths)
         potentials = self.potentials(features, lengths)
         parents = tree_parents(self.oracle, potentials.node.shape[1])
-        value = sequence_score(potentials, labels, parents)
+        pairwise = has_pairwise_factors(self.oracle)
+        value = sequence_score(potentials, labels, parents, pairwise_factors=pairwise)
         energy = self.energy(features, lengths)
         if energy is None:
             return value
-        statistics = sufficient_statistics(potentials, labels, parents)
+        statistics = sufficient_statistics(potentials, labels, parents, pairwise_factors=pairwise)
         energy.validate(statistics)
         return value - energy.value(statistics)
 

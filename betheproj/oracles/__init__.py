@@ -7,6 +7,7 @@ from .base import (
     PairwisePotentials,
     bethe_entropy,
     edge_row_ends,
+    has_pairwise_factors,
     log_partition,
     tree_parents,
 )
@@ -18,6 +19,7 @@ from .projective import Projective, eisner, eisner_map
 from .tree import Tree
 
 __all__ = ["BruteForce", "ChainPotentials", "LinearChain", "Marginals", "Oracle", "PairwisePotentials",
-           "Tree", "bethe_entropy", "log_partition", "tree_parents", "edge_row_ends",
+           "Tree", "bethe_entropy", "log_partition", "tree_parents", "has_pairwise_factors",
+           "edge_row_ends",
            "DependencyMarginals", "NonProjective", "Projective", "arc_potentials", "arcs_to_heads",
            "chu_liu_edmonds", "eisner", "eisner_map", "heads_to_arcs", "matrix_tree"]

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "bethe_entropy", "log_partition",
-           "tree_parents", "edge_row_ends"]
+           "tree_parents", "has_pairwise_factors", "edge_row_ends"]
 
 
 def _check_float(name: str, x: object, ndim: tuple[int, ...]) -> Tensor:
@@ -332,6 +332,12 @@ class Oracle(Protocol):
     [B, N] that are not configurations of the structure although every label is in range (dependency heads that
     are not a tree); the learners call it on gold labels, whose loss would otherwise be that of an impossible
     structure.
+
+    Optionally ``pairwise_factors`` (a bool, ``True`` when absent): ``False`` for a structure without pairwise
+    factors (the dependency oracles, whose tree constraint replaces them), which refuses non-zero edge potentials
+    and whose edge marginals are all-zero placeholders.  A labelling's ``S(y)`` then has all-zero edge parts too
+    (:func:`has_pairwise_factors`), so that an energy reads the same kind of statistics on ``S(y)`` as on
+    ``mu``, and the losses' edge gradients ``mu - S(y)`` are zero rather than steps the oracle would refuse.
     """
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
@@ -361,6 +367,13 @@ def tree_parents(oracle: Oracle, n: int) -> Tensor | None:
     if len(parents) != n:
         raise ValueError(f"potentials have N={n} positions but the oracle's tree has {len(parents)} nodes")
     return torch.as_tensor(parents, dtype=torch.long)
+
+
+def has_pairwise_factors(oracle: Oracle) -> bool:
+    """Whether ``oracle``'s structure has pairwise factors (its ``pairwise_factors``, ``True`` when absent): where
+    it has none (the dependency oracles), the edge parts of a labelling's ``S(y)`` are zero, as are its
+    marginals' edges."""
+    return bool(getattr(oracle, "pairwise_factors", True))
 
 
 def edge_row_ends(x: Tensor, parents: Tensor | None) -> Tensor:

@@ -4,7 +4,8 @@ A sentence of ``n`` words has positions ``1..n``; ``0`` is the root.  An arc-fac
 (every word ``m`` has one head ``y_m``) as ``sum_m theta(y_m -> m)``, so the tree is a "labelling" of the
 words whose label is the head: :class:`~betheproj.PairwisePotentials` with ``node[b, m-1, h] = theta(h -> m)``
 ([B, N, N+1]) and a shared all-zero ``[N+1, N+1]`` edge table (the tree constraint replaces pairwise
-factors).  Self-loops and heads past ``lengths[b]`` are ignored whatever their finite or ``-inf`` score (NaN
+factors: the oracles' ``pairwise_factors`` is ``False``, so a tree's ``S(y)`` has all-zero edge parts, as its
+marginals do).  Self-loops and heads past ``lengths[b]`` are ignored whatever their finite or ``-inf`` score (NaN
 and ``+inf`` are refused anywhere); other ``-inf`` entries are forbidden arcs.
 
 * :class:`~betheproj.oracles.nonprojective.NonProjective`: all arborescences (matrix-tree theorem for
@@ -252,6 +253,8 @@ class _DependencyOracle:
     """Shared protocol implementation; subclasses provide ``_marginals_core(scores, lengths, strict)`` -> (log Z,
     arc marginals, both head-major; ``strict``: raise for an example with no tree, else its ``log Z`` is -inf)
     and ``_map_core(scores, lengths)`` -> heads [B, N]."""
+
+    pairwise_factors = False      # zero edge potentials and marginals; a labelling's S(y) has no edge part either
 
     def __init__(self, single_root: bool = False):
         if not isinstance(single_root, bool):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import betheproj as bp
-from betheproj.learning import LinearChainCRF, crf_nll, fit_crf, sequence_score
+from betheproj.learning import LinearChainCRF, crf_nll, fit_crf, sequence_score, sufficient_statistics
 
 DT = torch.float64
 
@@ -260,3 +260,49 @@ def test_scores_take_parents_as_a_list_and_name_a_wrong_potentials_argument():
             fn(bp.LinearChain(), "x", labels) if fn is crf_nll else fn(torch.zeros(1, 2, 2), labels)
     with pytest.raises(ValueError, match="parents must have N=3 entries"):
         sequence_score(pot, labels, [-1, 0])
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_without_pairwise_factors_the_score_and_statistics_have_no_edge_parts(shared):
+    """``pairwise_factors=False`` (a structure without them: the dependency oracles) leaves the edge scores out of
+    ``<theta, S(y)>`` (its gradient there is zero, not ``None``: the edges stay in the graph, ``-inf`` ones give
+    no NaN) and gives ``S(y)`` all-zero edge indicators."""
+    gen = torch.Generator().manual_seed(4)
+    edge = torch.randn(*((3, 3) if shared else (2, 3, 3, 3)), generator=gen, dtype=DT)
+    edge[..., 0, 1] = -math.inf
+    edge.requires_grad_()
+    node = torch.randn(2, 4, 3, generator=gen, dtype=DT)
+    labels, lengths = torch.tensor([[0, 1, 0, 2], [2, 2, 1, -1]]), torch.tensor([4, 3])
+    pot = bp.ChainPotentials(node, edge, lengths)
+    score = sequence_score(pot, labels, pairwise_factors=False)
+    expected = [sum(float(node[b, t, labels[b, t]]) for t in range(int(lengths[b]))) for b in range(2)]
+    assert score.tolist() == pytest.approx(expected, abs=1e-12)
+    (grad,) = torch.autograd.grad(score.sum(), edge)
+    assert torch.equal(grad, torch.zeros_like(edge))
+    assert sequence_score(pot, labels)[0].item() == -math.inf                  # with them: the (0, 1) transition
+    stats = sufficient_statistics(pot, labels, [-1, 0, 1, 1], pairwise_factors=False)
+    assert stats.edge.shape == (2, 3, 3, 3) and not stats.edge.any()
+    assert torch.equal(stats.node, sufficient_statistics(pot, labels).node)
+    assert sufficient_statistics(pot, labels).edge.sum().item() == 5.0       # the default: a pairwise structure
+    for fn in (sequence_score, sufficient_statistics):
+        with pytest.raises(TypeError, match="pairwise_factors must be a bool"):
+            fn(pot, labels, pairwise_factors=0)
+
+
+@pytest.mark.parametrize("oracle", [bp.NonProjective(), bp.Projective()], ids=repr)
+def test_a_chain_model_trained_over_dependency_trees_keeps_its_edge_table_at_zero(oracle):
+    """The dependency oracles refuse non-zero edge potentials and have no edge marginals, and the likelihood's
+    edge gradient (``mu - S(y)``) is zero for them: it was ``-S(y)``, the indicators of the heads of consecutive
+    words, so L-BFGS moved a learned [C, C] table off zero and the oracle refused it ("potentials.edge must be all
+    zeros")."""
+    gen = torch.Generator().manual_seed(5)
+    n = 4
+    x = torch.randn(6, n, 3, generator=gen, dtype=DT)
+    heads = torch.tensor([[2, 0, 4, 2], [0, 1, 2, 3]] * 3)
+    lengths = torch.full((6,), n)
+    model = LinearChainCRF(3, n + 1).double()
+    (grad,) = torch.autograd.grad(crf_nll(oracle, model(x, lengths), heads).sum(), model.transitions)
+    assert torch.equal(grad, torch.zeros_like(grad))
+    history = fit_crf(model, x, heads, lengths, oracle=oracle, max_iter=10)
+    assert history[-1] < history[0]
+    assert not model.transitions.detach().any()

@@ -291,3 +291,29 @@ def test_character_accuracy_is_exact_beyond_float32():
     labels = torch.zeros(1, 5, dtype=torch.long)
     predicted = torch.tensor([[0, 0, 0, 1, 1]])
     assert character_accuracy(predicted, labels, torch.tensor([5])) == 3 / 5
+
+
+@pytest.mark.parametrize("oracle", [bp.NonProjective(), bp.Projective()], ids=repr)
+@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("shared", [False, True])
+def test_dependency_losses_have_a_zero_edge_gradient(oracle, loss, shared):
+    """A dependency oracle has no pairwise factors: its marginals' edges are all-zero placeholders and it refuses
+    non-zero edge potentials.  The edge gradient was ``mu_edge - S(y)_edge`` with ``S(y)`` pairing the heads of
+    consecutive words (|.|_1 = 6 for crf, 8 for svm on this batch), and a step along it gave potentials the oracle
+    refused; it is zero now, explicitly and through autograd, and the node gradient is unchanged."""
+    n = 4
+    scores = torch.randn(2, n + 1, n + 1, generator=torch.Generator().manual_seed(2), dtype=DT)
+    pot = bp.arc_potentials(scores)
+    edge = pot.edge if shared else pot.edge.expand(2, n - 1, n + 1, n + 1).clone()
+    edge = edge.clone().requires_grad_()
+    pot = bp.PairwisePotentials(pot.node.clone().requires_grad_(), edge, pot.lengths)
+    gold = torch.tensor([[2, 0, 4, 2], [0, 1, 2, 3]])
+    lg = loss_and_gradient(oracle, pot, gold, loss=loss)
+    assert lg.edge.shape == edge.shape and not lg.edge.any()
+    oracle.marginals(bp.PairwisePotentials(pot.node.detach(), edge.detach() - lg.edge, pot.lengths))   # accepted
+    value = structured_loss(oracle, pot, gold, loss=loss)
+    g_node, g_edge = torch.autograd.grad(value.sum(), (pot.node, edge))
+    assert not g_edge.any()
+    assert torch.allclose(lg.loss, value.detach(), atol=1e-12)
+    assert torch.allclose(lg.node, g_node, atol=1e-9)
+    assert torch.allclose(lg.node, loss_and_gradient(oracle, pot, gold, loss=loss, edge=False).node, atol=0)

@@ -589,3 +589,27 @@ def test_loss_and_load_name_what_is_wrong(tmp_path):
     torch.save({0: torch.zeros(1)}, tmp_path / "int_keys.pt")
     with pytest.raises(ValueError, match="is not a checkpoint written by NonLocalCRF.save"):
         model.load(tmp_path / "int_keys.pt")
+
+
+@pytest.mark.parametrize("oracle", [bp.NonProjective(), bp.Projective()], ids=repr)
+def test_score_over_dependency_trees_reads_no_edge_statistics(oracle):
+    """The dependency oracles have no pairwise factors (their marginals' edges are all-zero placeholders), so the
+    energy of a tree, ``L(S(y))``, reads all-zero edges too: ``S(y)`` paired the heads of consecutive words, and an
+    energy counting edge mass scored each tree of n words n - 1 lower than on marginals concentrated on it."""
+    gen = torch.Generator().manual_seed(6)
+    n, f = 4, 3
+    theta = LinearChainCRF(f, n + 1).double()                  # its [C, C] transitions stay zero for these oracles
+    with torch.no_grad():
+        theta.node.weight.copy_(torch.randn(n + 1, f, generator=gen, dtype=DT))
+    x = torch.randn(2, n, f, generator=gen, dtype=DT)
+    heads, lengths = torch.tensor([[2, 0, 4, 2], [0, 1, 2, -1]]), torch.tensor([4, 3])
+
+    def energy(psi):   # root children, plus any edge mass
+        return FunctionEnergy(lambda m: psi * (m.node[..., 0].sum(-1) + m.edge.sum((1, 2, 3))))
+
+    model = NonLocalCRF(theta, energy, psi=ConstantPsi(torch.tensor(0.7, dtype=DT)), oracle=oracle)
+    node = theta(x, lengths).node.detach()
+    got = model.score(x, heads, lengths).detach()
+    for i, m in enumerate(lengths.tolist()):
+        s = sum(float(node[i, t, heads[i, t]]) for t in range(m))
+        assert got[i].item() == pytest.approx(s - 0.7 * 1, abs=1e-12)          # one root child each

@@ -252,3 +252,17 @@ def test_gold_heads_that_are_not_a_tree_are_named_before_the_first_step():
         fit_online(bp.NonProjective(), examples, 20, loss="crf", epochs=1, callback=lambda *a: steps.append(a))
     assert steps == []
     fit_online(bp.NonProjective(), examples[:6], 20, loss="crf", epochs=1)
+
+
+def test_a_transition_block_over_dependency_trees_stays_at_zero():
+    """The dependency oracles have no pairwise factors, so the loss's edge gradient is zero: it was ``S(y_hat) -
+    S(y)`` over the heads of consecutive words, which the first step wrote into the transition block and the
+    oracle refused on the next example ("potentials.edge must be all zeros").  The run is the one without the
+    block, step for step."""
+    gen = torch.Generator().manual_seed(1)
+    examples = [SparseExample(torch.randint(1, 20, (3, 4, 2), generator=gen), torch.tensor(gold))
+                for gold in ([0, 1, 2], [2, 0, 2], [0, 0, 0], [3, 0, 2])]
+    with_block = fit_online(bp.NonProjective(), examples, 20, loss="svm", epochs=2, transitions=4, record_steps=True)
+    without = fit_online(bp.NonProjective(), examples, 20, loss="svm", epochs=2, record_steps=True)
+    assert with_block.etas == without.etas and with_block.updates > 0
+    assert torch.equal(with_block.weights[:21], without.weights) and not with_block.weights[21:].any()

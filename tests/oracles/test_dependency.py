@@ -596,3 +596,30 @@ def test_chu_liu_edmonds_names_a_wrong_type():
             chu_liu_edmonds(scores)
     with pytest.raises(ValueError, match=r"scores must be a tensor \[n\+1, n\+1\] with n >= 1, got \(2, 3\)"):
         chu_liu_edmonds(torch.zeros(2, 3))
+
+
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+def test_a_trees_statistics_have_no_edge_parts_as_its_marginals_have_none(cls):
+    """The dependency oracles have no pairwise factors (``pairwise_factors`` is False): their marginals' edges are
+    all-zero placeholders, and so are the edge parts of a tree's S(y) built with the oracle's structure.  S(y) had
+    the indicators of the heads of consecutive words: on a sentence with one tree (mu = S(y)) an energy reading
+    edge marginals gave 0.0 on mu and 3.0 on S(y)."""
+    from betheproj.energies import FunctionEnergy
+    from betheproj.learning import sufficient_statistics
+    from betheproj.oracles import has_pairwise_factors, tree_parents
+
+    oracle = cls()
+    assert oracle.pairwise_factors is False and has_pairwise_factors(oracle) is False
+    assert all(has_pairwise_factors(o) for o in (bp.LinearChain(), bp.Tree([-1, 0, 0]), bp.BruteForce()))
+    gold, lengths = torch.tensor([[2, 0, 4, 2], [0, 1, 2, -1]]), torch.tensor([4, 3])
+    scores = torch.full((2, 5, 5), -INF, dtype=DT)
+    for b, n in enumerate(lengths.tolist()):
+        scores[b, gold[b, :n], torch.arange(1, n + 1)] = 0.0                 # the gold tree is the only tree
+    pot = arc_potentials(scores, lengths)
+    mu = oracle.marginals(pot)
+    stats = sufficient_statistics(pot, gold, tree_parents(oracle, 4), pairwise_factors=has_pairwise_factors(oracle))
+    assert torch.allclose(mu.node, stats.node, atol=1e-12, rtol=0)
+    assert stats.edge.shape == mu.edge.shape and not stats.edge.any() and not mu.edge.any()
+    energy = FunctionEnergy(lambda m: m.edge.sum((1, 2, 3)) + m.node[..., 0].sum(-1))
+    assert torch.allclose(energy.value(stats), energy.value(mu), atol=1e-12, rtol=0)
+    assert energy.value(stats).tolist() == [1.0, 1.0]
