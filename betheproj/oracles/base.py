@@ -338,6 +338,11 @@ class Oracle(Protocol):
     and whose edge marginals are all-zero placeholders.  A labelling's ``S(y)`` then has all-zero edge parts too
     (:func:`has_pairwise_factors`), so that an energy reads the same kind of statistics on ``S(y)`` as on
     ``mu``, and the losses' edge gradients ``mu - S(y)`` are zero rather than steps the oracle would refuse.
+
+    Optionally ``per_example_edges`` (a bool, ``False`` when absent): ``True`` where per-position edge potentials
+    that are one [C, C] table per example viewed over the positions (stride 0) cost no more than shared ones and
+    the marginals' ``edge_total()`` is cheap (:class:`~betheproj.LinearChain`); the solvers then keep one edge
+    offset per example for energies that declare ``Energy.edge_totals``.
     """
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
