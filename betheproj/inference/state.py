@@ -14,7 +14,15 @@ import torch
 from torch import Tensor
 
 from ..energies.base import Energy, Gradient
-from ..oracles.base import Marginals, Oracle, PairwisePotentials, _unchecked, edge_row_ends, tree_parents
+from ..oracles.base import (
+    Marginals,
+    Oracle,
+    PairwisePotentials,
+    _unchecked,
+    edge_row_ends,
+    has_pairwise_factors,
+    tree_parents,
+)
 
 _MAX_STEP = 1e6
 _MIN_STEP = 1e-20   # bounds of the step-size control (eta for MD; 1/beta, 1/L for the others)
@@ -264,6 +272,7 @@ class SolverState:
                  warm_start: PairwisePotentials | None):
         b, n, c = potentials.node.shape
         self.oracle, self.energy, self.method, self.tol = oracle, energy, method, tol
+        self.pairwise = has_pairwise_factors(oracle)
         self.max_backtracks, self.trust_region = max_backtracks, trust_region
         self.n, self.c = n, c
         device, dtype = potentials.node.device, potentials.node.dtype
@@ -395,6 +404,9 @@ class SolverState:
     def _point(self, node: Tensor, edge: Tensor | None, lens: Tensor) -> Marginals:
         if self.totals:
             return Marginals(node, None, None, lens, edge_total=edge)
+        if edge is None and not self.pairwise:                   # untracked: the oracle's all-zero placeholders
+            b, n, c = node.shape
+            return Marginals(node, lambda: node.new_zeros(b, max(n - 1, 0), c, c), None, lens)
         return Marginals(node, edge, None, lens)
 
     def shift(self, pot: PairwisePotentials, dn: Tensor, de: Tensor | None) -> PairwisePotentials:
@@ -406,7 +418,12 @@ class SolverState:
         return out
 
     def _gradient(self, mu: Marginals) -> Gradient:
-        return (_total_gradient if self.totals else _masked_gradient)(self.energy, mu)
+        g = (_total_gradient if self.totals else _masked_gradient)(self.energy, mu)
+        if not self.pairwise:
+            # no pairwise factors (dependency trees): the edge marginals are fixed at zero, so an energy's edge
+            # terms are constant on the polytope and their gradient is no direction the iterates can move in
+            g.edge = None
+        return g
 
     def _with_rows(self, rows: Tensor, node: Tensor, edge: Tensor | None) -> Marginals:
         """Full-batch marginals with ``rows`` replaced: energies may hold data for the whole batch."""

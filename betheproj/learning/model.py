@@ -54,7 +54,8 @@ def surrogate_nll(oracle: Oracle, potentials: PairwisePotentials, energy: Energy
     energy.validate(fixed)
     with torch.enable_grad():
         g = energy.grad(fixed)
-    rho = potentials.shifted(None if g.node is None else -g.node, None if g.edge is None else -g.edge)
+    edge = None if g.edge is None or not has_pairwise_factors(oracle) else -g.edge   # constant without pairs
+    rho = potentials.shifted(None if g.node is None else -g.node, edge)
     return crf_nll(oracle, rho, labels)
 
 

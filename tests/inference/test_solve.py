@@ -939,3 +939,21 @@ def test_zero_iterations_of_the_accelerated_method_safeguard_nothing():
     assert sol.converged.tolist() == [True, False] and sol.safeguarded.tolist() == [False, False]
     one = bp.solve(bp.LinearChain(), theta, energy, method="accelerated", max_iter=1)
     assert one.safeguarded.tolist() == [False, True]                # mirror descent ran for example 1
+
+
+@pytest.mark.parametrize(("oracle", "method"), [(bp.NonProjective(), "rda"), (bp.NonProjective(), "md"),
+                                                (bp.NonProjective(), "accelerated"), (bp.Projective(), "md")], ids=repr)
+def test_an_energy_reading_edges_over_dependency_trees_solves_as_its_node_part(oracle, method):
+    """Dependency trees have no pairwise factors (their edge marginals are fixed at zero), so an energy's edge
+    terms are constant there; their gradient was written into the dual edge table, which the oracle refused
+    ("potentials.edge must be all zeros ... build potentials with arc_potentials")."""
+    scores = torch.randn(2, 5, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    pot = bp.arc_potentials(scores, torch.tensor([4, 3]))
+    node_only = FunctionEnergy(lambda m: (m.node ** 2).sum((1, 2)))
+    with_edges = FunctionEnergy(lambda m: (m.node ** 2).sum((1, 2)) + 0.5 * m.edge.sum((1, 2, 3)) + 1.0)
+    a = bp.solve(oracle, pot, node_only, method=method, max_iter=15)
+    b = bp.solve(oracle, pot, with_edges, method=method, max_iter=15)
+    assert torch.equal(a.marginals.node, b.marginals.node) and torch.equal(a.iterations, b.iterations)
+    assert torch.allclose(b.objective, a.objective + 1.0, atol=1e-12)
+    assert not b.marginals.edge.any() and not b.potentials.edge.any()
+    assert torch.equal(bp.decode(oracle, a), bp.decode(oracle, b))

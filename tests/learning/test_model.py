@@ -613,3 +613,17 @@ def test_score_over_dependency_trees_reads_no_edge_statistics(oracle):
     for i, m in enumerate(lengths.tolist()):
         s = sum(float(node[i, t, heads[i, t]]) for t in range(m))
         assert got[i].item() == pytest.approx(s - 0.7 * 1, abs=1e-12)          # one root child each
+
+
+def test_the_surrogate_likelihood_over_dependency_trees_reads_no_edge_gradient():
+    """With no pairwise factors the energy's edge gradient moved rho's edge table off zero, which the oracle
+    refused; the edge terms are constant on the trees' polytope, so the loss is that of the node part."""
+    scores = torch.randn(2, 5, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    pot = bp.arc_potentials(scores)
+    heads = torch.tensor([[2, 0, 2, 3], [0, 1, 1, 3]])
+    node_only = FunctionEnergy(lambda m: (m.node ** 2).sum((1, 2)))
+    with_edges = FunctionEnergy(lambda m: (m.node ** 2).sum((1, 2)) + 0.5 * m.edge.sum((1, 2, 3)))
+    mu = bp.NonProjective().marginals(pot)
+    expected = surrogate_nll(bp.NonProjective(), pot, node_only, mu, heads)
+    assert torch.equal(surrogate_nll(bp.NonProjective(), pot, with_edges, mu, heads), expected)
+
