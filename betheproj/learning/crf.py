@@ -16,6 +16,7 @@ from ..oracles.base import (
     _check_lengths,
     edge_row_ends,
     has_pairwise_factors,
+    keeps_width,
     tree_parents,
 )
 from ..oracles.tree import check_parents
@@ -260,7 +261,8 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
         raise ValueError(f"gamma applies to loss='softmax_margin' only, got gamma={gamma} with loss='crf'")
     _, gamma = resolve_loss(loss, gamma=gamma)        # the preset's gamma (1) by default; checks it
     oracle = oracle or LinearChain()
-    full = None if tree_parents(oracle, features.shape[1]) is None else features.shape[1]
+    tree_parents(oracle, features.shape[1])                   # a tree of another size: named here
+    full = features.shape[1] if keeps_width(oracle) else None
 
     def objective(potentials: PairwisePotentials, gold: Tensor) -> Tensor:
         if loss == "crf":

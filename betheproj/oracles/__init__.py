@@ -8,6 +8,7 @@ from .base import (
     bethe_entropy,
     edge_row_ends,
     has_pairwise_factors,
+    keeps_width,
     log_partition,
     tree_parents,
 )
@@ -19,7 +20,7 @@ from .projective import Projective, eisner, eisner_map
 from .tree import Tree
 
 __all__ = ["BruteForce", "ChainPotentials", "LinearChain", "Marginals", "Oracle", "PairwisePotentials",
-           "Tree", "bethe_entropy", "log_partition", "tree_parents", "has_pairwise_factors",
+           "Tree", "bethe_entropy", "log_partition", "tree_parents", "has_pairwise_factors", "keeps_width",
            "edge_row_ends",
            "DependencyMarginals", "NonProjective", "Projective", "arc_potentials", "arcs_to_heads",
            "chu_liu_edmonds", "eisner", "eisner_map", "heads_to_arcs", "matrix_tree"]

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "bethe_entropy", "log_partition",
-           "tree_parents", "has_pairwise_factors", "edge_row_ends"]
+           "tree_parents", "has_pairwise_factors", "keeps_width", "edge_row_ends"]
 
 
 def _check_float(name: str, x: object, ndim: tuple[int, ...]) -> Tensor:
@@ -339,6 +339,10 @@ class Oracle(Protocol):
     (:func:`has_pairwise_factors`), so that an energy reads the same kind of statistics on ``S(y)`` as on
     ``mu``, and the losses' edge gradients ``mu - S(y)`` are zero rather than steps the oracle would refuse.
 
+    Optionally ``positional_labels`` (a bool, ``False`` when absent): ``True`` where the labels are positions of
+    the example (a dependency tree's heads, ``C = N + 1``), so that a batch keeps its full width: trimming the
+    padding would change the label set of a model whose columns are positions (:func:`keeps_width`).
+
     Optionally ``per_example_edges`` (a bool, ``False`` when absent): ``True`` where per-position edge potentials
     that are one [C, C] table per example viewed over the positions (stride 0) cost no more than shared ones and
     the marginals' ``edge_total()`` is cheap (:class:`~betheproj.LinearChain`); the solvers then keep one edge
@@ -372,6 +376,13 @@ def tree_parents(oracle: Oracle, n: int) -> Tensor | None:
     if len(parents) != n:
         raise ValueError(f"potentials have N={n} positions but the oracle's tree has {len(parents)} nodes")
     return torch.as_tensor(parents, dtype=torch.long)
+
+
+def keeps_width(oracle: Oracle) -> bool:
+    """Whether a batch for ``oracle`` must keep its full width ``N`` rather than lose its padding: a tree's
+    structure has ``N`` nodes (``parents``), and positional labels (``positional_labels``: dependency heads) are
+    ``N + 1`` whatever the lengths."""
+    return getattr(oracle, "parents", None) is not None or bool(getattr(oracle, "positional_labels", False))
 
 
 def has_pairwise_factors(oracle: Oracle) -> bool:

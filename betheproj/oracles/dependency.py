@@ -255,6 +255,7 @@ class _DependencyOracle:
     and ``_map_core(scores, lengths)`` -> heads [B, N]."""
 
     pairwise_factors = False      # zero edge potentials and marginals; a labelling's S(y) has no edge part either
+    positional_labels = True      # a word's label is its head's position: batches keep their full width
 
     def __init__(self, single_root: bool = False):
         if not isinstance(single_root, bool):

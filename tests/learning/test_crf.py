@@ -306,3 +306,15 @@ def test_a_chain_model_trained_over_dependency_trees_keeps_its_edge_table_at_zer
     history = fit_crf(model, x, heads, lengths, oracle=oracle, max_iter=10)
     assert history[-1] < history[0]
     assert not model.transitions.detach().any()
+
+
+def test_fit_crf_over_dependency_trees_keeps_each_chunks_full_width():
+    """A dependency tree's labels are head positions (C = N + 1): a chunk of short sentences trimmed to its own
+    width gave a model with N + 1 columns potentials the oracle refused ("potentials.node must be [B, N, N+1]")."""
+    x = torch.randn(4, 5, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    lengths = torch.tensor([5, 5, 2, 2])
+    heads = torch.tensor([[0, 1, 2, 3, 4], [2, 0, 2, 3, 4], [0, 1, -1, -1, -1], [2, 0, -1, -1, -1]])
+    whole = fit_crf(LinearChainCRF(3, 6).double(), x, heads, lengths, oracle=bp.NonProjective(), max_iter=3)
+    chunked = fit_crf(LinearChainCRF(3, 6).double(), x, heads, lengths, oracle=bp.NonProjective(), max_iter=3,
+                      chunk_size=2)
+    assert chunked == pytest.approx(whole, rel=1e-12)

@@ -627,3 +627,16 @@ def test_the_surrogate_likelihood_over_dependency_trees_reads_no_edge_gradient()
     expected = surrogate_nll(bp.NonProjective(), pot, node_only, mu, heads)
     assert torch.equal(surrogate_nll(bp.NonProjective(), pot, with_edges, mu, heads), expected)
 
+
+def test_algorithm_3_over_dependency_trees_keeps_each_minibatchs_full_width():
+    """Minibatches of short sentences were trimmed to their own width, so a model whose columns are head
+    positions (C = N + 1) gave potentials the dependency oracle refused."""
+    x = torch.randn(4, 5, 3, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    lengths = torch.tensor([2, 2, 2, 2])
+    heads = torch.tensor([[0, 1, -1, -1, -1], [2, 0, -1, -1, -1]] * 2)
+    energy = lambda psi: FunctionEnergy(lambda m: psi.reshape(-1) * (m.node ** 2).sum((1, 2)))  # noqa: E731
+    model = NonLocalCRF(LinearChainCRF(3, 6).double(), energy, oracle=bp.NonProjective(), max_iter=5)
+    model.fit(x, heads, lengths, epochs=1, batch_size=2)
+    assert model.history_.steps == 2
+    predicted = model.predict(x, lengths)
+    assert predicted.shape == (4, 5) and (predicted[:, 2:] == -1).all()
