@@ -17,9 +17,11 @@ error of every marginal is at most ``4 C^2 tiny sum_t (1/(s_t d_t) + 1/(r_t d_t)
 normalisers).  Examples whose bound exceeds machine epsilon (huge score gaps, ``-inf`` dead ends) are
 recomputed in log space, and so are those where a product ``alpha_t(j) beta_t(j)`` underflowed to 0, or an
 ``alpha`` or ``beta`` itself where the marginal, estimated in log space, may be a normal number (a positive
-marginal read as 0 looks forbidden to the solvers).  Marginals are thus exact to rounding for any magnitudes and
-``-inf`` patterns (short of scores beyond ``~1/eps^2`` times their O(1) parts, whose rounding errors are then
-rounded in turn), ``log Z`` to a relative error of order ``N eps``.
+marginal read as 0 looks forbidden to the solvers), and so are those with an edge marginal that rests on a factor
+that underflowed (an ``alpha``, a product ``p beta`` or a transition factor) while it may be a normal number
+(:func:`_lost_edge`).  Marginals are thus exact to rounding for any magnitudes and ``-inf`` patterns (short of
+scores beyond ``~1/eps^2`` times their O(1) parts, whose rounding errors are then rounded in turn), ``log Z`` to a
+relative error of order ``N eps``.
 
 Viterbi re-centres its running scores at every position but does not keep their rounding errors: an O(1) score
 of a label that trails the best one by more than ``~1/eps`` is rounded away, which can change the MAP among
@@ -29,6 +31,7 @@ labellings whose scores differ by O(1) beside such a penalty.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -76,19 +79,22 @@ class LinearChain:
         with torch.no_grad():
             return _forward_backward(pot, self)
 
-    def _edge_factors(self, edge: Tensor, shared: bool) -> tuple[Tensor, Tensor]:
-        """``edge_max`` and ``exp(edge - edge_max)`` (time-major [N-1, B, C, C] unless shared)."""
+    def _edge_factors(self, edge: Tensor, shared: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``edge_max``, ``exp(edge - edge_max)`` (time-major [N-1, B, C, C] unless shared) and the log of each
+        table's largest factor that underflowed ([] or [N-1, B], see :func:`_underflowed`)."""
         cache = getattr(self, "_cache", None)
         if (cache is not None and cache[0].shape == edge.shape and cache[0].dtype == edge.dtype
                 and cache[0].device == edge.device and torch.equal(cache[0], edge)):
-            return cache[1], cache[2]
+            return cache[1], cache[2], cache[3]
         edge_max = _finite_max(edge, (-1, -2))
         m = torch.exp(edge - edge_max)                            # [C, C] or [B, N-1, C, C]
+        m_lost = _underflowed(edge, edge_max, m)
         if not shared:
             m = m.transpose(0, 1).contiguous()                    # [N-1, B, C, C]
+            m_lost = None if m_lost is None else m_lost.t()
         if edge.numel() >= 4096:                                  # worth keeping
-            self._cache = (edge.detach().clone(), edge_max, m)
-        return edge_max, m
+            self._cache = (edge.detach().clone(), edge_max, m, m_lost)
+        return edge_max, m, m_lost
 
     def log_partition(self, potentials: PairwisePotentials) -> Tensor:
         """``log Z`` [B], differentiable: its gradient is the marginals."""
@@ -139,8 +145,9 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     if per_example:
         edge_max = _finite_max(edge[:, 0], (-1, -2))                               # [B, 1, 1]
         m = torch.exp(edge[:, 0] - edge_max)                                      # [B, C, C]
+        m_lost = _underflowed(edge[:, 0], edge_max, m)                            # [B] or None
     else:
-        edge_max, m = (oracle or LinearChain())._edge_factors(edge, shared)
+        edge_max, m, m_lost = (oracle or LinearChain())._edge_factors(edge, shared)
 
     alpha = torch.empty_like(p)
     s = torch.empty(n, b, dtype=dtype, device=device)
@@ -177,6 +184,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         r[n - 1] = torch.inf
 
     ab = alpha * beta                                             # [N, B, C]
+    ab_min = ab.amin() if ab.numel() else None                    # of alpha beta <= alpha, beta (each sums to 1)
     d = ab.sum(-1)                                                # [N, B]
     node_marg = ab.mul_((1.0 / d)[..., None]).transpose(0, 1)     # [B, N, C]
     if valid is None:
@@ -192,7 +200,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         log_z = log_z + torch.where(edge_valid, e_shift, zero).sum(-1)
     bound = 4.0 * c * c * tiny * torch.where(valid_t, (1.0 / s + 1.0 / r) / d, zero).sum(0)
     ok = torch.isfinite(bound) & (bound <= torch.finfo(dtype).eps) & torch.isfinite(log_z)
-    if ab.numel() and not bool(ab.amin() > 0):
+    if ab_min is not None and not bool(ab_min > 0):
         # a marginal that underflowed to 0 is one the bound cannot see: it bounds the absolute error, and a mass of
         # 1e-23 read as an exact 0 looks forbidden to the solver.  ``> 0``, not ``== 0``: another example's padding
         # may hold NaN (0/0 at a dead end), which makes the minimum NaN.  Recomputed: any product alpha * beta that
@@ -205,6 +213,20 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
             sub_edge = edge if shared else (edge[k, 0] if per_example else edge[k])
             lost = _lost_marginal(alpha[:, k], beta[:, k], s[:, k], r[:, k], d[:, k], node[k], sub_edge, lengths[k])
             ok[k] = lost < math.log(tiny)
+    # the nodes' checks do not see an edge marginal that rests on a factor that underflowed (see _lost_edge).  None
+    # did in the common case: alpha_t >= alpha_t beta_t, and p_{t+1} beta_{t+1} >= alpha_{t+1} beta_{t+1} s_{t+1}
+    # (as alpha_{t+1} = (alpha_t M) p_{t+1} / s_{t+1} with alpha_t M <= 1); ``>=``: NaN takes the long way
+    if n > 1 and b and (m_lost is not None or not bool(ab_min * s[1:].amin().clamp_max(1.0) >= tiny)):
+
+        def transitions(k: Tensor) -> tuple[Tensor, Tensor]:
+            if shared:
+                return m, edge - edge_max
+            if per_example:
+                return m[k], edge[k, 0] - edge_max[k]
+            return m[:, k], (edge[k] - edge_max[k]).transpose(0, 1)
+
+        ok &= ~_lost_edge(alpha[:-1], p[1:], beta[1:], p[1:] * beta[1:], s[1:] * d[1:], m_lost, transitions,
+                          edge_valid.t() & ok)
     if any_short:
         node_marg = torch.where(valid[..., None], node_marg, zero)
 
@@ -317,6 +339,63 @@ def _lost_marginal(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor,
     valid = (torch.arange(n, device=lengths.device)[:, None] < lengths)[..., None]
     lost = torch.where(valid & (alpha * beta == 0), log_a + log_b - torch.log(d)[..., None], -torch.inf)
     return lost.amax(-1).amax(0)
+
+
+def _underflowed(edge: Tensor, edge_max: Tensor, m: Tensor) -> Tensor | None:
+    """Of each table [..., C, C], the largest ``edge - edge_max`` whose factor ``m = exp(edge - edge_max)``
+    underflowed (to 0 or a subnormal; ``-inf`` for a table with none), or ``None`` where no finite score's factor did
+    (the common case, one reduction; an exact 0 from a ``-inf`` score is not an underflow)."""
+    tiny = torch.finfo(m.dtype).tiny
+    if not m.numel() or bool(m.amin() >= tiny):
+        return None
+    lost = torch.where(m < tiny, edge - edge_max, -torch.inf).amax((-1, -2))
+    return lost if bool(lost.amax() > -torch.inf) else None
+
+
+def _lost_edge(alpha: Tensor, p: Tensor, beta: Tensor, v: Tensor, z: Tensor, m_lost: Tensor | None,
+               transitions: Callable[[Tensor], tuple[Tensor, Tensor]], mask: Tensor) -> Tensor:
+    """[B]: whether a fast-path edge marginal ``xi_t(i, j) = (alpha_t(i) / z_t) v_{t+1}(j) M_t(i, j)`` rests on a
+    factor that underflowed while its value, estimated in log space, is a normal number: a subnormal ``alpha``, a
+    product ``v = p beta`` below ``tiny`` of a positive ``p`` and ``beta``, or a factor ``M`` below ``tiny`` of a
+    finite score.  With ``1 / z_t`` up to ``eps / (4 C^2 tiny)`` such a marginal can be ~1e-20 in float32 and be
+    read as 0 (forbidden, to the solvers) or lose digits, while every node marginal is right.
+
+    ``alpha`` [N-1, B, C] holds positions 0..N-2; ``p``, ``beta`` and ``v`` positions 1..N-1; ``z`` [N-1, B] is
+    ``s_{t+1} d_{t+1}``; ``m_lost`` the log of each table's largest underflowed factor ([], [B] or [N-1, B],
+    ``None`` for none); ``transitions(k)`` gives ``M`` and ``log M`` of the examples ``k``, broadcastable to
+    [N-1, len(k), C, C]; ``mask`` [N-1, B] the positions to check.  (The caller skips it where no factor can be
+    below ``tiny``.)  A bound that takes every other factor as 1 (the most it can be) picks the examples to check
+    entry by entry."""
+    tiny = torch.finfo(alpha.dtype).tiny
+    lost = torch.zeros(alpha.shape[1], dtype=torch.bool, device=alpha.device)
+    fa = fv = None
+    bounds = [] if m_lost is None else [m_lost]                  # per position: the log of the largest factor lost
+    if not bool(alpha.amin() >= tiny):                            # ``>=``: NaN (in padding) takes the long way
+        fa = (alpha > 0) & (alpha < tiny)
+        if bool(fa.any()):
+            bounds.append(torch.log(torch.where(fa, alpha, 0.0).amax(-1)))
+    if not bool(v.amin() >= tiny):
+        fv = (v < tiny) & (p > 0) & (beta > 0)
+        if bool(fv.any()):
+            bounds.append(torch.where(fv, torch.log(p) + torch.log(beta), -torch.inf).amax(-1))
+    if not bounds:
+        return lost
+    bound = bounds[0]
+    for other in bounds[1:]:
+        bound = torch.maximum(bound, other)
+    k = torch.nonzero((mask & (bound - torch.log(z) >= math.log(tiny))).any(0)).flatten()
+    if k.numel():
+        m, log_m = transitions(k)
+        log_v = torch.log(p[:, k]) + torch.log(beta[:, k])       # v's exact log where it underflowed
+        est = (torch.log(alpha[:, k]) - torch.log(z[:, k])[..., None])[..., :, None] + log_v[..., None, :] + log_m
+        under = (m < tiny) & (log_m > -torch.inf)
+        if fa is not None:
+            under = under | fa[:, k, :, None]
+        if fv is not None:
+            under = under | fv[:, k, None, :]
+        est = torch.where(under & mask[:, k, None, None], est, -torch.inf)
+        lost[k] = est.amax((-1, -2)).amax(0) >= math.log(tiny)
+    return lost
 
 
 def _row_max(x: Tensor) -> Tensor:

@@ -354,3 +354,51 @@ def test_an_underflowed_alpha_or_beta_is_recomputed(dtype, gap, lift):
     counts[0, 1, 1] = counts[1, 0, 1] = 1.0
     out = bp.solve(bp.LinearChain(), pot, Poisson(counts, rate=1.0, scale=1.0), max_iter=50)
     assert bool(torch.isfinite(out.objective).all())
+
+
+def _underflowed_product(dtype, g, h):
+    # label 1 at position 1: p_1(1) = beta_1(1) ~ e^-g (its node score and every transition out of it), so the
+    # edge marginals' factor v_1(1) = p_1(1) beta_1(1) ~ e^-2g underflows; every path into label 0 pays h, so
+    # z_0 ~ e^-h and xi_0(2, 1) ~ e^(h - 2g), a normal number.  Position 0 is forced to label 2
+    node = torch.tensor([[[-INF, -INF, 0.0], [0.0, -g, -INF], [0.0, 0.0, 0.0]]], dtype=dtype)
+    edge = torch.tensor([[0.0, 0.0, 0.0], [-g, -g, -g], [-h, 0.0, -h]], dtype=dtype)
+    return node, edge
+
+
+def _underflowed_transition(dtype, g, h):
+    # position 0: label 1, or label 2 at e^-(h + 16); each path into position 1 pays h but 1 -> 1 pays g, whose
+    # factor e^-g underflows: xi_0(1, 1) ~ e^(h - g) is a normal number (label 2 keeps alpha_1(1) positive)
+    node = torch.tensor([[[-INF, 0.0, -h - 16.0], [0.0, 0.0, -INF]]], dtype=dtype)
+    edge = torch.tensor([[0.0, 0.0, 0.0], [-h, -g, -INF], [-INF, 0.0, -INF]], dtype=dtype)
+    return node, edge
+
+
+@pytest.mark.parametrize("make, dtype, g, h", [
+    (_underflowed_product, torch.float32, 57.5, 64.0),             # v = e^-115: 0
+    (_underflowed_product, torch.float32, 50.0, 60.0),             # e^-100: a subnormal, 0.4% off
+    (_underflowed_product, torch.float64, 380.0, 660.0),
+    (_underflowed_product, torch.float64, 360.0, 660.0),           # e^-720: a subnormal, 5e-12 off
+    (_underflowed_transition, torch.float32, 110.0, 64.0),         # M = e^-110: 0
+    (_underflowed_transition, torch.float32, 95.0, 64.0),          # e^-95: a subnormal, 6e-6 off
+    (_underflowed_transition, torch.float64, 760.0, 660.0),
+], ids=lambda x: getattr(x, "__name__", None))
+@pytest.mark.parametrize("layout", ["shared", "per-example", "per-position"])
+def test_an_edge_marginal_on_an_underflowed_factor_is_recomputed(make, dtype, g, h, layout):
+    # the fast path's edge marginal (alpha_t / z_t) v_{t+1} M rests on a factor that underflowed (v or M), and came
+    # back as 0 (or with the digits that factor lost as a subnormal) while its value, 1e-20 or so, is a normal
+    # number; the node marginals were right, so the nodes' checks kept the example on the fast path
+    node, edge = make(dtype, g, h)
+    ref = bp.BruteForce().marginals(bp.ChainPotentials(node.double(), edge.double()))
+    tiny = torch.finfo(dtype).tiny
+    assert float(ref.edge[ref.edge < 1e-10].max()) > 1e3 * tiny
+    n = node.shape[1]
+    edges = {"shared": edge, "per-example": edge[None, None].expand(1, n - 1, 3, 3),
+             "per-position": edge[None, None].repeat(1, n - 1, 1, 1)}[layout]
+    mu = bp.LinearChain().marginals(bp.ChainPotentials(node, edges))
+    rtol = 1e-6 if dtype == torch.float32 else 1e-13
+    assert torch.allclose(mu.node.double(), ref.node, rtol=rtol, atol=tiny)
+    assert torch.allclose(mu.edge.double(), ref.edge, rtol=rtol, atol=tiny)
+    assert torch.allclose(mu.edge_total().double(), ref.edge.sum(1), rtol=rtol, atol=tiny)
+    if layout == "shared":
+        assert torch.allclose(mu.edge_sum(torch.ones(1, dtype=dtype)).double(), ref.edge.sum((0, 1)), rtol=rtol,
+                              atol=tiny)
