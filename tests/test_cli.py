@@ -207,7 +207,7 @@ def test_citation_predict_splits_lines_at_a_bare_carriage_return_from_a_file_or_
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
 def test_citation_predict_reads_a_named_pipe(tagger_stubbed, tmp_path, capsys):
-    """``--predict <(...)`` hands over a pipe, not a regular file: it was refused as "no file"."""
+    """``--predict <(...)`` hands over a pipe, not a regular file: it was refused as a missing file."""
     fifo = tmp_path / "raw.pipe"
     os.mkfifo(fifo)
     writer = threading.Thread(target=fifo.write_text, args=("J. Smith. A title. 2005.\n",))

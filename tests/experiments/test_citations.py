@@ -143,7 +143,7 @@ def test_save_model_to_a_path_that_cannot_be_written_is_an_os_error_naming_it(tm
 
 def test_cli_errors(tmp_path, capsys):
     assert main(["citations", "--out", str(tmp_path), "--predict", str(tmp_path / "missing.txt")]) == 2
-    assert "no file" in capsys.readouterr().err
+    assert "expected a file of raw citations, one a line, at " in capsys.readouterr().err
     raw = tmp_path / "raw.txt"
     raw.write_text("A. Smith . Title .\n")
     assert main(["citations", "--out", str(tmp_path), "--predict", str(raw)]) == 2
