@@ -245,8 +245,8 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     distance.  The model is still a CRF (decode and take marginals in the plain potentials).
 
     ``chunk_size`` evaluates the (same) objective over length-sorted chunks of that many sequences, each
-    trimmed to its longest member (on a chain; a tree oracle's potentials keep all its nodes), accumulating
-    gradients: the memory of one chunk, little padding.
+    trimmed to its longest member (on a chain; a tree's and a dependency tree's keep the full width, see
+    :func:`~betheproj.oracles.base.keeps_width`), accumulating gradients: the memory of one chunk, little padding.
     ``progress`` shows a bar over the objective evaluations (L-BFGS's budget of ``1.25 max_iter``; torch checks it
     between line searches, so the last line search can run a few evaluations past it)."""
     from .losses import resolve_loss, structured_loss  # losses builds on this module

@@ -208,7 +208,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     for _ in range(epochs):
         for idx in _batches(features.shape[0], batch_size, gen):
             x, y, n = features[idx], labels[idx], lengths[idx]
-            width = full or int(n.max())                  # a chain's batch loses its padding, a tree's cannot
+            width = full or int(n.max())                  # a chain's batch loses its padding (see keeps_width)
             x, y = x[:, :width], y[:, :width]
             sol = model.infer(x, n, train_iter)
             opt.zero_grad()

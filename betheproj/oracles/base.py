@@ -337,7 +337,8 @@ class Oracle(Protocol):
     factors (the dependency oracles, whose tree constraint replaces them), which refuses non-zero edge potentials
     and whose edge marginals are all-zero placeholders.  A labelling's ``S(y)`` then has all-zero edge parts too
     (:func:`has_pairwise_factors`), so that an energy reads the same kind of statistics on ``S(y)`` as on
-    ``mu``, and the losses' edge gradients ``mu - S(y)`` are zero rather than steps the oracle would refuse.
+    ``mu``, and the losses' edge gradients ``mu - S(y)`` are zero rather than steps the oracle would refuse; the
+    solvers and the surrogate likelihood drop an energy's edge gradient there (edge terms are constant).
 
     Optionally ``positional_labels`` (a bool, ``False`` when absent): ``True`` where the labels are positions of
     the example (a dependency tree's heads, ``C = N + 1``), so that a batch keeps its full width: trimming the
