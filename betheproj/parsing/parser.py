@@ -137,7 +137,7 @@ class GreedyFirst:
     The score of a tree is a sum over words of the score of each word's head, so when every word's best head
     (``argmax_h theta(h -> m)``) together makes an arborescence rooted at 0 (no cycle; one root child with
     ``single_root``), that is the MAP: it is the first step of Chu-Liu-Edmonds, which stops there.  The check
-    is batched (pointer doubling on the head array, ``ceil(log2 N) + 1`` gathers) and exact; sentences whose
+    is batched (pointer doubling on the head array, as the oracles' ``check_labels``) and exact; sentences whose
     greedy heads have a cycle go to the wrapped oracle.  Only valid for non-projective decoding (a greedy tree
     need not be projective), so the wrapped oracle must be :class:`NonProjective`.  Marginals and everything
     else are delegated."""

@@ -17,7 +17,7 @@ from ..energies.second_order import SecondOrderArcs, second_order_masks
 from ..inference.decode import decode
 from ..inference.solve import Solution, solve
 from ..oracles.base import PairwisePotentials, _check_lengths
-from ..oracles.dependency import _arc_mask
+from ..oracles.dependency import _arc_mask, check_arc_potentials
 from ..oracles.nonprojective import NonProjective, matrix_tree
 from .parser import GreedyFirst
 
@@ -194,11 +194,7 @@ def loopy_bp_parse(potentials: PairwisePotentials, sibling: Tensor | None, grand
     their log-odds (``"log_odds"``; an arc in every tree, log-odds ``+inf``, counts 0 there)."""
     if decode_on not in ("beliefs", "log_odds"):
         raise ValueError(f"decode_on must be 'beliefs' or 'log_odds', got {decode_on!r}")
-    if not isinstance(potentials, PairwisePotentials):
-        raise TypeError(f"potentials must be PairwisePotentials, got {type(potentials).__name__}")
-    if bool((potentials.edge != 0).any()):        # as the oracles and mean_field_parse: ignored, it was wrong
-        raise ValueError("potentials.edge must be all zeros: dependency trees have no pairwise factors "
-                         "(build potentials with arc_potentials)")
+    check_arc_potentials(potentials)              # as the oracles and mean_field_parse (an edge table was ignored)
     res = loopy_bp(_head_major(potentials.node), sibling, grandparent, potentials.lengths, max_iter, damping,
                    tol, single_root)
     score = res.beliefs if decode_on == "beliefs" else res.log_odds
