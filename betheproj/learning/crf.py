@@ -261,8 +261,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
         raise ValueError(f"gamma applies to loss='softmax_margin' only, got gamma={gamma} with loss='crf'")
     _, gamma = resolve_loss(loss, gamma=gamma)        # the preset's gamma (1) by default; checks it
     oracle = oracle or LinearChain()
-    tree_parents(oracle, features.shape[1])                   # a tree of another size: named here
-    full = features.shape[1] if keeps_width(oracle) else None
+    full = features.shape[1] if keeps_width(oracle, features.shape[1]) else None
 
     def objective(potentials: PairwisePotentials, gold: Tensor) -> Tensor:
         if loss == "crf":

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_count, check_nonnegative, check_positive, check_seed
-from ..oracles.base import Marginals, keeps_width, tree_parents
+from ..oracles.base import Marginals, keeps_width
 from ..progress import progress_bar
 from ._checks import check_lengths_like, check_sequences
 from .crf import _check_gold, _check_label_range
@@ -203,8 +203,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     eval_every = eval_every or per_epoch
     bar = progress_bar(epochs * per_epoch, progress, "Algorithm 3")
     start = time.perf_counter()
-    tree_parents(model.oracle, features.shape[1])             # a tree of another size: named here
-    full = features.shape[1] if keeps_width(model.oracle) else None
+    full = features.shape[1] if keeps_width(model.oracle, features.shape[1]) else None
     for _ in range(epochs):
         for idx in _batches(features.shape[0], batch_size, gen):
             x, y, n = features[idx], labels[idx], lengths[idx]

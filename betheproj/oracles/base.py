@@ -379,11 +379,11 @@ def tree_parents(oracle: Oracle, n: int) -> Tensor | None:
     return torch.as_tensor(parents, dtype=torch.long)
 
 
-def keeps_width(oracle: Oracle) -> bool:
-    """Whether a batch for ``oracle`` must keep its full width ``N`` rather than lose its padding: a tree's
-    structure has ``N`` nodes (``parents``), and positional labels (``positional_labels``: dependency heads) are
-    ``N + 1`` whatever the lengths."""
-    return getattr(oracle, "parents", None) is not None or bool(getattr(oracle, "positional_labels", False))
+def keeps_width(oracle: Oracle, n: int) -> bool:
+    """Whether a batch of width ``n`` for ``oracle`` must keep it rather than lose its padding: a tree's structure
+    has ``n`` nodes (``parents``; a ``ValueError`` for a tree of another size, see :func:`tree_parents`), and
+    positional labels (``positional_labels``: dependency heads) are ``n + 1`` whatever the lengths."""
+    return tree_parents(oracle, n) is not None or bool(getattr(oracle, "positional_labels", False))
 
 
 def has_pairwise_factors(oracle: Oracle) -> bool:
