@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -156,6 +156,24 @@ def _check_gold_score(gold_score: Tensor) -> None:
                          f"the loss would be infinite")
 
 
+def _check_gold_batch(potentials_of: Callable[[Tensor, int], PairwisePotentials], oracle: Oracle, labels: Tensor,
+                      lengths: Tensor, chunk_size: int | None) -> None:
+    """Before training on a batch: every gold labelling in range, a configuration of ``oracle`` and on no forbidden
+    part, the examples named by their index in the whole batch (the loss of a length-sorted chunk or a minibatch
+    names its own rows).  ``potentials_of(idx, width)`` gives the potentials of the examples ``idx`` trimmed to
+    ``width``; they are taken without autograd, ``chunk_size`` examples at a time."""
+    width = labels.shape[1] if keeps_width(oracle, labels.shape[1]) else None
+    parents, pairwise = tree_parents(oracle, labels.shape[1]), has_pairwise_factors(oracle)
+    scores = torch.zeros(len(lengths), dtype=torch.float64, device=lengths.device)
+    with torch.no_grad():
+        for idx, n in length_chunks(lengths, chunk_size):
+            n = width or n
+            score = sequence_score(potentials_of(idx, n), labels[idx, :n], parents, pairwise_factors=pairwise)
+            scores[idx] = score.to(scores)
+    _check_gold(oracle, lengths, labels, "labels")
+    _check_gold_score(scores)
+
+
 def crf_nll(oracle: Oracle, potentials: PairwisePotentials, labels: Tensor) -> Tensor:
     """Negative log-likelihood [B], differentiable in the potentials (its gradient is ``mu - S(y)``). Labels on a
     forbidden part (a ``-inf`` potential) are a ``ValueError``, as in :func:`~.losses.structured_loss`."""
@@ -261,6 +279,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
         raise ValueError(f"gamma applies to loss='softmax_margin' only, got gamma={gamma} with loss='crf'")
     _, gamma = resolve_loss(loss, gamma=gamma)        # the preset's gamma (1) by default; checks it
     oracle = oracle or LinearChain()
+    _check_gold_batch(lambda idx, n: model(features[idx, :n], lengths[idx]), oracle, labels, lengths, chunk_size)
     full = features.shape[1] if keeps_width(oracle, features.shape[1]) else None
 
     def objective(potentials: PairwisePotentials, gold: Tensor) -> Tensor:

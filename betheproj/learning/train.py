@@ -16,7 +16,7 @@ from .._checks import check_count, check_nonnegative, check_positive, check_seed
 from ..oracles.base import Marginals, keeps_width
 from ..progress import progress_bar
 from ._checks import check_lengths_like, check_sequences
-from .crf import _check_gold, _check_label_range
+from .crf import _check_gold_batch
 from .model import NonLocalCRF
 
 __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]
@@ -153,13 +153,13 @@ def _batches(num: int, batch_size: int, generator: torch.Generator) -> Iterator[
         yield order[start:start + batch_size]
 
 
-def _check_gold_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor) -> None:
-    """Every label in range (and, on dependency oracles, every example's heads a tree) before the first step: a
-    bad label met in a later minibatch stopped training with the model half-trained."""
-    with torch.no_grad():
-        c = model.potentials(features[:1], lengths[:1]).node.shape[-1]  # the number of labels
-    _check_label_range(labels, tuple(labels.shape), c, lengths)
-    _check_gold(model.oracle, lengths, labels, "labels")
+def _check_gold_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor,
+                       batch_size: int) -> None:
+    """Every label in range (on dependency oracles, every example's heads a tree) and no gold labelling on a
+    forbidden part, before the first step and named by the example's index in the whole batch: a bad label met in
+    a later minibatch stopped training with the model half-trained, and named by its row in the minibatch."""
+    _check_gold_batch(lambda idx, n: model.potentials(features[idx, :n], lengths[idx]), model.oracle, labels,
+                      lengths, batch_size)
 
 
 def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor, epochs: int = 1,
@@ -185,7 +185,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     features, the last iterate depends on the last minibatches, the mean much less.
     """
     check_sequences(features, labels, lengths, training=True)
-    _check_gold_labels(model, features, labels, lengths)
+    _check_gold_labels(model, features, labels, lengths, check_count("batch_size", batch_size))
     check_count("epochs", epochs)
     check_count("batch_size", batch_size)
     seed = check_seed("seed", seed)
@@ -247,7 +247,7 @@ def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, len
     surrogate likelihood (12) at the fixed ``M``.  Validation and early stopping as in
     :func:`fit_doubly_stochastic`, evaluated after each round."""
     check_sequences(features, labels, lengths, training=True)
-    _check_gold_labels(model, features, labels, lengths)
+    _check_gold_labels(model, features, labels, lengths, check_count("batch_size", batch_size))
     check_count("rounds", rounds)
     check_count("m_steps", m_steps)
     check_count("batch_size", batch_size)

@@ -82,6 +82,36 @@ def test_gold_on_a_forbidden_transition_is_refused_as_by_structured_loss():
             fn(bp.LinearChain(), pot, torch.tensor([[0, 0, 2], [2, 0, 1]]))
 
 
+class _NoZeroThenOne(torch.nn.Module):
+    """A linear-chain CRF whose transition 0 -> 1 is forbidden (a -inf potential)."""
+
+    def __init__(self):
+        super().__init__()
+        self.crf = LinearChainCRF(2, 3).double()
+
+    def forward(self, x, n):
+        p = self.crf(x, n)
+        mask = torch.zeros(3, 3, dtype=DT)
+        mask[0, 1] = -math.inf
+        return bp.ChainPotentials(p.node, p.edge + mask, p.lengths)
+
+
+def test_fit_crf_names_bad_gold_by_its_index_in_the_whole_batch():
+    """fit_crf evaluates length-sorted chunks: a gold labelling on a forbidden part or heads that are no tree were
+    named by their row in the sorted chunk (here example 1, not 2), and only once L-BFGS had started."""
+    x, lengths = torch.randn(3, 3, 2, dtype=DT), torch.tensor([3, 1, 2])
+    labels = torch.tensor([[2, 2, 2], [0, -1, -1], [0, 1, -1]])               # example 2 takes 0 -> 1
+    model = _NoZeroThenOne()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for chunk in (None, 1):
+        with pytest.raises(ValueError, match=r"forbidden parts \(-inf potentials\) for examples \[2\]"):
+            fit_crf(model, x, labels, lengths, max_iter=2, chunk_size=chunk)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    heads = torch.tensor([[0, 1, 1], [0, -1, -1], [2, 1, -1]])                # example 2: a cycle
+    with pytest.raises(ValueError, match=r"labels\[2\] are not the heads of a tree"):
+        fit_crf(LinearChainCRF(2, 4).double(), x, heads, lengths, oracle=bp.NonProjective(), max_iter=2)
+
+
 def _random_batch(seed: int, b: int, n: int, f: int, c: int):
     """Features [b, n, f], lengths in 1..n, labels in [0, c) padded with -1."""
     gen = torch.Generator().manual_seed(seed)

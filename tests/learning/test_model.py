@@ -563,6 +563,31 @@ def test_fit_checks_every_label_before_the_first_step(algorithm, options):
                   **options)
 
 
+@pytest.mark.parametrize("algorithm,options", [("doubly_stochastic", {"batch_size": 2}),
+                                               ("em", {"batch_size": 2, "rounds": 1, "m_steps": 1})])
+def test_fit_names_gold_on_a_forbidden_part_by_its_index_before_the_first_step(algorithm, options):
+    """A gold labelling on a -inf potential was found in its minibatch, named by its row there, after steps."""
+    class NoZeroThenOne(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.crf = LinearChainCRF(2, 3)
+
+        def forward(self, x, n):
+            p = self.crf(x, n)
+            mask = torch.zeros(3, 3)
+            mask[0, 1] = -float("inf")
+            return bp.ChainPotentials(p.node, p.edge + mask, p.lengths)
+
+    torch.manual_seed(0)
+    x, lengths = torch.randn(4, 3, 2), torch.tensor([3, 3, 2, 3])
+    labels = torch.tensor([[2, 2, 2], [1, 1, 1], [0, 0, -1], [2, 0, 1]])       # example 3 takes 0 -> 1
+    model = NonLocalCRF(NoZeroThenOne())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"forbidden parts \(-inf potentials\) for examples \[3\]"):
+        model.fit(x, labels, lengths, algorithm=algorithm, lr=0.5, **options)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 def test_loss_and_load_name_what_is_wrong(tmp_path):
     """A Solution for its marginals was a bare AttributeError, an empty batch a NaN loss, and a float64
     checkpoint was cast into a float32 model without a word (psi 1.2345678901 read back as 1.2345678806)."""
