@@ -238,7 +238,10 @@ class SparseChainCRF(nn.Module):
             raise ValueError(f"features must be indices in [0, {size}) (0: padding), got values in "
                              f"[{int(features.min())}, {int(features.max())}]")
         b, n, k = features.shape
-        node = self.weights(features.reshape(b * n, k)).reshape(b, n, -1) + self.bias
+        if k == 0:                          # no feature at any position: the bias alone (EmbeddingBag needs k > 0)
+            node = self.bias.expand(b, n, -1)
+        else:                               # the label count, not -1: an empty batch has no size to infer it from
+            node = self.weights(features.reshape(b * n, k)).reshape(b, n, self.bias.shape[0]) + self.bias
         return PairwisePotentials(node, self.transitions, lengths)
 
 

@@ -229,6 +229,22 @@ def test_features_of_the_wrong_kind_or_range_are_named():
     assert theta.lengths.tolist() == [1, 1, 1, 1]
 
 
+def test_sparse_crf_takes_an_empty_batch_and_positions_without_features():
+    """B = 0 was a RuntimeError from reshape (a -1 size it could not infer), K = 0 one from EmbeddingBag."""
+    from betheproj.learning import NonLocalCRF, SparseChainCRF
+
+    crf = SparseChainCRF(5, 3)
+    with torch.no_grad():
+        crf.bias.copy_(torch.tensor([0.5, -1.0, 2.0]))
+    empty = crf(torch.zeros(0, 4, 2, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    assert empty.node.shape == (0, 4, 3)
+    assert NonLocalCRF(crf).score(torch.zeros(0, 4, 2, dtype=torch.long), torch.zeros(0, 4, dtype=torch.long),
+                                  torch.zeros(0, dtype=torch.long)).shape == (0,)
+    bare = crf(torch.zeros(2, 4, 0, dtype=torch.long), torch.tensor([4, 2]))
+    assert torch.equal(bare.node, crf(torch.zeros(2, 4, 1, dtype=torch.long), torch.tensor([4, 2])).node)
+    assert torch.equal(bare.node[1, 3], crf.bias.detach())
+
+
 def test_a_tree_trains_on_examples_shorter_than_the_tree():
     """Training trims a batch to its longest example only on a chain: a tree's potentials keep all its nodes."""
     gen = torch.Generator().manual_seed(0)
