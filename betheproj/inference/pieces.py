@@ -40,6 +40,7 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     b = potentials.node.shape[0]
     device = potentials.node.device
     base = oracle.marginals(potentials)
+    energy.validate(base)                                # named as solve names it, not by a piece's internals
     parts = [energy.pieces(potentials.lengths)]
     if callable(getattr(energy, "remainder", None)):
         parts.append(energy.remainder(potentials.lengths))

@@ -119,6 +119,17 @@ def test_bad_arguments():
         NearestPrototype(protos, torch.ones(5, dtype=DT), "word", lengths).pieces(theta.lengths)
 
 
+def test_an_energy_of_another_label_set_is_named_as_solve_names_it():
+    """solve_global did not validate the energy: prototypes over 4 labels met marginals over 3 in a piece, and the
+    error named that piece's internal targets ("targets must have B=12 rows"), not the prototypes."""
+    theta = _theta()
+    for energy in (NearestPrototype(torch.rand(4, C + 1, dtype=DT)),
+                   NearestPrototype(torch.rand(2, 4, C + 1, dtype=DT), 1.0, "word", torch.tensor([4, 2]))):
+        for solver in (bp.solve, solve_global):
+            with pytest.raises(ValueError, match=r"prototypes have 4 labels, marginals have C=3"):
+                solver(bp.LinearChain(), theta, energy)
+
+
 @pytest.mark.parametrize("method", ["rda", "accelerated"])
 def test_solution_is_self_consistent(method):
     """The marginals returned are those each objective was measured at, with log Z of the returned potentials."""
