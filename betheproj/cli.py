@@ -111,9 +111,9 @@ def _int_list(text: str, name: str, low: int, high: int) -> list[int]:
             raise ValueError(f"{name} must be integers or ranges like '0-9,12', got {text!r}") from None
         if a > b:
             raise ValueError(f"{name}: the range {part!r} runs backwards (write '{b}-{a}')")
+        if a < low or b > high:                  # before the range is listed: '0-1000000000000' fills memory
+            raise ValueError(f"{name} must lie in {low}..{high}, got {text!r}")
         values.extend(range(a, b + 1))
-    if not values or any(not low <= v <= high for v in values):
-        raise ValueError(f"{name} must lie in {low}..{high}, got {text!r}")
     return sorted(set(values))
 
 

@@ -60,6 +60,14 @@ def test_ocr_bad_folds_and_rows(tmp_path):
         assert proc.returncode == 2 and word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_a_folds_range_far_out_of_bounds_is_refused_without_listing_it(capsys):
+    """--folds 0-1000000000000 listed every fold of the range before checking it: a MemoryError traceback, or
+    the machine's memory filled."""
+    assert main(["ocr", "--data", "no-such-folder", "--folds", f"0-{10 ** 12}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"betheproj ocr: error: --folds must lie in 0..9, got '0-{10 ** 12}'\n"
+
+
 def test_options_that_say_nothing_or_conflict_are_refused_before_the_work(runs_stubbed, tmp_path, capsys):
     cases = [([*runs_stubbed["ocr"], "--folds", "3-1"], "--folds: the range '3-1' runs backwards (write '1-3')"),
              ([*runs_stubbed["ocr"], "--rows", ""], "--rows must be among"),
