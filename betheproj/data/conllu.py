@@ -27,6 +27,13 @@ _HEAD = re.compile(r"[0-9]+")            # ASCII digits only: str.isdigit() also
 ID, FORM, LEMMA, UPOS, XPOS, FEATS, HEAD, DEPREL, DEPS, MISC = range(_COLUMNS)
 
 
+def _number(digits: str) -> int:
+    """A string of ASCII digits (an ID or a HEAD) as an int; past 18 digits, leading zeros aside, as 10**18, larger
+    than any sentence (``int`` refuses strings of over 4300 digits, in words that name no file and line)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else 10 ** 18
+
+
 @dataclass
 class Sentence:
     """One sentence: its comment lines (without the newline), the 10 columns of each word (``words[i]`` is word
@@ -68,7 +75,7 @@ class Sentence:
     @property
     def heads(self) -> np.ndarray:
         """HEAD of every word [N] (int64; 0 = root, -1 where the column is ``_``)."""
-        return np.array([-1 if w[HEAD] == "_" else int(w[HEAD]) for w in self.words], dtype=np.int64)
+        return np.array([-1 if w[HEAD] == "_" else _number(w[HEAD]) for w in self.words], dtype=np.int64)
 
     @property
     def text(self) -> str:
@@ -174,7 +181,7 @@ def _read(lines: Iterable[str], name: str) -> list[Sentence]:
             for i, (w, at) in enumerate(zip(cur.words, word_lines, strict=True)):
                 if w[ID] != str(i + 1):
                     raise ValueError(f"{name}:{at}: word IDs must be 1..{n} in order, got {w[ID]!r} at word {i + 1}")
-                if w[HEAD] != "_" and not (_HEAD.fullmatch(w[HEAD]) and int(w[HEAD]) <= n):
+                if w[HEAD] != "_" and not (_HEAD.fullmatch(w[HEAD]) and _number(w[HEAD]) <= n):
                     raise ValueError(f"{name}:{at}: HEAD of word {i + 1} must be an integer in 0..{n} or '_', "
                                      f"got {w[HEAD]!r}")
             _check_ranges(cur.extra, extra_lines, n, name)
@@ -225,7 +232,7 @@ def _check_ranges(extra: list[tuple[int, list[str]]], lines: list[int], n: int, 
         rng = _RANGE.fullmatch(cols[ID])
         if rng is None:
             continue
-        a, b = int(rng[1]), int(rng[2])
+        a, b = _number(rng[1]), _number(rng[2])
         if b > n:
             raise ValueError(f"{name}:{at}: multi-word token {cols[ID]!r} ends past the sentence's last word ({n})")
         if a <= end:
@@ -239,12 +246,12 @@ def _check_extra_id(token_id: str, words_before: int, where: str) -> None:
     node ``i.k`` must follow word ``i = words_before`` (``k >= 1``)."""
     rng, empty = _RANGE.fullmatch(token_id), _EMPTY.fullmatch(token_id)
     if rng is not None:
-        a, b = int(rng[1]), int(rng[2])
+        a, b = _number(rng[1]), _number(rng[2])
         if a != words_before + 1 or b <= a:
             raise ValueError(f"{where}: multi-word token ID {token_id!r} must be a range a-b with b > a starting "
                              f"at the next word ({words_before + 1})")
     elif empty is not None:
-        if int(empty[1]) != words_before or int(empty[2]) < 1:
+        if _number(empty[1]) != words_before or _number(empty[2]) < 1:
             raise ValueError(f"{where}: empty node ID {token_id!r} must be {words_before}.k with k >= 1 (it "
                              f"follows word {words_before})")
     else:

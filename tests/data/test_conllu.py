@@ -243,3 +243,16 @@ def test_multiword_ranges_past_the_end_overlapping_or_of_other_digits_are_named(
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_conllu("".join(lines))
     assert len(parse_conllu(_token("1-2") + _word(1) + _word(2) + _token("3-4") + _word(3) + _word(4))[0]) == 4
+
+
+@pytest.mark.parametrize("line, message", [
+    ("1\ta\ta\tX\t_\t_\t" + "9" * 5000 + "\t_\t_\t_\n", "<string>:1: HEAD of word 1 must be an integer in 0..1"),
+    ("1-" + "9" * 5000 + "\tx" + "\t_" * 8 + "\n" + _word(1), "<string>:1: multi-word token '1-999"),
+    ("9" * 5000 + ".1\tx" + "\t_" * 8 + "\n" + _word(1), "<string>:1: empty node ID '999"),
+], ids=["head", "multi-word token", "empty node"])
+def test_numbers_of_thousands_of_digits_are_named_like_any_out_of_range_number(line, message):
+    """int() refuses more than 4300 digits: its error named no file and advised sys.set_int_max_str_digits()."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        parse_conllu(line)
+    sentence = parse_conllu("1\ta\ta\tX\t_\t_\t" + "0" * 5000 + "\t_\t_\t_\n")[0]
+    assert sentence.heads.tolist() == [0]                        # leading zeros, as in '00', are still read
