@@ -15,7 +15,7 @@ from pathlib import Path
 
 __all__ = ["register", "run", "main"]
 
-LOSS_NAMES = ("crf", "svm", "softmax_margin", "perceptron")
+LOSS_NAMES = ("crf", "svm", "softmax_margin")         # the perceptron loss makes no step from w = 0
 DECODERS = ("mean_field", "loopy_bp")
 DEFAULT_LOSS, DEFAULT_LAM = "crf", 1e-4
 FIRST_ORDER_ONLY = ("loss", "lam", "projective", "single_root", "xpos")

@@ -228,12 +228,17 @@ class DependencyParser:
             dev: Sequence[Sentence] | None = None, progress: bool = False,
             log: Callable[[str], None] | None = None) -> DependencyParser:
         """Train with Algorithm 1 (``epochs`` passes, step cap ``1 / (lam m)``, averaged weights) on the loss
-        ``L_{beta,gamma}`` (a preset name: ``crf``, ``svm``, ``softmax_margin``, ``perceptron``, or explicit
-        ``beta``/``gamma``) with the Hamming cost (the number of words with a wrong head).  With ``dev``, the UAS
-        (punctuation excluded) of the averaged weights is measured after every epoch and reported to ``log``
-        (the weights kept are those of the last epoch).  Returns the parser, like ``SecondOrderParser.fit``; the
-        learner's report (per-epoch losses, ...) is ``self.result_``."""
+        ``L_{beta,gamma}`` (a preset name: ``crf``, ``svm``, ``softmax_margin``, or explicit ``beta``/``gamma``; not
+        the perceptron loss, ``beta = inf, gamma = 0``, which makes no step from the zero start: a ``ValueError``)
+        with the Hamming cost (the number of words with a wrong head).  With ``dev``, the UAS (punctuation excluded)
+        of the averaged weights is measured after every epoch and reported to ``log`` (the weights kept are those of
+        the last epoch).  Returns the parser, like ``SecondOrderParser.fit``; the learner's report (per-epoch losses,
+        ...) is ``self.result_``."""
         beta, gamma = resolve_loss(loss, beta, gamma)
+        if math.isinf(beta) and gamma == 0:
+            raise ValueError("the perceptron loss (beta = inf, gamma = 0) makes no step from the zero weights "
+                             "Algorithm 1 starts at (every tree ties, so the loss and the step are 0): use svm, crf "
+                             "or softmax_margin")
         sentences = _sentences(sentences)
         dev = None if dev is None else _sentences(dev, "dev")
         if not sentences:

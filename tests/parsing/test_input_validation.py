@@ -147,6 +147,20 @@ def test_lam_must_be_finite_and_positive(models, tmp_path, monkeypatch, capsys, 
     assert f"betheproj parse: error: --lam must be a finite number > 0, got {float(lam)}" in _one_error_line(capsys)
 
 
+def test_the_perceptron_loss_which_never_leaves_the_zero_start_is_refused(models, tmp_path, capsys):
+    """At w = 0 every tree ties, so the perceptron loss and Algorithm 1's step are 0: 'parse train --loss perceptron'
+    wrote an all-zero model (dev UAS that of a fixed tree) and exited 0."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--train", str(models["train"]), "--quiet", "--model", str(tmp_path / "m.pt"),
+              "--loss", "perceptron"])
+    assert exit_.value.code == 2 and "argument --loss: invalid choice: 'perceptron'" in _one_error_line(capsys)
+    assert not (tmp_path / "m.pt").exists()
+    sentences = parse_conllu(models["train"].read_text())
+    for options in ({"loss": "perceptron"}, {"loss": None, "beta": math.inf, "gamma": 0.0}):
+        with pytest.raises(ValueError, match=r"the perceptron loss \(beta = inf, gamma = 0\) makes no step"):
+            DependencyParser(bits=10).fit(sentences, epochs=1, **options)
+
+
 @pytest.mark.parametrize("text", ["", "\n\n"])
 def test_a_training_file_without_sentences_is_named(models, tmp_path, monkeypatch, capsys, text):
     monkeypatch.setattr(DependencyParser, "fit", _no_training)
