@@ -167,6 +167,9 @@ def _check_cgm_options(args: argparse.Namespace) -> None:
     # the observed counts are Poisson draws of mean at most rate x population: ten standard deviations above it
     # must stay exact too (the draw itself is checked again, but only after --out is created)
     lam = args.rate * args.population
+    if lam < sys.float_info.min:                 # as the solver requires, but before --out is created
+        raise ValueError(f"--rate x --population must be a normal float64 number (the scale of the expected counts), "
+                         f"got {args.rate!r} x {args.population!r} = {lam!r}")
     if lam + 10 * math.sqrt(lam) > 2 ** 53:
         raise ValueError(f"--rate x --population must leave the observed counts (Poisson draws of mean up to "
                          f"{lam:.4g}) at most 2**53 = {2 ** 53}, which the float64 model holds exactly; got "

@@ -143,6 +143,17 @@ def test_a_cgm_rate_whose_counts_would_pass_exact_float64_is_refused_before_out_
     assert not out.exists()
 
 
+def test_a_cgm_rate_whose_expected_counts_are_subnormal_is_refused_before_out_is_created(tmp_path, capsys):
+    """The solver's own check of rate x population came after --out was created and the instance was printed."""
+    out = tmp_path / "out"
+    assert main(["cgm", "--grid", "2", "--steps", "2", "--rate", "1e-320", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        "betheproj cgm: error: --rate x --population must be a normal float64 number (the scale of the expected "
+        f"counts), got 1e-320 x 100000 = {1e-320 * 100000!r}\n")
+    assert not out.exists()
+
+
 def test_a_cgm_rate_and_population_at_the_exact_limit_are_accepted(monkeypatch, tmp_path):
     # 2**52 at rate 1.9: mean 8.6e15, ten standard deviations below 2**53 (the draw is checked again)
     import betheproj.experiments.cgm as cgm_experiment
