@@ -96,9 +96,12 @@ def _positive(value: int, name: str) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-def _output_path(value: str, option: str) -> Path:
+def _output_path(value: str, option: str, inputs: dict[str, str | None]) -> Path:
     """``value`` checked, before any work, to be a file ``option`` can write: its folder exists, is a folder and
-    takes a new file (probed), and it is not itself a folder."""
+    takes a new file (probed), and it is not itself a folder, nor the file of one of the ``inputs`` (option -> path,
+    ``None`` where not given), which writing would overwrite."""
+    import os
+
     from .._files import check_writable
 
     if not value:
@@ -106,6 +109,9 @@ def _output_path(value: str, option: str) -> Path:
     out = Path(value)
     if out.is_dir():
         raise ValueError(f"{option} {out} is a directory; expected a file name")
+    for name, path in inputs.items():
+        if path not in (None, "-") and out.exists() and Path(path).exists() and os.path.samefile(out, path):
+            raise ValueError(f"{option} {out} is the {name} file {path}; writing there would overwrite it")
     folder = out.parent
     if not folder.exists():
         raise FileNotFoundError(f"the folder of {option} {out} does not exist")
@@ -184,7 +190,7 @@ def run(args: argparse.Namespace) -> None:
                                  "--single-root and --xpos settings of FIRST")
         loss = DEFAULT_LOSS if args.loss is None else args.loss
         lam = DEFAULT_LAM if args.lam is None else args.lam
-        out = _output_path(args.model, "--model")
+        out = _output_path(args.model, "--model", {"--train": args.train, "--dev": args.dev})
         first = _load_first(args.second_order) if args.second_order else None
         train = load_conllu(args.train)
         if not train:
@@ -235,7 +241,7 @@ def run(args: argparse.Namespace) -> None:
               f"parsed {words} words in {seconds:.2f}s ({words / max(seconds, 1e-9):.0f} words/s)")
     elif args.parse_command == "predict":
         _positive(args.batch_size, "--batch-size")
-        output = _output_path(args.output, "--output") if args.output is not None else None
+        output = _output_path(args.output, "--output", {"--model": args.model}) if args.output is not None else None
         parser = _load(args.model)
         if args.input == "-":
             from .._files import read_stdin

@@ -86,6 +86,26 @@ def test_predict_checks_output_path_before_parsing(models, tmp_path, monkeypatch
     assert afile.read_text() == "x"
 
 
+def test_a_model_is_not_written_over_the_data_or_the_output_over_the_model(models, tmp_path, monkeypatch, capsys):
+    """'parse train --model' naming the --train or --dev file replaced the treebank with the model, and 'parse predict
+    --output' naming the --model file replaced the model with CoNLL-U, both with exit 0."""
+    monkeypatch.setattr(DependencyParser, "fit", _no_training)
+    monkeypatch.setattr(DependencyParser, "predict", _no_training)
+    data, model = tmp_path / "data.conllu", tmp_path / "model.pt"
+    data.write_bytes(models["train"].read_bytes())
+    model.write_bytes(models["first"].read_bytes())
+    (tmp_path / "link.conllu").symlink_to(data)
+    cases = [(["train", "--train", str(data), "--model", str(data)], f"--model {data} is the --train file"),
+             (["train", "--train", str(models["train"]), "--dev", str(data), "--model", str(tmp_path / "link.conllu")],
+              f"--model {tmp_path / 'link.conllu'} is the --dev file"),
+             (["predict", "--model", str(model), "--input", str(data), "--output", str(model)],
+              f"--output {model} is the --model file")]
+    for args, message in cases:
+        assert main([*args, "--quiet"]) == 2, args
+        assert f"betheproj parse: error: {message}" in _one_error_line(capsys)
+    assert data.read_bytes() == models["train"].read_bytes() and model.read_bytes() == models["first"].read_bytes()
+
+
 def test_train_checks_the_model_folder_is_writable_before_training(models, tmp_path, monkeypatch, capsys):
     import errno
     import os
