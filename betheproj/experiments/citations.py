@@ -405,6 +405,10 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
         formats = BigramExclusions(**state["formats"]) if "formats" in state else None
         model = constraint_model(base, Constraints(state["a"], state["b"], state["names"]), config, order, formats)
         model.load_state_dict(state["model"])
+        bad = [name for name, value in model.state_dict().items()
+               if value.is_floating_point() and not bool(torch.isfinite(value).all())]
+        if bad:                                  # tagging would fail naming a solver's argument, not this file
+            raise ValueError(f"its weights {', '.join(bad)} hold NaN or infinite values")
     except (RuntimeError, LookupError, TypeError, ValueError, AttributeError) as err:   # Lookup: Key, Index
         first = (str(err).strip().splitlines() or [""])[0]
         raise ValueError(f"{path} is not a citation model written by 'betheproj citations' "

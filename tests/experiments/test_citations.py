@@ -130,6 +130,31 @@ def test_a_model_file_of_other_content_is_named(tmp_path, content):
         citations.load_model(tmp_path / "model.pt")
 
 
+@pytest.mark.parametrize("weight", ["theta.weights.weight", "theta.transitions", "psi.value"])
+def test_a_model_file_with_weights_that_are_not_finite_is_named(tmp_path, capsys, weight):
+    """A NaN in a saved weight failed at tagging as "node contains NaN" or "psi must be finite", naming no file."""
+    from betheproj.data.citation_features import FeatureIndex
+    from betheproj.learning import SparseChainCRF
+
+    line = ("<authors> <person> <person-last> Smith </person-last> </person> </authors> <title> A title . </title> "
+            "<date> <year> 2005 </year> </date>")
+    cites, config = [parse_citation(line)] * 3, citations.CitationConfig(min_support=1)
+    index = FeatureIndex(cites)
+    base = SparseChainCRF(index.num_features, len(index.labels)).double()
+    constraints, order, formats = citations.templates(cites, index.labels, config)
+    model = citations.constraint_model(base, constraints, config, order, formats)
+    citations.save_model(tmp_path / "model.pt", index, model, constraints, config, order, formats)
+    state = torch.load(tmp_path / "model.pt", weights_only=True)
+    state["model"][weight].fill_(float("nan"))
+    torch.save(state, tmp_path / "model.pt")
+    raw = tmp_path / "raw.txt"
+    raw.write_text("Smith . A title . 2005\n")
+    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw)]) == 2
+    assert capsys.readouterr().err == (
+        f"betheproj citations: error: {tmp_path / 'model.pt'} is not a citation model written by 'betheproj "
+        f"citations' (ValueError: its weights {weight} hold NaN or infinite values)\n")
+
+
 def test_save_model_to_a_path_that_cannot_be_written_is_an_os_error_naming_it(tmp_path):
     from types import SimpleNamespace
 
