@@ -149,14 +149,19 @@ def _load(path: str):
 
 
 def _load_first(path: str):
-    """The arc-factored model ``--second-order`` builds on; a second-order model there is named as such."""
+    """The arc-factored model ``--second-order`` builds on; a second-order or a projective model there is named as
+    such."""
     from . import parser, second_order
 
     state = _read_state(path)
     if state["format"] == second_order.FORMAT:
         raise ValueError(f"--second-order {path} is a second-order model; --second-order needs an arc-factored one "
                          "(written by 'parse train' without --second-order)")
-    return parser.DependencyParser.from_state(state, path)
+    first = parser.DependencyParser.from_state(state, path)
+    if first.projective:
+        raise ValueError(f"--second-order {path} is a projective model; second-order parsing is non-projective: give "
+                         "an arc-factored model trained without --projective")
+    return first
 
 
 def _heads(parser, data, args: argparse.Namespace) -> list:

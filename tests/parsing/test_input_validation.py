@@ -204,6 +204,21 @@ def test_a_second_order_model_given_as_first_is_named(models, tmp_path, monkeypa
     assert "weights_only" not in err                          # torch's advice on unsafe loading is not ours
 
 
+def test_a_projective_model_given_as_first_is_named(models, tmp_path, monkeypatch, capsys):
+    """The second-order model's own check said "give a non-projective first-order parser", naming no option or file,
+    after the training treebank was read."""
+    monkeypatch.setattr(SecondOrderParser, "fit", _no_training)
+    projective = tmp_path / "projective.pt"
+    parser = DependencyParser(bits=10, projective=True)
+    parser.fit(parse_conllu(models["train"].read_text()), epochs=1)
+    parser.save(projective)
+    assert main(["train", "--train", str(models["train"]), "--second-order", str(projective), "--quiet",
+                 "--model", str(tmp_path / "m.pt")]) == 2
+    assert _one_error_line(capsys) == (
+        f"betheproj parse: error: --second-order {projective} is a projective model; second-order parsing is "
+        "non-projective: give an arc-factored model trained without --projective\n")
+
+
 def _broken(state: dict, drop: str | None = None, **changes) -> dict:
     state = {**state, **changes}
     if drop is not None:
