@@ -102,6 +102,19 @@ def test_a_fold_that_is_absent_is_named_before_any_fold_trains(tmp_path, monkeyp
     assert not out.exists()
 
 
+def test_a_fold_that_holds_every_word_is_named_before_out_is_created(tmp_path, capsys):
+    """With one fold in the data nothing is left to train on: the base CRF's "no training examples: ... B = 0
+    sequences" came after --out was created, naming neither the fold nor the data."""
+    from tests.experiments.test_ocr import write_synthetic_npz
+
+    write_synthetic_npz(tmp_path / "ocr_letters.npz", folds=1)
+    out = tmp_path / "out"
+    assert main(["ocr", "--data", str(tmp_path), "--folds", "0", "--rows", "2gram", "--out", str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err == ("betheproj ocr: error: fold 0 holds every word of the data: no word is left to "
+                                       "train on (folds present: [0])\n")
+    assert not out.exists()
+
+
 def test_a_test_word_length_no_training_word_has_is_named_before_the_55_class_row_trains(tmp_path, monkeypatch):
     """The 55-class row's classes are the training words: a test word of another length failed after the 2-gram and
     energy rows of that fold had trained."""

@@ -317,9 +317,10 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
 
 
 def check_folds(data: OCRData, folds: Sequence[int], rows: Sequence[str] = ()) -> None:
-    """``ValueError`` unless ``folds`` names at least one fold, each once, and every one of them holds words; with
-    the 55-class row among ``rows``, unless each fold's words have lengths its training words have (its classes
-    are the training words: a test word of another length has none, an error only met after the other rows)."""
+    """``ValueError`` unless ``folds`` names at least one fold, each once, and every one of them holds words and
+    leaves some to train on; with the 55-class row among ``rows``, unless each fold's words have lengths its training
+    words have (its classes are the training words: a test word of another length has none, an error only met after
+    the other rows)."""
     if not folds:
         raise ValueError("folds must name at least one fold")
     if len(set(folds)) != len(folds):
@@ -329,6 +330,9 @@ def check_folds(data: OCRData, folds: Sequence[int], rows: Sequence[str] = ()) -
     missing = [f for f in folds if f not in present]
     if missing:
         raise ValueError(f"folds {missing} have no words (folds present: {sorted(present)})")
+    if len(present) == 1:                        # a fold trains on the others
+        raise ValueError(f"fold {folds[0]} holds every word of the data: no word is left to train on (folds present: "
+                         f"{sorted(present)})")
     if "55class" in rows:
         for fold in folds:
             test = data.folds == fold
