@@ -269,6 +269,8 @@ def _citations(args: argparse.Namespace) -> None:
                              "already in --out and draws nothing at random")
         if args.predict == "":
             raise ValueError("--predict: give a file (or - for standard input), got an empty name")
+        if not args.out:                         # Path("") is the working folder
+            raise ValueError("--out must name a folder, got an empty path")
         source = Path(args.predict)
         if args.predict != "-" and (not source.exists() or source.is_dir()):   # a pipe is read like a file
             raise FileNotFoundError(f"--predict: expected a file of raw citations, one a line, at {source}, found "

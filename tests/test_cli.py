@@ -257,6 +257,15 @@ def test_citation_predict_reads_a_named_pipe(tagger_stubbed, tmp_path, capsys):
                                        f"one a line, at {tmp_path / 'missing.txt'}, found none\n")
 
 
+def test_citation_predict_refuses_an_empty_out(tagger_stubbed, tmp_path, monkeypatch, capsys):
+    """--out '' read the model.pt of the working folder, where training refuses an empty --out."""
+    source = tmp_path / "raw.txt"
+    source.write_text("J. Smith. A title. 2005.\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["citations", "--predict", str(source), "--out", ""]) == 2
+    assert capsys.readouterr().err == "betheproj citations: error: --out must name a folder, got an empty path\n"
+
+
 def test_citation_predict_refuses_a_seed(tagger_stubbed, tmp_path, capsys):
     source = tmp_path / "raw.txt"
     source.write_text("J. Smith. A title. 2005.\n")
