@@ -260,10 +260,11 @@ def _check_extra_id(token_id: str, words_before: int, where: str) -> None:
 
 
 def parse_conllu(text: str, name: str = "<string>") -> list[Sentence]:
-    """Sentences of a CoNLL-U string."""
+    """Sentences of a CoNLL-U string, its lines ended by ``\n``, ``\r\n`` or ``\r`` as in a file read by
+    :func:`read_conllu`."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a str (CoNLL-U text), got {type(text).__name__}")
-    return _read(io.StringIO(text), name)
+    return _read(io.StringIO(text, newline=None), name)          # universal newlines, as open() reads a file
 
 
 def read_conllu(source: str | Path | TextIO) -> list[Sentence]:

@@ -493,6 +493,20 @@ def test_predict_reads_standard_input_for_a_dash(models, monkeypatch, capsys):
     assert "--input: standard input is not UTF-8 text" in _one_error_line(capsys)
 
 
+@pytest.mark.parametrize("newline", ["\r", "\r\n"], ids=["CR", "CRLF"])
+def test_predict_reads_the_same_lines_from_standard_input_as_from_a_file(models, tmp_path, monkeypatch, capsys,
+                                                                          newline):
+    """A file is read with universal newlines, standard input was split at \\n alone: lines ended by a bare \\r
+    parsed from a file and were one line of too many columns from standard input."""
+    source = tmp_path / "in.conllu"
+    source.write_bytes(models["train"].read_text().replace("\n", newline).encode())
+    assert main(["predict", "--model", str(models["first"]), "--input", str(source), "--quiet"]) == 0
+    from_file = capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes())))
+    assert main(["predict", "--model", str(models["first"]), "--input", "-", "--quiet"]) == 0
+    assert capsys.readouterr().out == from_file
+
+
 def test_train_refuses_bits_beyond_this_machines_memory_before_training(models, tmp_path, monkeypatch, capsys):
     """--bits 30 asked for ~43 GB of dense weights and ran into the machine's memory instead of an error."""
     import betheproj.cli
