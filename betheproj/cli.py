@@ -150,10 +150,11 @@ def _physical_memory() -> int | None:
 
 def _check_cgm_options(args: argparse.Namespace) -> None:
     """The ranges the library checks, named as options (``--rate`` where the library says ``rate``)."""
-    from ._checks import check_count, check_int, check_nonnegative, check_positive
+    from ._checks import check_int, check_nonnegative, check_positive
 
-    check_count("--grid", args.grid)
-    check_count("--steps", args.steps, 2)
+    # sizes beyond int64 (which the tensors index in) would also overflow the memory estimate's float
+    check_int("--grid", args.grid, 1, 2 ** 63 - 1)
+    check_int("--steps", args.steps, 2, 2 ** 63 - 1)
     check_int("--population", args.population, 1, 2 ** 63 - 1)
     check_positive("--rate", args.rate)
     from .cgm.model import _POISSON_LAM_MAX
@@ -174,7 +175,7 @@ def _check_cgm_options(args: argparse.Namespace) -> None:
         raise ValueError(f"--rate x --population must leave the observed counts (Poisson draws of mean up to "
                          f"{lam:.4g}) at most 2**53 = {2 ** 53}, which the float64 model holds exactly; got "
                          f"{args.rate!r} x {args.population!r}")
-    check_count("--seasons", args.seasons)
+    check_int("--seasons", args.seasons, 1, 2 ** 63 - 1)
     check_nonnegative("--noise", args.noise)
 
 

@@ -318,6 +318,18 @@ def test_cgm_bad_arguments_are_one_line():
         assert proc.stderr.startswith(f"betheproj cgm: error: --{word} must be"), proc.stderr
 
 
+@pytest.mark.parametrize("option", ["--grid", "--steps", "--seasons"])
+def test_cgm_sizes_beyond_int64_are_one_line_errors(option, tmp_path, capsys):
+    """--grid 10**80 passed the option checks, and the memory estimate's message raised OverflowError (a traceback)
+    turning its byte count into a float."""
+    out = tmp_path / "out"
+    assert main(["cgm", option, str(10 ** 80), "--out", str(out)]) == 2
+    low = 2 if option == "--steps" else 1
+    assert capsys.readouterr().err == (f"betheproj cgm: error: {option} must be an int in [{low}, {2 ** 63 - 1}], got "
+                                       f"{10 ** 80}\n")
+    assert not out.exists()
+
+
 def test_cgm_rate_times_population_beyond_the_sampler_names_both_options(capsys):
     assert main(["cgm", "--population", str(10 ** 18), "--rate", "100", "--out", "/tmp/never-written"]) == 2
     err = capsys.readouterr().err
