@@ -165,7 +165,11 @@ def simulate(model: TransitionModel, population: int = 10_000, rate: float = 0.5
     if noise > 0:
         gen = torch.Generator().manual_seed((seed + 1) % (_SEED_MAX + 1))
         shift = torch.randn(log_p.shape, generator=gen, dtype=log_p.dtype).to(log_p.device)   # the CPU's draw
-        log_p = torch.log_softmax(log_p + noise * shift, -1)
+        log_p = log_p + noise * shift
+        if not bool(torch.isfinite(log_p).all()):
+            raise ValueError(f"noise {noise!r} times the N(0, 1) draws overflows the model's {log_p.dtype} in the "
+                             "transition log-potentials: use a smaller noise")
+        log_p = torch.log_softmax(log_p, -1)
     init = model.log_initial().exp().cpu().numpy().astype(np.float64)
     trans = log_p.exp().cpu().numpy().astype(np.float64)
     trans /= trans.sum(-1, keepdims=True)

@@ -248,6 +248,7 @@ def test_non_finite_model_parameters(kwargs, name):
     ({"noise": True}, TypeError, "noise"),
     ({"noise": float("inf")}, ValueError, "noise"),
     ({"noise": float("nan")}, ValueError, "noise"),
+    ({"noise": 1.7e308}, ValueError, r"^noise 1.7e\+308 times the N\(0, 1\) draws overflows"),   # numpy's "pvals"
     ({"rate": 1e300}, ValueError, "rate \\* population"),
     ({"model": None}, TypeError, "model"),
     ({"population": 10 ** 19, "rate": 1e-5}, ValueError, "population must be an int in"),
