@@ -164,6 +164,24 @@ def _load_first(path: str):
     return first
 
 
+def _check_second_order_memory(data: list, option: str, path: str) -> None:
+    """``ValueError`` naming ``option``, ``path`` and the line of the longest sentence of ``data`` when second-order
+    decoding's dense tables for it cannot fit in this machine's memory."""
+    from ..cli import _bytes, _physical_memory
+
+    have = _physical_memory()
+    if not data or have is None:
+        return
+    longest = max(data, key=len)
+    need = BYTES_PER_CUBE * (len(longest) + 1) ** 3
+    if need > have:
+        where = "<stdin>" if path == "-" else path
+        raise ValueError(f"{option} {where}:{longest.line}: a sentence of {len(longest)} words needs about "
+                         f"{_bytes(need)} of memory in second-order decoding (its (n + 1)^3 sibling and grandparent "
+                         f"tables), more than this machine's {_bytes(have)}; split it, or parse with an arc-factored "
+                         "model")
+
+
 def _heads(parser, data, args: argparse.Namespace) -> list:
     from .second_order import SecondOrderParser
 
@@ -176,6 +194,7 @@ def run(args: argparse.Namespace) -> None:
     """Execute ``parse train|eval|predict`` for parsed ``args``."""
     from ..data.conllu import load_conllu, write_conllu
     from .parser import DependencyParser, check_gold_trees
+    from .second_order import SecondOrderParser
 
     if args.parse_command == "train":
         if args.epochs is not None:
@@ -203,13 +222,15 @@ def run(args: argparse.Namespace) -> None:
         dev = load_conllu(args.dev) if args.dev else None
         if dev is not None:
             _require_scorable(dev, "--dev", args.dev)
+        if args.second_order:
+            _check_second_order_memory(train, "--train", args.train)
+            if dev is not None:
+                _check_second_order_memory(dev, "--dev", args.dev)
         single_root = first.single_root if first is not None else bool(args.single_root)
         check_gold_trees(train, single_root, name=args.train)
         log = _log(args.quiet)
         start = time.perf_counter()
         if args.second_order:
-            from .second_order import SecondOrderParser
-
             epochs = 3 if args.epochs is None else args.epochs
             parser = SecondOrderParser(first, bits=args.bits, context=not args.no_context)
             parser.fit(train, epochs=epochs, seed=args.seed, dev=dev, progress=not args.quiet, log=log)
@@ -234,6 +255,8 @@ def run(args: argparse.Namespace) -> None:
         parser = _load(args.model)
         data = load_conllu(args.data)
         _require_scorable(data, "--data", args.data, args.punct)
+        if isinstance(parser, SecondOrderParser):
+            _check_second_order_memory(data, "--data", args.data)
         start = time.perf_counter()
         heads = _heads(parser, data, args)
         seconds = time.perf_counter() - start
@@ -255,6 +278,8 @@ def run(args: argparse.Namespace) -> None:
             data = parse_conllu(read_stdin("--input"), "<stdin>")
         else:
             data = load_conllu(args.input)
+        if isinstance(parser, SecondOrderParser):
+            _check_second_order_memory(data, "--input", args.input)
         heads = _heads(parser, data, args)
         if output is not None:
             write_conllu(data, output, heads)
@@ -271,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
 
     return betheproj_main(["parse", *(sys.argv[1:] if argv is None else argv)])
 
+
+BYTES_PER_CUBE = 32
+"""Peak memory of second-order decoding (or training) per entry of a sentence's ``(n + 1)^3`` tables, measured with
+``/usr/bin/time`` on one sentence (2026-11-27): 29 to 35 bytes at 150 and 300 words (float64 sibling and grandparent
+tables and the decoders' work)."""
 
 BYTES_PER_WEIGHT = 40
 """Peak memory of training per hashed weight, measured with ``/usr/bin/time`` on 30 sentences (2026-11-27):

@@ -525,3 +525,28 @@ def test_train_refuses_bits_beyond_this_machines_memory_before_training(models, 
     from betheproj.parsing.cli import _check_bits_memory
 
     _check_bits_memory(30)
+
+
+def test_a_sentence_too_long_for_second_order_decoding_in_this_memory_is_named(models, tmp_path, monkeypatch,
+                                                                                capsys):
+    """Second-order decoding holds dense (n + 1)^3 part tables: a sentence of 1,000 words (~32 GB) failed in torch's
+    allocator with a RuntimeError traceback (or ran the machine out of memory)."""
+    import betheproj.cli
+
+    monkeypatch.setattr(SecondOrderParser, "predict", _no_training)
+    monkeypatch.setattr(SecondOrderParser, "fit", _no_training)
+    monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: 2 ** 30)          # a 1 GB machine
+    long = tmp_path / "long.conllu"
+    long.write_text(_conllu([0, 1], [0] + [1] * 399))                               # 400 words: ~2.1 GB
+    for args, option in ((["eval", "--model", str(models["second"]), "--data", str(long)], "--data"),
+                         (["predict", "--model", str(models["second"]), "--input", str(long)], "--input"),
+                         (["train", "--train", str(models["train"]), "--dev", str(long), "--second-order",
+                           str(models["first"]), "--model", str(tmp_path / "m.pt")], "--dev")):
+        assert main([*args, "--quiet"]) == 2, args
+        assert _one_error_line(capsys) == (
+            f"betheproj parse: error: {option} {long}:4: a sentence of 400 words needs about 2.1 GB of memory in "
+            "second-order decoding (its (n + 1)^3 sibling and grandparent tables), more than this machine's 1.1 GB; "
+            "split it, or parse with an arc-factored model\n")
+    assert not (tmp_path / "m.pt").exists()
+    assert main(["eval", "--model", str(models["first"]), "--data", str(long), "--quiet"]) == 0     # arc-factored
+    capsys.readouterr()
