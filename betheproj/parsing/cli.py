@@ -98,8 +98,8 @@ def _positive(value: int, name: str) -> None:
 
 def _output_path(value: str, option: str, inputs: dict[str, str | None]) -> Path:
     """``value`` checked, before any work, to be a file ``option`` can write: its folder exists, is a folder and
-    takes a new file (probed), and it is not itself a folder, nor the file of one of the ``inputs`` (option -> path,
-    ``None`` where not given), which writing would overwrite."""
+    takes a new file (probed; not for an existing pipe or device), and it is not itself a folder, nor the file of one
+    of the ``inputs`` (option -> path, ``None`` where not given), which writing would overwrite."""
     import os
 
     from .._files import check_writable
@@ -112,6 +112,8 @@ def _output_path(value: str, option: str, inputs: dict[str, str | None]) -> Path
     for name, path in inputs.items():
         if path not in (None, "-") and out.exists() and Path(path).exists() and os.path.samefile(out, path):
             raise ValueError(f"{option} {out} is the {name} file {path}; writing there would overwrite it")
+    if out.exists() and not out.is_file():      # a pipe or a device (bash's >(...), /dev/stdout): written in place,
+        return out                               # not created in its folder (/dev/fd takes no new file)
     folder = out.parent
     if not folder.exists():
         raise FileNotFoundError(f"the folder of {option} {out} does not exist")

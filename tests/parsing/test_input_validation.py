@@ -3,8 +3,10 @@ that are not trees, dev / eval data with nothing to score, empty input to second
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+import os
 import warnings
 
 import numpy as np
@@ -104,6 +106,26 @@ def test_a_model_is_not_written_over_the_data_or_the_output_over_the_model(model
         assert main([*args, "--quiet"]) == 2, args
         assert f"betheproj parse: error: {message}" in _one_error_line(capsys)
     assert data.read_bytes() == models["train"].read_bytes() and model.read_bytes() == models["first"].read_bytes()
+
+
+def test_predict_writes_to_a_pipe_or_device_given_as_output(models, capsys):
+    """'--output /dev/fd/N' (bash's >(...)) or '--output /dev/stdout' was refused: the check probed the folder
+    (/dev/fd takes no new file) although a pipe or a device is written in place."""
+    read, write = os.pipe()
+    try:
+        assert main(["predict", "--model", str(models["first"]), "--input", str(models["train"]), "--quiet",
+                     "--output", f"/dev/fd/{write}"]) == 0
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            written = pipe.read()
+    finally:
+        for fd in (read, write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    assert written.count("\n") == models["train"].read_text().count("\n")
+    assert main(["predict", "--model", str(models["first"]), "--input", str(models["train"]), "--quiet",
+                 "--output", os.devnull]) == 0
+    capsys.readouterr()
 
 
 def test_train_checks_the_model_folder_is_writable_before_training(models, tmp_path, monkeypatch, capsys):
