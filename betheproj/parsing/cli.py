@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     pred.add_argument("--model", required=True, metavar="M", help="a model written by 'parse train'")
     pred.add_argument("--input", required=True, metavar="FILE",
                       help="CoNLL-U input (FORM, LEMMA, UPOS used; - for standard input)")
-    pred.add_argument("--output", metavar="FILE", help="output CoNLL-U (default: standard output)")
+    pred.add_argument("--output", metavar="FILE", help="output CoNLL-U (default, or -: standard output)")
     _decoding_options(pred)
     return parse
 
@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> None:
               f"parsed {words} words in {seconds:.2f}s ({words / max(seconds, 1e-9):.0f} words/s)")
     elif args.parse_command == "predict":
         _positive(args.batch_size, "--batch-size")
-        output = _output_path(args.output, "--output", {"--model": args.model}) if args.output is not None else None
+        output = None if args.output in (None, "-") else _output_path(args.output, "--output", {"--model": args.model})
         parser = _load(args.model)
         if args.input == "-":
             from .._files import read_stdin

@@ -128,6 +128,16 @@ def test_predict_writes_to_a_pipe_or_device_given_as_output(models, capsys):
     capsys.readouterr()
 
 
+def test_predict_writes_standard_output_for_a_dash(models, tmp_path, monkeypatch, capsys):
+    """'--input -' reads standard input, but '--output -' wrote a file named '-' in the working folder."""
+    monkeypatch.chdir(tmp_path)
+    base = ["predict", "--model", str(models["first"]), "--input", str(models["train"]), "--quiet"]
+    assert main(base) == 0
+    to_stdout = capsys.readouterr().out
+    assert main([*base, "--output", "-"]) == 0
+    assert capsys.readouterr().out == to_stdout and not (tmp_path / "-").exists()
+
+
 def test_train_checks_the_model_folder_is_writable_before_training(models, tmp_path, monkeypatch, capsys):
     import errno
     import os
