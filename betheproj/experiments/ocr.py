@@ -267,6 +267,11 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     result = FoldResult(fold)
     median = median_bandwidth(x, n, seed=config.seed)
     fixed = config.bandwidth is not None
+    kernel_rows = ("Lu-mm", "Lw-mm", "55class")
+    if not fixed and not median > 0 and any(r in rows for r in kernel_rows):     # 0, or NaN for one letter
+        raise ValueError(f"fold {fold}: the training letters are mostly identical or fewer than two (their median "
+                         f"distance, which scales the RBF bandwidth of the {', '.join(kernel_rows[:-1])} and "
+                         f"{kernel_rows[-1]} rows, is {median}): leave those rows out")
     result.bandwidth = config.bandwidth if fixed else config.bandwidth_scale * median
     classifier_bandwidth = config.bandwidth if fixed else config.classifier_bandwidth_scale * median
 

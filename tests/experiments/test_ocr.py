@@ -92,6 +92,23 @@ def write_synthetic_npz(path: Path, folds: int = 3, seed: int = 0) -> None:
              word_fold=(torch.arange(len(lengths)) % folds).numpy(), word_len=lengths.numpy())
 
 
+@pytest.mark.parametrize("row", ["Lu-mm", "Lw-mm", "55class"])
+def test_training_letters_mostly_identical_are_named_before_the_fold_trains(tmp_path, monkeypatch, row):
+    """Their median distance, which scales the RBF bandwidth, is 0 (NaN for a single letter): the mean-map rows failed
+    with "bandwidth must be a finite number > 0, got 0.0" after the fold's other rows had trained."""
+    def trains(*args, **kwargs):
+        raise AssertionError("the fold was trained")
+
+    write_synthetic_npz(tmp_path / "ocr_letters.npz")
+    data = load_ocr(tmp_path)
+    data.pixels.zero_()
+    monkeypatch.setattr(ocr, "fit_crf", trains)
+    with pytest.raises(ValueError, match=r"^fold 0: the training letters are mostly identical or fewer than two "
+                                         r"\(their median distance, which scales the RBF bandwidth of the Lu-mm, "
+                                         r"Lw-mm and 55class rows, is 0.0\): leave those rows out$"):
+        ocr.run(data, [0], ["2gram", row])
+
+
 def test_run_on_synthetic_data_every_row(tmp_path):
     write_synthetic_npz(tmp_path / "ocr_letters.npz")
     data = load_ocr(tmp_path)
