@@ -132,9 +132,29 @@ def sparse_potentials(weights: Tensor, examples: Sequence[SparseExample], num_fe
                       transitions: int | None = None) -> PairwisePotentials:
     """``theta = F(x)^T w`` for a batch: node [B, N_max, C_max] (labels past an example's ``C`` and forbidden parts
     get ``-inf``, positions past its length 0) and a shared edge table: the transition block ``[C, C]`` of ``w``
-    when ``transitions = C``, else all zeros ``[C_max, C_max]``."""
+    when ``transitions = C``, else all zeros ``[C_max, C_max]``.  ``weights`` [num_features + 1 (+ C^2)], as
+    :func:`fit_online` returns them."""
     if not examples:
         raise ValueError("no examples")
+    num_features = check_count("num_features", num_features)
+    if not isinstance(weights, Tensor) or weights.dim() != 1 or not weights.is_floating_point():
+        got = f"a {weights.dim()}-D {weights.dtype} tensor" if isinstance(weights, Tensor) else type(weights).__name__
+        raise TypeError(f"weights must be a 1-D floating-point tensor, got {got}")
+    need = num_features + 1 + (0 if transitions is None else check_count("transitions", transitions) ** 2)
+    if len(weights) < need or (transitions is not None and len(weights) != need):
+        what = "at least num_features + 1" if transitions is None else "num_features + 1 + transitions^2"
+        raise ValueError(f"weights must have {what} = {need} entries, got {len(weights)}")
+    for i, ex in enumerate(examples):
+        if not isinstance(ex, SparseExample):
+            raise TypeError(f"examples must be SparseExample, got {type(ex).__name__} at examples[{i}]")
+        _check_ids(ex, num_features)
+    return _sparse_potentials(weights, examples, num_features, transitions)
+
+
+def _sparse_potentials(weights: Tensor, examples: Sequence[SparseExample], num_features: int,
+                       transitions: int | None) -> PairwisePotentials:
+    """:func:`sparse_potentials` without its checks: ``fit_online`` checks its examples once, and hands a compact
+    example's local weights."""
     n_max = max(ex.ids.shape[0] for ex in examples)
     c_max = max(ex.ids.shape[1] for ex in examples)
     node = weights.new_zeros(len(examples), n_max, c_max)
@@ -213,11 +233,11 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
             t += 1
             ex = examples[i]
             if ex.table is None:
-                pot = sparse_potentials(w, [ex], num_features, transitions)
+                pot = _sparse_potentials(w, [ex], num_features, transitions)
             else:
                 local_w = w[ex.table]                         # the only gather from the big vector
-                pot = sparse_potentials(local_w, [SparseExample(ex.ids, ex.gold, ex.allowed)], num_features,
-                                        None)
+                pot = _sparse_potentials(local_w, [SparseExample(ex.ids, ex.gold, ex.allowed)], num_features,
+                                         None)
                 if transitions is not None:
                     pot = PairwisePotentials(pot.node, _edge(w, num_features, transitions, transitions), pot.lengths)
             lg = loss_and_gradient(oracle, pot, ex.gold[None], beta, gamma, cost, edge=transitions is not None)
