@@ -74,6 +74,19 @@ def _penalty(module: nn.Module | None, l2: float) -> Tensor | float:
     return 0.5 * l2 * sum((p * p).sum() for p in module.parameters() if p.requires_grad)
 
 
+def _check_valid_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor) -> None:
+    """The validation labels in the model's range at every valid position: one out of it only lowered the metric."""
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"valid's labels must be an integer tensor [B, N], got {labels.dtype}")
+    with torch.no_grad():
+        c = model.potentials(features[:1], lengths[:1]).node.shape[-1]     # the number of labels
+    inside = torch.arange(labels.shape[1], device=labels.device) < lengths[:, None]
+    bad = (inside & ((labels < 0) | (labels >= c))).any(1).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"valid's labels must lie in [0, {c}) at every position before the lengths (the model has "
+                         f"C={c} labels), got others in examples {bad[:10]}")
+
+
 class _Validator:
     """Evaluates ``metric`` on the validation set, keeps the best ``state_dict``, counts evaluations since."""
 
@@ -90,6 +103,7 @@ class _Validator:
             check_sequences(*valid)
             if valid[0].shape[0] == 0:
                 raise ValueError("valid holds no examples (B = 0)")
+            _check_valid_labels(model, *valid)
         self.model, self.valid, self.metric, self.patience, self.history = model, valid, metric, patience, history
         self.best_state: dict | None = None
         self.bad = 0

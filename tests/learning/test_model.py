@@ -389,6 +389,23 @@ def test_empty_training_data_is_refused(algorithm):
                                               valid=(x[:0], labels[:0], lengths[:0]))
 
 
+@pytest.mark.parametrize("algorithm", ["doubly_stochastic", "em"])
+def test_validation_labels_out_of_range_are_refused(algorithm):
+    # they only lowered the validation metric, which then stopped training early or kept the wrong state
+    x, labels, lengths = _ocr_like(b=8)
+    bad = labels.clone()
+    bad[3, 0] = 4                                                    # C = 4 labels
+    with pytest.raises(ValueError, match=r"valid's labels must lie in \[0, 4\) .* examples \[3\]"):
+        NonLocalCRF(LinearChainCRF(6, 4)).fit(x, labels, lengths, algorithm=algorithm, valid=(x, bad, lengths))
+    with pytest.raises(TypeError, match="valid's labels must be an integer tensor"):
+        NonLocalCRF(LinearChainCRF(6, 4)).fit(x, labels, lengths, algorithm=algorithm,
+                                              valid=(x, labels.double(), lengths))
+    short = {"epochs": 1} if algorithm == "doubly_stochastic" else {"rounds": 1}
+    model = NonLocalCRF(LinearChainCRF(6, 4)).fit(x, labels, lengths, algorithm=algorithm,
+                                                  valid=(x, labels, lengths), **short)   # -1 past the lengths: fine
+    assert len(model.history_.valid) >= 1
+
+
 def test_counts_are_checked_and_named():
     x, labels, lengths = _ocr_like(b=8)
     model = NonLocalCRF(LinearChainCRF(6, 4))
