@@ -171,7 +171,18 @@ def structured_loss(oracle: Oracle, potentials: PairwisePotentials, gold: Tensor
     else:
         value = log_partition(oracle, aug) / beta
     value = value - gold_score
-    return value if q is None else value + q
+    value = value if q is None else value + q
+    _check_finite_loss(value.detach(), beta)
+    return value
+
+
+def _check_finite_loss(value: Tensor, beta: float) -> None:
+    """A loss past the dtype's range (a tiny ``beta`` divides the log-partition): refuse it, as the oracles refuse
+    potentials whose log-partition overflows, rather than train on ``inf``."""
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"the loss overflows {value.dtype} for examples "
+                         f"{(~torch.isfinite(value)).nonzero().flatten().tolist()[:10]}: beta = {beta!r} divides "
+                         f"the log-partition; use a larger beta, or float64 potentials")
 
 
 @dataclass
@@ -231,4 +242,5 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
                 g_edge = mu_edge - _edge_indicators(potentials, y, parents, potentials.shared_edge, pairwise)
         if q is not None:
             value = value + q
+    _check_finite_loss(value, beta)
     return LossGradient(value, g_node, g_edge, prediction)

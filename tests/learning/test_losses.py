@@ -317,3 +317,18 @@ def test_dependency_losses_have_a_zero_edge_gradient(oracle, loss, shared):
     assert torch.allclose(lg.loss, value.detach(), atol=1e-12)
     assert torch.allclose(lg.node, g_node, atol=1e-9)
     assert torch.allclose(lg.node, loss_and_gradient(oracle, pot, gold, loss=loss, edge=False).node, atol=0)
+
+
+@pytest.mark.parametrize("dtype, beta", [(torch.float32, 1e-300), (torch.float64, 1e-320)])
+def test_a_loss_past_the_dtypes_range_is_refused(dtype, beta):
+    # log Z / beta overflowed to inf with a tiny beta (the oracles refuse an overflowing log-partition)
+    gen = torch.Generator().manual_seed(0)
+    pot = bp.ChainPotentials(torch.randn(2, 4, 3, generator=gen, dtype=dtype), torch.randn(3, 3, generator=gen,
+                                                                                             dtype=dtype))
+    gold = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=rf"the loss overflows {dtype} for examples \[0, 1\]: beta = "):
+        structured_loss(bp.LinearChain(), pot, gold, beta=beta, gamma=0.0)
+    with pytest.raises(ValueError, match=rf"the loss overflows {dtype}"):
+        loss_and_gradient(bp.LinearChain(), pot, gold, beta=beta, gamma=0.0)
+    big = structured_loss(bp.LinearChain(), pot, gold, beta=1e-30, gamma=0.0)   # in range: (1/beta) log |Y| and up
+    assert bool(torch.isfinite(big).all()) and float(big.min()) >= 1e30 * math.log(3 ** 4) * (1 - 1e-6)
