@@ -119,6 +119,11 @@ class Energy:
             return NotImplemented
         return EnergySum([self, other])
 
+    def __radd__(self, other: object) -> Energy:
+        if type(other) is int and other == 0:            # sum(energies) starts from 0
+            return self
+        return NotImplemented
+
     def __mul__(self, w: float | Tensor) -> Energy:
         return Scaled(self, w)
 

@@ -216,6 +216,9 @@ def test_sum_and_scale():
     g = total.grad(mu)
     ref = autograd_gradient(total, mu)
     assert torch.allclose(g.node * mu.node_mask()[..., None], ref.node * mu.node_mask()[..., None], atol=1e-10)
+    built = sum([es["poisson"], 2.0 * es["linear-counts"], es["mean-field"]])     # Python's sum starts from 0
+    assert isinstance(built, bp.energies.EnergySum) and torch.equal(built.value(mu), total.value(mu))
+    assert sum([es["poisson"]]) is es["poisson"]
 
 
 def test_user_energy_by_autograd_uses_edges_only_when_read():
@@ -393,6 +396,9 @@ def test_energy_algebra_and_wrappers_check_their_arguments():
     e = LinearMeasurements(node=torch.ones(1, 3, dtype=DT), loss="squared")
     with pytest.raises(TypeError, match="unsupported operand"):
         e + 3
+    for other in (3, 0.0, False, torch.tensor(0)):                  # only the int 0 that sum() starts from
+        with pytest.raises(TypeError, match="unsupported operand"):
+            other + e
     with pytest.raises(TypeError, match="terms must be Energy instances"):
         bp.energies.EnergySum([e, 3])
     with pytest.raises(ValueError, match="terms must hold at least one Energy"):
