@@ -1,21 +1,23 @@
 """File helpers shared by the command line and the model writers: a folder's writability, probed before long work,
-``torch.save`` with its failures reported as an ``OSError`` naming the file (and ``torch.load`` with a file it cannot
-read as a ``ValueError`` naming it), results written as strict JSON, and standard input read as UTF-8 text
-(for a ``-`` given as an input file).
+files written atomically (a failed write leaves the earlier file), ``torch.save`` with its failures reported as an
+``OSError`` naming the file (and ``torch.load`` with a file it cannot read as a ``ValueError`` naming it), results
+written as strict JSON, and standard input read as UTF-8 text (for a ``-`` given as an input file).
 
 Imports nothing heavy at module level (the command line uses :func:`check_writable` before loading torch)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["check_writable", "read_stdin", "torch_load", "torch_save", "write_json"]
+__all__ = ["check_writable", "read_stdin", "torch_load", "torch_save", "write_atomically", "write_json"]
 
 
 def check_writable(folder: str | Path, what: str) -> None:
@@ -41,24 +43,64 @@ def _finite_or_null(obj: object) -> object:
     return obj
 
 
+def write_atomically(path: str | Path, write: Callable[[str], None]) -> None:
+    """``write(name)`` into a new file beside ``path``, renamed over ``path`` once written: a write that fails (a
+    full disk, an interrupt) leaves ``path`` as it was, never half-written, and leaves no file behind.  A symbolic
+    link is written through (its target replaced); an existing pipe or device is written in place.  The file gets
+    the permissions a new file gets (``0o666`` less the umask).  A folder that takes no new file is an ``OSError``
+    naming ``path``."""
+    if os.path.exists(path) and not os.path.isfile(path):      # through links: /dev/fd/N names a pipe
+        write(str(path))
+        return
+    target = Path(os.path.realpath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(path)) from None
+    os.close(fd)
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename == tmp:        # name the file asked for, not the part file
+            raise OSError(err.errno, err.strerror, str(path)) from None
+        raise
+
+
 def write_json(path: str | Path, obj: object) -> None:
-    """Write ``obj`` to ``path`` as strict JSON (indented): a NaN or infinite float becomes ``null``, since
-    ``json.dumps`` would write the bare ``NaN``/``Infinity`` that JSON does not allow and other readers reject."""
-    Path(path).write_text(json.dumps(_finite_or_null(obj), indent=1, allow_nan=False))
+    """Write ``obj`` to ``path`` (atomically: :func:`write_atomically`) as strict JSON (indented): a NaN or infinite
+    float becomes ``null``, since ``json.dumps`` would write the bare ``NaN``/``Infinity`` that JSON does not allow
+    and other readers reject."""
+    text = json.dumps(_finite_or_null(obj), indent=1, allow_nan=False)
+    write_atomically(path, lambda name: Path(name).write_text(text))
 
 
 def torch_save(obj: object, path: str | Path) -> None:
-    """``torch.save(obj, path)``; a file that cannot be written (``torch.save`` raises ``RuntimeError`` for a missing
-    or read-only folder, a full disk) is an ``OSError`` naming ``path``."""
+    """``torch.save(obj, path)``, atomically (:func:`write_atomically`: a failed write leaves an earlier file at
+    ``path`` as it was); a file that cannot be written (``torch.save`` raises ``RuntimeError`` for a read-only
+    folder, a full disk; a missing folder) is an ``OSError`` naming ``path``."""
     import torch
 
+    def save(name: str) -> None:
+        try:
+            torch.save(obj, name)
+        except RuntimeError as err:
+            text = str(err)
+            found = re.search(r"strerror: (.+)", text)
+            reason = found.group(1).strip() if found else (text.strip().splitlines() or ["unknown error"])[-1]
+            raise OSError(f"cannot write {path} ({reason})") from None
+
     try:
-        torch.save(obj, path)
-    except RuntimeError as err:
-        text = str(err)
-        found = re.search(r"strerror: (.+)", text)
-        reason = found.group(1).strip() if found else (text.strip().splitlines() or ["unknown error"])[-1]
-        raise OSError(f"cannot write {path} ({reason})") from None
+        write_atomically(path, save)
+    except OSError as err:
+        if err.filename is None:
+            raise
+        raise OSError(f"cannot write {path} ({err.strerror or err})") from None
 
 
 def torch_load(path: str | Path, what: str, **options: object) -> object:

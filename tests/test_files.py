@@ -45,3 +45,78 @@ def test_write_json_writes_non_finite_floats_as_null(tmp_path):
     write_json(path, {"gap": float("nan"), "rows": [1.5, float("inf"), (2, -float("inf"))], "name": "x"})
     assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
     assert json.loads(path.read_text()) == {"gap": None, "rows": [1.5, None, [2, None]], "name": "x"}
+
+
+def test_write_atomically_leaves_the_earlier_file_when_a_write_fails(tmp_path):
+    # a full disk or an interrupt part-way left a half-written model, results file or CoNLL-U output
+    path = tmp_path / "results.json"
+    path.write_text("earlier")
+
+    def half(name):
+        with open(name, "w") as f:
+            f.write("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
+
+    with pytest.raises(OSError, match=f"No space left on device: '{path}'"):      # named as asked, not the part
+        _files.write_atomically(path, half)
+    assert path.read_text() == "earlier" and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _files.write_atomically(path, interrupted)
+    assert path.read_text() == "earlier" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_write_atomically_permissions_links_and_missing_folders(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        _files.write_atomically(tmp_path / "new.txt", lambda name: open(name, "w").write("x"))
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "new.txt").stat().st_mode & 0o777 == 0o644          # as a plain open() makes it, not 0o600
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("old")
+    link.symlink_to(target)
+    _files.write_atomically(link, lambda name: open(name, "w").write("new"))
+    assert link.is_symlink() and target.read_text() == "new"                # written through the link
+    with pytest.raises(OSError, match=f"No such file or directory: '{tmp_path / 'missing' / 'x.json'}'"):
+        _files.write_json(tmp_path / "missing" / "x.json", {"a": 1})
+
+
+def test_torch_save_and_write_conllu_keep_the_earlier_file_when_a_write_fails(tmp_path, monkeypatch):
+    from betheproj.data.conllu import parse_conllu, write_conllu
+
+    model = tmp_path / "m.pt"
+    torch_save({"a": 1}, model)
+    before = model.read_bytes()
+
+    def full_disk(obj, f, *args, **kwargs):                                 # what torch.save says on a full disk
+        open(f, "wb").write(b"PK half")
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match=f"cannot write {model}"):
+        torch_save({"a": 2}, model)
+    assert model.read_bytes() == before and len(list(tmp_path.iterdir())) == 1
+    monkeypatch.undo()
+
+    sentences = parse_conllu("1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n\n")
+    for name in ("out.conllu", "out.conllu.gz"):
+        out = tmp_path / name
+        write_conllu(sentences, out)
+        before = out.read_bytes()
+
+        def no_space(*args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr("pathlib.Path.write_text", no_space)
+        monkeypatch.setattr("gzip.compress", no_space)
+        with pytest.raises(OSError, match=f"No space left on device: '{out}'"):
+            write_conllu(sentences, out, [[0]])
+        monkeypatch.undo()
+        assert out.read_bytes() == before
+        from betheproj.data.conllu import read_conllu
+        assert read_conllu(out)[0].words[0][1] == "Hi"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "out.conllu", "out.conllu.gz"]

@@ -20,6 +20,8 @@ from typing import TextIO
 
 import numpy as np
 
+from .._files import write_atomically
+
 __all__ = ["Sentence", "parse_conllu", "read_conllu", "load_conllu", "format_conllu", "write_conllu", "head_cycle"]
 
 _COLUMNS = 10
@@ -317,12 +319,15 @@ def write_conllu(sentences: Iterable[Sentence], target: str | Path | TextIO,
     text = format_conllu(sentences)
     if isinstance(target, str | Path):
         path = Path(target)
-        try:
-            if path.suffix == ".gz":
-                with gzip.open(path, "wt", encoding="utf-8") as f:
-                    f.write(text)
+
+        def write(name: str) -> None:
+            if path.suffix == ".gz":                # no file name in the header (gzip.open would store the part's)
+                Path(name).write_bytes(gzip.compress(text.encode("utf-8")))
             else:
-                path.write_text(text, encoding="utf-8")
+                Path(name).write_text(text, encoding="utf-8")
+
+        try:
+            write_atomically(path, write)       # a failed write leaves an earlier file at path as it was
         except OSError as err:
             if err.filename is not None:
                 raise
