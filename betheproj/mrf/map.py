@@ -157,6 +157,8 @@ def _lbp_numpy(mrf: PairwiseMRF, damping: float, tol: float, max_iter: int
             if np.isposinf(new).any():                     # inf - inf below: NaN beliefs read as "converged"
                 raise ValueError("node plus edge scores overflow float64 in a message: rescale the potentials")
             new = _normalise_rows(new) if exact_inf else new - new.max(axis=1, keepdims=True)
+            if not exact_inf and not np.isfinite(new).all():  # finite potentials: a -inf or NaN is an overflow below
+                raise ValueError("node plus edge scores overflow float64 in a message: rescale the potentials")
             if damping > 0.0:                              # exact zeros are kept (see factor_graphs.bp)
                 new = _normalise_rows(np.where(np.isneginf(new), -np.inf, np.logaddexp(log_keep + new, log_mix + msg)))
             d = np.abs(new - msg)

@@ -151,3 +151,16 @@ def test_lbp_names_message_scores_beyond_float64():
     mrf = PairwiseMRF([2, 2], [(0, 1)], [np.array([-np.inf, big]), np.zeros(2)], [np.array([[0.0, 0.0], [0.0, big]])])
     with pytest.raises(ValueError, match="overflow float64 in a message"):
         lbp_map(mrf)                                                # the path that tracks -inf exactly
+
+
+def test_lbp_names_message_scores_below_float64():
+    """Finite scores whose sums fell below -float64's range became -inf on the path that assumes finite messages:
+    a message row all -inf (-inf - -inf = NaN after normalising) or one -inf entry (NaN cavities next iteration);
+    the NaN change counted as 0 and the run "converged" with NaN beliefs and labels [0, 0]."""
+    big = 1e308
+    row = PairwiseMRF([2, 2], [(0, 1)], [np.array([-big, -big]), np.array([0.0, 1.0])], [np.full((2, 2), -big)])
+    entry = PairwiseMRF([2, 2], [(0, 1)], [np.array([0.0, -big]), np.zeros(2)],
+                        [np.array([[big, -big], [-big, -big]])])
+    for mrf in (row, entry):
+        with pytest.raises(ValueError, match="overflow float64 in a message"):
+            lbp_map(mrf)
