@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_count, check_positive, check_seed
+from .._checks import check_bool, check_count, check_positive, check_seed
 from ..mrf.bounds import lp_margin_bounds, lp_radius_bounds
 from ..mrf.linear import LinearPairwiseMRF
 from ..mrf.map import exact_map, lbp_map, lp_map
@@ -165,6 +165,8 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
     if not callable(map_fn):
         raise TypeError(f"map_fn must be callable (x, w) -> prediction, got {type(map_fn).__name__}")
     epochs, step = check_count("epochs", epochs), check_positive("step", step)
+    averaged, shuffle = check_bool("averaged", averaged), check_bool("shuffle", shuffle)
+    stop_when_separated = check_bool("stop_when_separated", stop_when_separated)
     feat = features or _default_features
     if initial is not None:
         w = np.array(initial, dtype=np.float64)

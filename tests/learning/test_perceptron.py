@@ -159,3 +159,14 @@ def test_mistake_bound_without_a_positive_margin_is_infinite():
     for g_lo, g_hi in [(-1.0, 0.0), (-2.3, -2.3)]:     # used to divide by zero / give a finite 4.69
         bound = MistakeBound(g_lo, g_hi, 5.0, 5.8)
         assert bound.bound_lower == float("inf") and bound.bound_upper == float("inf")
+
+
+def test_flags_must_be_bools():
+    """shuffle="no" shuffled (a non-empty string is truthy), averaged=1 averaged: flags are bools, as elsewhere."""
+    model = triangle_model((4.0, 3.0, 3.0))
+    ok = [(model, np.array([1, 0, 0]))]
+    for flag in ("averaged", "shuffle", "stop_when_separated"):
+        with pytest.raises(TypeError, match=f"{flag} must be a bool"):
+            structured_perceptron(ok, mrf_map("exact"), num_features=3, **{flag: "no"})
+    assert structured_perceptron(ok, mrf_map("exact"), num_features=3, shuffle=np.bool_(True), seed=0).converged
+
