@@ -201,10 +201,18 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
             labels = _as_labels(z)
             wrong = labels is None or labels.shape != golds[k].shape or bool(np.any(labels != golds[k]))
             if wrong:
-                delta = feat(x, golds[k]) - feat(x, z)
-                if delta.shape != w.shape:
-                    raise ValueError(f"features returned shape {delta.shape}, the weights have {w.shape}")
-                w = w + step * delta
+                phi_gold, phi_z = (np.asarray(feat(x, v), dtype=np.float64) for v in (golds[k], z))
+                if not (np.isfinite(phi_gold).all() and np.isfinite(phi_z).all()):
+                    raise ValueError(f"features returned non-finite values for examples[{k}]")
+                if phi_gold.shape != w.shape or phi_z.shape != w.shape:
+                    shape = phi_gold.shape if phi_gold.shape != w.shape else phi_z.shape
+                    raise ValueError(f"features returned shape {shape}, the weights have {w.shape}")
+                with np.errstate(over="ignore", invalid="ignore"):
+                    delta = phi_gold - phi_z
+                    w = w + step * delta
+                if not np.isfinite(w).all():
+                    raise ValueError(f"the weights overflow float64 after an update on examples[{k}]: rescale the "
+                                     "features or the step")
                 updates.append(delta)
                 update_examples.append(int(k))
                 fractional += labels is None

@@ -170,3 +170,18 @@ def test_flags_must_be_bools():
             structured_perceptron(ok, mrf_map("exact"), num_features=3, **{flag: "no"})
     assert structured_perceptron(ok, mrf_map("exact"), num_features=3, shuffle=np.bool_(True), seed=0).converged
 
+
+def test_non_finite_features_or_weights_are_refused():
+    """A features() giving NaN or inf, or an update overflowing the weights, left NaN/inf weights in the result
+    (and every later prediction read them) without a word."""
+    model = triangle_model((4.0, 3.0, 3.0))
+    ok = [(model, np.array([1, 0, 0]))]
+    wrong = lambda x, w: np.array([0, 0, 0])                        # noqa: E731
+    with pytest.raises(ValueError, match="features returned non-finite values"):
+        structured_perceptron(ok, wrong, features=lambda x, z: np.array([np.nan, 0.0, 0.0]), num_features=3)
+    with pytest.raises(ValueError, match="features returned non-finite values"):
+        structured_perceptron(ok, wrong, features=lambda x, z: np.array([np.inf, 0.0, 0.0]), num_features=3)
+    huge = lambda x, z: np.array([1e308 if z[0] == 1 else -1e308, 0.0, 0.0])  # noqa: E731
+    with pytest.raises(ValueError, match="the weights overflow float64"):
+        structured_perceptron(ok, wrong, features=huge, num_features=3)
+
