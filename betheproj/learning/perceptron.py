@@ -169,7 +169,10 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
     stop_when_separated = check_bool("stop_when_separated", stop_when_separated)
     feat = features or _default_features
     if initial is not None:
-        w = np.array(initial, dtype=np.float64)
+        try:
+            w = np.array(_as_array(initial), dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"initial must be a 1-D vector of weights, got {type(initial).__name__}") from err
         if w.ndim != 1 or not np.isfinite(w).all():
             raise ValueError(f"initial must be a finite 1-D weight vector, got shape {w.shape}")
         if num_features is not None and w.shape != (check_count("num_features", num_features),):

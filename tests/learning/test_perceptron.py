@@ -185,3 +185,10 @@ def test_non_finite_features_or_weights_are_refused():
     with pytest.raises(ValueError, match="the weights overflow float64"):
         structured_perceptron(ok, wrong, features=huge, num_features=3)
 
+
+def test_initial_that_is_no_vector_of_numbers_is_named():
+    model = triangle_model((4.0, 3.0, 3.0))
+    ok = [(model, np.array([1, 0, 0]))]
+    for bad in ("abc", [1.0, None, 2.0], {"w": 1}):
+        with pytest.raises((TypeError, ValueError), match="initial must be"):
+            structured_perceptron(ok, mrf_map("exact"), initial=bad)
