@@ -30,6 +30,14 @@ def _unit_vector(w: np.ndarray, name: str) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
+def _norms(x: np.ndarray) -> np.ndarray:
+    """``||x||_2`` along the last axis, scaled by ``max |x|`` first, as in :func:`_unit_vector` (the squares of
+    feature differences overflow beyond ~1e154 and underflow to 0 below ~1e-154)."""
+    top = float(np.abs(x).max(initial=0.0))
+    v = x / top if top > 0.0 else x
+    return np.sqrt((v ** 2).sum(-1)) * top
+
+
 @dataclass
 class LocalPolytope:
     """``{z >= 0 : sum_y mu_i(y) = 1, sum_{y_j} mu_e(y_i, y_j) = mu_i(y_i), sum_{y_i} mu_e(y_i, y_j) = mu_j(y_j)}``
@@ -150,14 +158,14 @@ def lp_radius_bounds(model: LinearPairwiseMRF, gold: Sequence[int] | np.ndarray,
     y = model.structure.check_labelling(gold, "gold")
     feats = model.all_features(max_configurations)
     diff = feats - feats[tuple(y)]
-    lower = float(np.sqrt((diff ** 2).sum(-1)).max())
+    lower = float(_norms(diff).max())
     poly = LocalPolytope.of(model)
     f = model.feature_matrix()
     zi = model.structure.one_hot(y).stack()
-    r2 = 0.0
+    r = np.zeros(model.num_features)
     for k in range(model.num_features):
         base = float(f[k] @ zi)
         hi, _ = poly.maximize(f[k])
         lo, _ = poly.maximize(-f[k])
-        r2 += max(abs(hi - base), abs(-lo - base)) ** 2
-    return lower, float(np.sqrt(r2))
+        r[k] = max(abs(hi - base), abs(-lo - base))
+    return lower, float(_norms(r))

@@ -57,3 +57,17 @@ def test_margin_bounds_depend_on_the_direction_of_w_only():
         assert lp_margin_bounds(model, [1, 1], [scale, scale]) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="w must be a non-zero vector"):
         lp_margin_bounds(model, [1, 1], [0.0, 0.0])
+
+
+def test_radius_bounds_scale_with_the_features():
+    """||Phi(z_i) - Phi(z)|| was formed from squares: features of 1e160 raised a bare OverflowError ('Numerical result
+    out of range'), and features of 1e-170 gave the radius bounds (0, 0)."""
+    def model(scale):
+        features = [np.array([[0.0, 0.0], [1.0, 0.0]]) * scale, np.array([[0.0, 0.0], [0.0, 1.0]]) * scale]
+        return LinearPairwiseMRF([2, 2], [(0, 1)], features)
+
+    expected = lp_radius_bounds(model(1.0), [1, 1])
+    assert expected == pytest.approx((2 ** 0.5, 2 ** 0.5), rel=1e-12)
+    for scale in (1e160, 1e-170, 1e-300, 1e300):
+        lower, upper = lp_radius_bounds(model(scale), [1, 1])
+        assert (lower / scale, upper / scale) == pytest.approx(expected, rel=1e-12)
