@@ -80,11 +80,11 @@ class MistakeBound:
 
     @property
     def bound_lower(self) -> float:
-        return self.radius_lower ** 2 / self.gamma_upper ** 2 if self.gamma_upper > 0 else float("inf")
+        return (self.radius_lower / self.gamma_upper) ** 2 if self.gamma_upper > 0 else float("inf")
 
     @property
     def bound_upper(self) -> float:
-        return self.radius_upper ** 2 / self.gamma_lower ** 2 if self.gamma_lower > 0 else float("inf")
+        return (self.radius_upper / self.gamma_lower) ** 2 if self.gamma_lower > 0 else float("inf")
 
 
 def _check_examples(examples: object) -> list[tuple[Any, Any]]:

@@ -192,3 +192,13 @@ def test_initial_that_is_no_vector_of_numbers_is_named():
     for bad in ("abc", [1.0, None, 2.0], {"w": 1}):
         with pytest.raises((TypeError, ValueError), match="initial must be"):
             structured_perceptron(ok, mrf_map("exact"), initial=bad)
+
+
+def test_mistake_bound_scales_with_the_features():
+    """R^2 / gamma^2 was formed from the squares: R, gamma of 1e160 raised OverflowError, of 1e-170
+    ZeroDivisionError (the squares underflow to 0); the bound depends on their ratio only."""
+    from betheproj.learning.perceptron import MistakeBound
+
+    for scale in (1e160, 1e-170, 1e300):
+        bound = MistakeBound(0.5 * scale, 1.0 * scale, 2.0 * scale, 3.0 * scale)
+        assert bound.bound_lower == pytest.approx(4.0) and bound.bound_upper == pytest.approx(36.0)
