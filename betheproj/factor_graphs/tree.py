@@ -194,24 +194,30 @@ class Tree(Factor):
         return out
 
     def _max_ratios(self, l: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """``MAX-MARG_{a,1} - MAX-MARG_{a,0}`` over the cavity (without ``l_a``), as the sum of the two best trees'
+        per-word score differences, not the difference of their totals: scores shared by both trees cancel exactly,
+        so an O(1) difference beside a huge score (an arc at 1e30) is kept (1e30 + 0.3 - (1e30 + 0.8) was 0)."""
         best, heads = self._best(base)
         if heads is None:
             return np.full(self.arity, np.nan)
+        words = np.arange(1, self.n + 1)
+        kept = base[heads[1:], words]                        # the best tree's score per word
         out = np.empty(self.arity)
         for k in range(self.arity):
             h, m = self._h[k], self._m[k]
             lk = l.copy()
-            if heads[m] == h:                                # best tree contains a: it is MAX-MARG_{a,1}
-                with_a = best - (l[k] if np.isfinite(l[k]) else 0.0)
-                lk[k] = -np.inf
-                s = self._scores(lk)
-                without_a = self._best(s)[0] if s is not None else -np.inf
-            else:                                           # best tree avoids a: it is MAX-MARG_{a,0}
-                without_a = best
-                lk[k] = np.inf
-                s = self._scores(lk)
-                with_a = self._best(s)[0] if s is not None else -np.inf
-            out[k] = with_a - without_a
+            contains = heads[m] == h                        # the best tree is MAX-MARG_{a,1} (else MAX-MARG_{a,0})
+            lk[k] = -np.inf if contains else np.inf
+            s = self._scores(lk)
+            other = self._best(s)[1] if s is not None else None
+            if other is None:
+                out[k] = np.inf if contains else -np.inf
+                continue
+            mine = kept.copy()
+            if contains:
+                mine[m - 1] = 0.0                           # the cavity leaves out a's own score l_a
+            diff = mine - s[other[1:], words]               # best tree minus the other one, word by word
+            out[k] = float(diff.sum()) if contains else -float(diff.sum())
         return out
 
     def _messages(self, incoming: list[np.ndarray], mode: str) -> list[np.ndarray]:

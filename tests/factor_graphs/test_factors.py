@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from betheproj.factor_graphs import IMPLY, NAND, OR, XOR, Dense, FactorGraph, OROut, Tree, XOROut
+from betheproj.factor_graphs import IMPLY, NAND, OR, XOR, Dense, FactorGraph, OROut, Tree, XOROut, belief_propagation
 
 from ._brute import PREDICATES, all_trees, allowed_set, assert_log_close, factor_reference, log_ratio, negate
 
@@ -327,3 +327,23 @@ def test_configs_are_integer_states_not_truncated_or_wrapped():
             f()
     assert XOR([0, 1]).allows([1, 0]) and XOR([0, 1]).allows(np.array([False, True]))
     assert Dense((0, 1), np.arange(6.0).reshape(2, 3)).log_potential([1, 2]) == 5.0
+
+
+def test_tree_max_product_keeps_small_differences_beside_a_huge_arc_score():
+    """Max-product TREE messages were the difference of two best trees' totals: beside an arc at 1e30 shared by both
+    trees, 1e30 + 0.3 - (1e30 + 0.8) came out 0, so arc (0, 1) tied with (2, 1) and BP decoded two heads for word 1
+    (no tree).  The messages now sum the trees' per-word differences."""
+    arcs = Tree.all_arcs(2)                                      # (0, 1), (0, 2), (1, 2), (2, 1)
+    tree = Tree(range(4), arcs)
+    for big in (1e3, 1e30):
+        l = np.array([0.3, big, -0.5, 0.8])
+        out = tree.ratio_messages(l, "max")
+        # the cavity of (0, 1) / (2, 1): the other head of word 1 with (0, 2) on; of (1, 2): word 1's best head
+        np.testing.assert_allclose(out[[0, 3]], [-0.8, -0.3], rtol=0, atol=1e-12)
+        assert out[2] == -np.inf or out[2] < -big / 2                  # (1, 2) forces out (0, 2)
+        g = FactorGraph([2] * 4)
+        for v in range(4):
+            g.set_unary(v, [0.0, l[v]])
+        g.add_factor(tree)
+        res = belief_propagation(g, "max")
+        assert res.decode().tolist() == [0, 1, 0, 1] and res.variable_beliefs[0][1] == pytest.approx(np.exp(-0.5))
