@@ -181,16 +181,24 @@ class Tree(Factor):
             out = np.log(p) - np.log1p(-p) - l                  # logit(MARG_a) - l_a
         refine = np.nonzero(~np.isfinite(l) | (np.minimum(p, 1.0 - p) < 1e-6))[0]
         if refine.size:
-            batch, empty = [], np.full_like(base, -np.inf)
+            batch, shifts, empty = [], [], np.full_like(base, -np.inf)
             for k in refine:
                 for clamp in (np.inf, -np.inf):                 # a forced on (score 0) / removed
                     lk = l.copy()
                     lk[k] = clamp
                     s = self._scores(lk)
-                    batch.append(empty if s is None else s)
+                    s = empty if s is None else s
+                    # every tree takes one arc into each word, so taking each word's best incoming score off its
+                    # column shifts log Z by their sum exactly; the two sums are then differenced word by word, so
+                    # a huge score both sides share cancels exactly (1e30 - 1.043 - 1e30 was 0, not -1.043)
+                    top = s.max(0)
+                    shift = np.where(np.isfinite(top), top, 0.0)
+                    batch.append(s - shift)
+                    shifts.append(shift)
             lz = self._matrix_tree(batch)[0].reshape(-1, 2)
+            shift = np.stack(shifts).reshape(-1, 2, self.n + 1)
             with np.errstate(invalid="ignore"):
-                out[refine] = lz[:, 0] - lz[:, 1]
+                out[refine] = lz[:, 0] - lz[:, 1] + (shift[:, 0] - shift[:, 1]).sum(-1)
         return out
 
     def _max_ratios(self, l: np.ndarray, base: np.ndarray) -> np.ndarray:

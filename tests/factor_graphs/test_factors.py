@@ -347,3 +347,18 @@ def test_tree_max_product_keeps_small_differences_beside_a_huge_arc_score():
         g.add_factor(tree)
         res = belief_propagation(g, "max")
         assert res.decode().tolist() == [0, 1, 0, 1] and res.variable_beliefs[0][1] == pytest.approx(np.exp(-0.5))
+
+
+def test_tree_sum_product_keeps_small_differences_beside_a_huge_arc_score():
+    """A clamped or near-certain arc's sum-product message is log Z(a on) - log Z(a off): beside an arc at 1e30 in
+    both, 1e30 - 1.043 - 1e30 came out 0.  Each word's best incoming score now comes off before the determinant, and
+    the two shifts are differenced word by word."""
+    tree = Tree(range(4), Tree.all_arcs(2))                      # (0, 1), (0, 2), (1, 2), (2, 1)
+    # (0, 1) on: {(0,1), (0,2)} at 1e30 beats {(0,1), (1,2)}; off: {(0,2), (2,1)} at 1e30 - 1.043 only
+    out = tree.ratio_messages([1e30, 1e30, -0.5685, -1.043], "sum")
+    np.testing.assert_allclose(out[:2], [1.043, 0.5685], rtol=1e-12)
+    assert out[2] == out[3] == -1e30                              # each excludes a 1e30 arc: 1e30 - 2e30
+    # (0, 1) on: lse(-800, -0.5685); off: -800 - 1.043.  (1, 2) on: 1e30; off: lse(1e30 - 800, -801.043)
+    out = tree.ratio_messages([1e30, -800.0, -0.5685, -1.043], "sum")
+    exact = np.logaddexp(-800.0, -0.5685) + 801.043
+    np.testing.assert_allclose(out[[0, 1, 2]], [exact, 0.5685, 800.0], rtol=1e-12)
