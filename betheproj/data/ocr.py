@@ -115,6 +115,11 @@ def _checked(file: Path, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, ...
         raise bad("word", f"must be a 1-D array of strings, got {words.ndim}-D {words.dtype}")
     if len(words) == 0:
         raise bad("word", "is empty")
+    if words.dtype.kind == "S":                 # bytes: as text (str() would give "b'word'")
+        try:
+            words = np.char.decode(words, "utf-8")
+        except UnicodeDecodeError as err:
+            raise bad("word", f"holds bytes that are not UTF-8 text ({err})") from None
     for key in ("word_fold", "word_len"):
         if len(ints[key]) != len(words):
             raise bad(key, f"has {len(ints[key])} entries, expected one per word (the {len(words)} of 'word')")

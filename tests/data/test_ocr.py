@@ -67,6 +67,15 @@ def test_a_consistent_tiny_archive_loads(tmp_path):
             load_ocr(tmp_path, dtype)
 
 
+def test_byte_string_words_load_as_text(tmp_path):
+    # the loader takes 'word' as bytes (dtype S) as well as str (U); str() of a NumPy bytes is "b'ab'"
+    np.savez(tmp_path / "ocr_letters.npz", **_tiny(word=np.array([b"ab", b"c"])))
+    assert load_ocr(tmp_path).words == ["ab", "c"]
+    np.savez(tmp_path / "bad.npz", **_tiny(word=np.array([b"ab", b"\xff"])))
+    with pytest.raises(ValueError, match=r"bad.npz: array 'word' .*UTF-8"):
+        load_ocr(tmp_path / "bad.npz")
+
+
 @pytest.mark.parametrize("changes, match", [
     ({"word_id": np.array([0, 0, 7])}, r"'word_id' must index the 2 words \(0..1\), got values in 0..7"),
     ({"word_len": np.array([1, 1])}, r"'position' must lie inside its word .* letter 1 has position 1 in word 0"),
