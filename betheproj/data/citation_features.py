@@ -114,8 +114,16 @@ class FeatureIndex:
         if not isinstance(state, dict):
             raise TypeError(f"a feature index state is a dict, got {type(state).__name__}")
         obj = cls.__new__(cls)
-        obj.features, obj.labels = dict(state["features"]), list(state["labels"])
-        obj.lexicon = {w: set(v) for w, v in state["lexicon"].items()}
+        try:
+            obj.features, obj.labels = dict(state["features"]), list(state["labels"])
+            obj.lexicon = {w: set(v) for w, v in state["lexicon"].items()}
+            if "O" not in obj.labels:                 # encode maps unseen labels to it
+                raise ValueError(f"labels must hold 'O', got {obj.labels[:5]}")
+        except KeyError as err:
+            raise ValueError(f"state: a malformed feature index state (it lacks {err})") from None
+        except (TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"state: a malformed feature index state ({type(err).__name__} reading 'features', "
+                             f"'labels' and 'lexicon': {err})") from None
         obj.label_ids = {label: i for i, label in enumerate(obj.labels)}
         return obj
 

@@ -103,3 +103,15 @@ def test_citations_need_one_path_and_one_label_per_token():
         for f, args in ((FeatureIndex, ()), (index.encode, ()), (citation_constraints, (["O", "B-title"],))):
             with pytest.raises(ValueError, match=r"citations\[1\] has \d tokens but \d paths and \d labels"):
                 f([good, bad], *args)
+
+
+def test_a_malformed_state_is_a_value_error_naming_the_state():
+    """from_state({}) was a bare KeyError 'features', and a label list without 'O' loaded and failed at encode
+    with a bare KeyError 'O'."""
+    good = parse_citation("<title> a b </title> <year> 2001 </year>")
+    state = FeatureIndex([good]).state()
+    assert FeatureIndex.from_state(state).encode([good])[1].tolist() == FeatureIndex([good]).encode([good])[1].tolist()
+    for bad, match in (({}, "lacks 'features'"), ({**state, "lexicon": None}, "'lexicon'"),
+                       ({**state, "labels": ["B-title"]}, "labels must hold 'O'")):
+        with pytest.raises(ValueError, match=f"state: a malformed feature index state .*{match}"):
+            FeatureIndex.from_state(bad)
