@@ -86,13 +86,28 @@ def encode_labels(citations: Sequence[Citation], labels: Sequence[str]) -> Tenso
                                             for cite in citations], batch_first=True, padding_value=-1)
 
 
+def _check_label_ids(label_ids: object, num_labels: int) -> Tensor:
+    """``label_ids``, which must be an integer tensor [B, N] of ids in ``0..num_labels - 1`` or ``-1`` (padding)."""
+    if not isinstance(label_ids, Tensor) or label_ids.dim() != 2 or label_ids.is_floating_point() \
+            or label_ids.is_complex() or label_ids.dtype == torch.bool:
+        got = f"{label_ids.dim()}-D {label_ids.dtype}" if isinstance(label_ids, Tensor) else type(label_ids).__name__
+        raise TypeError(f"label_ids must be an integer tensor [B, N] (-1 padding), got {got}")
+    if label_ids.numel() and (int(label_ids.min()) < -1 or int(label_ids.max()) >= num_labels):
+        raise ValueError(f"label_ids must lie in 0..{num_labels - 1} (the C={num_labels} labels) or be -1 (padding), "
+                         f"got values in {int(label_ids.min())}..{int(label_ids.max())}")
+    return label_ids.long()
+
+
 def _masses(vectors: Tensor, label_ids: Tensor) -> Tensor:
     """``vectors[k, y_i]`` [B, N, K] of label ids [B, N] (each position's mass on each vector), 0 at padding."""
+    label_ids = _check_label_ids(label_ids, vectors.shape[1])
     return vectors.t()[label_ids.clamp_min(0)] * (label_ids >= 0)[..., None].to(vectors)
 
 
 def label_counts(label_ids: Tensor, num_labels: int) -> Tensor:
     """``S(y)`` summed over positions: [B, C] counts of label ids [B, N] (``-1`` padding ignored)."""
+    num_labels = check_count("num_labels", num_labels)
+    label_ids = _check_label_ids(label_ids, num_labels)
     valid = label_ids >= 0
     out = torch.zeros(label_ids.shape[0], num_labels, dtype=torch.float64)
     return out.scatter_add_(1, label_ids.clamp_min(0), valid.double())

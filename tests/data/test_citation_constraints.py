@@ -209,3 +209,22 @@ def test_errors(cites):
     con = citation_constraints(cites, labels_of(cites))
     with pytest.raises(ValueError, match=r"counts must be label counts \[B, C="):
         con.violations(torch.zeros(len(labels_of(cites))))                         # 1-D: was [J], silently
+
+
+def test_label_ids_out_of_range_or_of_the_wrong_shape_are_refused(cites):
+    """An id past the labels was a bare RuntimeError/IndexError, -2 was read as padding, and one citation's ids
+    [N] (no batch dimension) gave order violations of shape [N], summed over the wrong axis."""
+    labels = labels_of(cites)
+    c = len(labels)
+    order = order_constraints(cites, labels, min_support=1, min_agreement=0.5)
+    formats = bigram_exclusions(cites, labels, min_support=1)
+    assert len(order) and len(formats.left)
+    for f in (lambda y: label_counts(y, c), order.violations, formats.counts, formats.violations):
+        for ids in (torch.tensor([[0, c]]), torch.tensor([[-2, 0]])):
+            with pytest.raises(ValueError, match=rf"label_ids must lie in 0..{c - 1} .* or be -1"):
+                f(ids)
+        for ids in (torch.tensor([0, 1]), torch.tensor([[0.0, 1.0]]), [[0, 1]]):
+            with pytest.raises(TypeError, match=r"label_ids must be an integer tensor \[B, N\]"):
+                f(ids)
+    ids = encode_labels(cites, labels)
+    assert label_counts(ids, c).sum().item() == sum(len(x.labels) for x in cites)
