@@ -31,6 +31,7 @@ from .._checks import (
     check_count,
     check_device,
     check_increasing_counts,
+    check_int,
     check_nonnegative,
     check_positive,
     check_real,
@@ -254,6 +255,7 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     the same random draws, which come from seeded CPU generators; the figures differ in rounding)."""
     config = config or OCRConfig()
     device = check_device("device", device)
+    fold = check_int("fold", fold)
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise ValueError(f"rows must be among {tuple(ROWS)}, got {unknown}")
@@ -326,6 +328,9 @@ def check_folds(data: OCRData, folds: Sequence[int], rows: Sequence[str] = ()) -
     leaves some to train on; with the 55-class row among ``rows``, unless each fold's words have lengths its training
     words have (its classes are the training words: a test word of another length has none, an error only met after
     the other rows)."""
+    if isinstance(folds, str) or not isinstance(folds, Sequence):
+        raise TypeError(f"folds must be a sequence of fold numbers (e.g. [0, 1]), got {type(folds).__name__} {folds!r}")
+    folds = [check_int(f"folds[{i}]", f) for i, f in enumerate(folds)]
     if not folds:
         raise ValueError("folds must name at least one fold")
     if len(set(folds)) != len(folds):

@@ -161,6 +161,16 @@ def test_bad_arguments():
         ocr.run(data, [0, 0], ["2gram"])                  # fold 0 trained and counted twice in the means
     with pytest.raises(ValueError, match="device must name a device such as 'cpu' or 'cuda', got 'gpu'"):
         ocr.run(data, [0], ["2gram"], device="gpu")
+    # a bare fold number was "'int' object is not iterable", a str fold an AttributeError on a bool, and
+    # True (== 1) was taken for fold 1
+    with pytest.raises(TypeError, match=r"folds must be a sequence of fold numbers .*got int 0"):
+        ocr.run(data, 0, ["2gram"])
+    for folds, name in (([True], r"folds\[0\]"), ([0, 1.0], r"folds\[1\]")):
+        with pytest.raises(TypeError, match=f"{name} must be an int"):
+            ocr.check_folds(data, folds)
+    for fold in ("0", 0.0):
+        with pytest.raises(TypeError, match="fold must be an int"):
+            ocr.run_fold(data, fold, rows=["2gram"])
 
 
 @pytest.mark.parametrize("field, value, error", [
