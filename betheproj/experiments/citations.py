@@ -45,7 +45,7 @@ from ..data.citation_constraints import (
     order_constraints,
 )
 from ..data.citation_features import FeatureIndex
-from ..data.citations import Citation, escape_tags, is_tag_name, tokenize_citation
+from ..data.citations import Citation, check_citations, escape_tags, is_tag_name, tokenize_citation
 from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
 from ..inference import decode
@@ -121,6 +121,10 @@ def _progress_log(log: Callable[[str], None] | None, text: str) -> None:
 def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citations: Sequence[Citation],
           encoded: tuple[Tensor, Tensor, Tensor], chunk_size: int = 256) -> tuple[float, list[list[str]]]:
     """Segment F1 (%) of ``model(features, lengths) -> label ids`` on ``citations``, and the predicted labels."""
+    citations = check_citations(citations, empty=False)
+    bare = next((i for i, c in enumerate(citations) if not c.tokens), None)
+    if bare is not None:
+        raise ValueError(f"citations[{bare}] has no tokens: every citation scored must hold one")
     x, _, n = encoded
     pred: list[list[str]] = [[] for _ in citations]
     with torch.no_grad():

@@ -61,6 +61,25 @@ def test_tag_strings_takes_a_list_of_lines():
         citations.tag_strings(["Jones, J. A title. 2005.", None], None, None)
 
 
+def test_f1_of_refuses_no_citations_and_citations_without_tokens():
+    """No citations was a bare RuntimeError from torch's max(); a citation without tokens a ValueError about the
+    oracle's lengths, naming no citation."""
+    from betheproj.data.citation_features import FeatureIndex
+    from betheproj.data.citations import Citation
+    from betheproj.learning import SparseChainCRF
+
+    cites = [parse_citation("<a> x y </a> <b> z </b>"), parse_citation("<b> z w </b> <a> q </a>")]
+    index = FeatureIndex(cites)
+    predict = citations.viterbi_predictor(SparseChainCRF(index.num_features, len(index.labels)).double())
+    f1, pred = citations.f1_of(predict, index, cites, index.encode(cites))
+    assert 0 <= f1 <= 100 and [len(p) for p in pred] == [3, 3]
+    with pytest.raises(ValueError, match="citations must not be empty"):
+        citations.f1_of(predict, index, [], index.encode([]))
+    bad = [cites[0], Citation([], [], [])]
+    with pytest.raises(ValueError, match=r"citations\[1\] has no tokens"):
+        citations.f1_of(predict, index, bad, index.encode(bad))
+
+
 def test_nested_tags_rebuild_groups():
     line = ("<authors> <person> <first> A. </first> <last> Smith </last> </person> and <person> <last> Jones , "
             "</last> <first> B. </first> </person> <person> <last> Wu </last> </person> </authors> <venue> "
