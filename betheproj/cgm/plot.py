@@ -25,11 +25,31 @@ def _panel(ax, model: TransitionModel, counts: Tensor, flows: Tensor | None, vma
     return image
 
 
+def _check_shapes(counts_name: str, flows_name: str, counts: object, flows: object, cells: int) -> None:
+    """Counts [T, L] and flows [T-1, L, L] of one season on the model's ``L = cells`` cells."""
+    for name, value in ((counts_name, counts), (flows_name, flows)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+    if counts.dim() != 2 or counts.shape[1] != cells or counts.shape[0] < 1:
+        raise ValueError(f"{counts_name} must have shape [T, L] (one season, L = {cells} cells of the model's grid), "
+                         f"got {tuple(counts.shape)}")
+    expected = (counts.shape[0] - 1, cells, cells)
+    if tuple(flows.shape) != expected:
+        raise ValueError(f"{flows_name} must have shape [T-1, L, L]={expected} (one season), got {tuple(flows.shape)}")
+
+
 def plot_flows(model: TransitionModel, counts: Tensor, flows: Tensor, path: str, truth: tuple[Tensor, Tensor] | None
                = None, panels: int = 5) -> None:
     """Counts [T, L] at ``panels`` evenly spaced steps with the mean move out of each cell (arrows, from the
     flows [T-1, L, L]); with ``truth = (counts, flows)`` a first row shows the true ones."""
     panels = check_count("panels", panels)
+    if not isinstance(model, TransitionModel):
+        raise TypeError(f"model must be a TransitionModel, got {type(model).__name__}")
+    _check_shapes("counts", "flows", counts, flows, model.cells)
+    if truth is not None:
+        if not isinstance(truth, tuple | list) or len(truth) != 2:
+            raise TypeError("truth must be a pair (counts [T, L], flows [T-1, L, L])")
+        _check_shapes("truth[0]", "truth[1]", truth[0], truth[1], model.cells)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

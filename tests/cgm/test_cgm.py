@@ -406,3 +406,25 @@ def test_plot_flows_checks_panels(panels, error, tmp_path):
     inst = _small_instance()
     with pytest.raises(error, match="panels must be an int"):
         plot_flows(inst.model, inst.counts[0], inst.flows[0], str(tmp_path / "flows.png"), panels=panels)
+
+
+def test_plot_flows_checks_the_shapes_of_counts_and_flows(tmp_path):
+    """A season's batch [B, T, L] (result.counts rather than result.counts[0]) or counts of another grid were a
+    bare RuntimeError from reshape."""
+    from betheproj.cgm.plot import plot_flows
+
+    inst = _small_instance()
+    t, cells = inst.model.steps, inst.model.cells
+    path = str(tmp_path / "flows.png")
+    batched = rf"counts must have shape \[T, L\] \(one season, L = {cells} cells.*got \(1, {t}, {cells}\)"
+    with pytest.raises(ValueError, match=batched):
+        plot_flows(inst.model, inst.counts, inst.flows[0], path)
+    with pytest.raises(ValueError, match=r"flows must have shape \[T-1, L, L\]"):
+        plot_flows(inst.model, inst.counts[0], inst.flows, path)
+    with pytest.raises(ValueError, match=r"truth\[0\] must have shape \[T, L\]"):
+        plot_flows(inst.model, inst.counts[0], inst.flows[0], path, truth=(inst.counts[0][:, :-1], inst.flows[0]))
+    with pytest.raises(TypeError, match="counts must be a tensor"):
+        plot_flows(inst.model, inst.counts[0].tolist(), inst.flows[0], path)
+    with pytest.raises(TypeError, match="model must be a TransitionModel"):
+        plot_flows(None, inst.counts[0], inst.flows[0], path)
+    plot_flows(inst.model, inst.counts[0], inst.flows[0], path)
