@@ -107,6 +107,20 @@ class OCRConfig:
 
 def word_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LABELS) -> tuple[Tensor, Tensor]:
     """The distinct words of a labelled set as one-hot prototypes ``[P, N, C]`` and their lengths ``[P]``."""
+    num_labels = check_count("num_labels", num_labels)
+    if labels.dim() != 2 or lengths.shape != labels.shape[:1]:
+        raise ValueError(f"labels [W, N] and lengths [W] must agree: labels have shape {tuple(labels.shape)}, "
+                         f"lengths must have shape ({labels.shape[0] if labels.dim() else 0},), got "
+                         f"{tuple(lengths.shape)}")
+    if lengths.numel() == 0:
+        raise ValueError("labels hold no words: prototypes are the distinct words of a non-empty set")
+    if int(lengths.min()) < 1 or int(lengths.max()) > labels.shape[1]:
+        raise ValueError(f"lengths must lie in [1, {labels.shape[1]}] (the labels' width), got values in "
+                         f"{int(lengths.min())}..{int(lengths.max())}")
+    inside = labels[torch.arange(labels.shape[1], device=lengths.device) < lengths[:, None]]
+    if int(inside.min()) < 0 or int(inside.max()) >= num_labels:       # -1: padding inside a word's length
+        raise ValueError(f"labels must lie in 0..{num_labels - 1} inside each word's length, got values in "
+                         f"{int(inside.min())}..{int(inside.max())}")
     words = {tuple(y[:n].tolist()) for y, n in zip(labels, lengths.tolist(), strict=True)}
     words = sorted(words, key=lambda w: (len(w), w))
     width = max(len(w) for w in words)
@@ -124,6 +138,7 @@ def unigram_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LA
 
 def median_bandwidth(pixels: Tensor, lengths: Tensor, sample: int = 2000, seed: int = 0) -> float:
     """The median heuristic: the median Euclidean distance between letter images sampled from the set."""
+    sample = check_count("sample", sample, 2)               # a median distance needs two letters
     mask = torch.arange(pixels.shape[1], device=lengths.device) < lengths[:, None]
     letters = pixels[mask]
     gen = torch.Generator().manual_seed(check_seed("seed", seed))

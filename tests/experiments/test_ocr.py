@@ -41,6 +41,33 @@ def test_median_bandwidth_is_the_median_pairwise_distance():
     assert ocr.median_bandwidth(pixels, torch.tensor([3])) == pytest.approx(4.0)   # distances 3, 4, 5
 
 
+def test_median_bandwidth_refuses_a_sample_of_fewer_than_two_letters():
+    """sample=0, 1 or True gave NaN, sample=-1 silently left out the last letter, and 2.5 was slicing's TypeError."""
+    pixels = torch.rand(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    lengths = torch.tensor([3, 2])
+    for sample, error in ((0, ValueError), (1, ValueError), (-1, ValueError), (True, TypeError), (2.5, TypeError)):
+        with pytest.raises(error, match="sample must be an int"):
+            ocr.median_bandwidth(pixels, lengths, sample=sample)
+    assert ocr.median_bandwidth(pixels, lengths, sample=2) > 0
+
+
+def test_word_prototypes_refuse_padding_inside_a_word_and_letters_out_of_range():
+    """A length past the labels (or a -1 inside a word) became the letter 25 (z) through negative indexing, a
+    length past the padded width was cut short silently, a letter >= num_labels was a bare IndexError and no
+    words at all max()'s ValueError."""
+    labels, lengths = _labels([(1, 2), (0,)])
+    refused = r"(labels must lie in 0..3 inside each word|lengths must lie in \[1, 2\])"
+    for bad_lengths in (torch.tensor([2, 2]), torch.tensor([3, 1]), torch.tensor([0, 1])):
+        with pytest.raises(ValueError, match=refused):
+            ocr.word_prototypes(labels, bad_lengths, num_labels=4)
+    with pytest.raises(ValueError, match="labels must lie in 0..1 inside each word"):
+        ocr.word_prototypes(labels, lengths, num_labels=2)
+    with pytest.raises(ValueError, match="labels hold no words"):
+        ocr.word_prototypes(labels[:0], lengths[:0])
+    with pytest.raises(ValueError, match=r"lengths must have shape \(2,\)"):
+        ocr.word_prototypes(labels, lengths[:1])
+
+
 def _synthetic_words(seed=0, per_word=12, noise=0.15):
     """Words over letters whose 128-pixel images are fixed random templates plus bit flips."""
     gen = torch.Generator().manual_seed(seed)
