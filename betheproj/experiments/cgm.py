@@ -20,6 +20,10 @@ __all__ = ["count_error", "run"]
 
 def count_error(counts: torch.Tensor, truth: torch.Tensor) -> float:
     """``||counts - truth||_1 / ||truth||_1``."""
+    if counts.shape != truth.shape:                  # broadcasting would compare the wrong entries
+        raise ValueError(f"counts must have the truth's shape {tuple(truth.shape)}, got {tuple(counts.shape)}")
+    if not bool(truth.any()):
+        raise ValueError("truth must not be all zero: the error is relative to its total")
     return float((counts - truth).abs().sum() / truth.abs().sum())
 
 

@@ -71,3 +71,15 @@ def test_run_checks_its_switches_and_the_schedule_before_solving(monkeypatch):
         cgm.run(grid=3, steps=4, compare="yes", echo=_quiet)
     with pytest.raises(TypeError, match="learn must be a bool"):
         cgm.run(grid=3, steps=4, learn=1, echo=_quiet)
+
+
+def test_count_error_refuses_an_all_zero_truth_and_shapes_that_differ():
+    """An all-zero truth gave NaN (or inf), and counts of another shape were broadcast against the truth."""
+    import torch
+
+    truth = torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    assert cgm.count_error(truth + 1, truth) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="truth must not be all zero"):
+        cgm.count_error(torch.zeros(2, 2), torch.zeros(2, 2))
+    with pytest.raises(ValueError, match=r"counts must have the truth's shape \(2, 2\), got \(2,\)"):
+        cgm.count_error(truth[0], truth)
