@@ -103,7 +103,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
 
     delta = np.zeros_like(node) if delta is None else delta.copy()
     out = oracle(delta)
-    if out is None or out[4]:
+    if out is None or out[4] or not np.isfinite(out[2]):      # an overflowing objective: the generic solver says why
         return None
     mu, log_mu, f, _, _, val = out
     eta, residual, iterations, converged, safeguarded = step, np.inf, 0, False, False

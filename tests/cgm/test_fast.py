@@ -102,3 +102,18 @@ def test_an_unfinished_run_reports_the_residual_of_the_point_it_returns():
         torch.testing.assert_close(fast.solution.residual, expected, rtol=1e-7, atol=1e-12)
         again = map_counts(inst.potentials, inst.observed, 0.4, 30_000, max_iter=1, warm_start=fast.potentials)
         assert not torch.equal(again.potentials.node, fast.potentials.node)    # it stepped: not converged
+
+
+def test_an_objective_that_overflows_at_the_start_is_left_to_the_generic_solver():
+    """observed / population beyond float64 (1e6 counts of a population of 1e-300) made the fast path return an
+    objective of inf, unconverged, where the generic solver refuses the instance."""
+    import pytest
+
+    with torch.no_grad():
+        potentials = default_model(2, 2, seed=3).potentials(1)
+    observed = torch.full((1, 2, 4), 1e6, dtype=torch.float64)
+    args = (potentials.node[0].numpy(), potentials.full_edge()[0].numpy(), observed[0].numpy(), 1.0, 1e-300, 1e-6, 50)
+    assert mirror_descent(*args) is None
+    for method in ("md", "rda"):
+        with pytest.raises(ValueError, match="the objective is not finite at the base marginals"):
+            map_counts(potentials, observed, 1.0, 1e-300, method=method)
