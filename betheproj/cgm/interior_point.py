@@ -68,7 +68,8 @@ def _one(node: np.ndarray, edge: np.ndarray, y: np.ndarray, rate: float, populat
     except cp.error.SolverError as err:          # reported like any other failed solve: status, NaN objective
         return None, None, 0.0, f"solver_error: {' '.join(str(err).split())}"
     solve_time = problem.solver_stats.solve_time or 0.0
-    value = None if problem.value is None else problem.value / scale
+    # no marginals (e.g. "unbounded", whose value is -inf, on this bounded problem): no value either
+    value = None if problem.value is None or mu.value is None else problem.value / scale
     return value, mu.value, solve_time, problem.status
 
 

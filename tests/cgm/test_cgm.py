@@ -293,6 +293,14 @@ def test_interior_point_reports_a_failed_solve_and_takes_an_empty_batch():
     assert empty.objective.shape == (0,) and empty.node.shape == (0, *node.shape[1:]) and empty.status == []
 
 
+def test_interior_point_reports_no_value_as_nan_not_as_an_infinite_objective():
+    """Clarabel's "unbounded" on a bounded problem (1e15 counts of 10 birds) came back as an objective of -inf
+    with zero marginals, as if it were the optimum; a solve without marginals is NaN, as documented."""
+    pytest.importorskip("cvxpy")
+    res = interior_point(default_model(2, 2).potentials(1), torch.full((1, 2, 4), 1e15), 0.5, 10)
+    assert res.status[0] != "optimal" and torch.isnan(res.objective[0]) and (res.node == 0).all()
+
+
 def test_hard_em_takes_observations_as_arrays_and_lists():
     from betheproj.cgm import fit_hard_em
     from betheproj.experiments.cgm import _initial_model
