@@ -227,7 +227,14 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
         log: Callable[[str], None] | None = None, save: str | Path | None = None) -> dict:
     """The whole experiment on the three splits; returns a JSON-ready dict of rows, curves and settings.
     ``save`` writes the trained non-local model there (see :func:`load_model`)."""
-    config = config or CitationConfig()
+    if config is None:
+        config = CitationConfig()
+    if not isinstance(config, CitationConfig):
+        raise TypeError(f"config must be a CitationConfig or None, got {type(config).__name__} (a dict of settings: "
+                        "CitationConfig(**settings))")
+    if not isinstance(data, dict):
+        raise TypeError(f"data must be a dict of splits {{'train': [...], 'dev': [...], 'test': [...]}} (as "
+                        f"load_citations returns), got {type(data).__name__}")
     for split in ("train", "dev", "test"):
         if not data.get(split):
             raise ValueError(f"data must hold a non-empty {split!r} split")

@@ -258,6 +258,16 @@ def energy_model(key: str, base: LinearChainCRF, protos: Tensor, proto_lengths: 
     return model, options
 
 
+def _check_config(config: object) -> OCRConfig:
+    """``config``, an :class:`OCRConfig` (``None``: the defaults); a dict of settings is ``OCRConfig(**settings)``."""
+    if config is None:
+        return OCRConfig()
+    if not isinstance(config, OCRConfig):
+        raise TypeError(f"config must be an OCRConfig or None, got {type(config).__name__} (a dict of settings: "
+                        "OCRConfig(**settings))")
+    return config
+
+
 def _mean_psi(model: NonLocalCRF, pixels: Tensor, lengths: Tensor) -> float:
     with torch.no_grad():
         return float(model.psi(pixels, lengths).mean())
@@ -268,7 +278,7 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
              device: str | torch.device = "cpu") -> FoldResult:
     """Train every row on the folds other than ``fold`` and score it on ``fold``, on ``device`` (e.g. ``"cuda"``:
     the same random draws, which come from seeded CPU generators; the figures differ in rounding)."""
-    config = config or OCRConfig()
+    config = _check_config(config)
     device = check_device("device", device)
     fold = check_int("fold", fold)
     unknown = [r for r in rows if r not in ROWS]
@@ -371,7 +381,7 @@ def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[s
         config: OCRConfig | None = None, progress: bool = False,
         log: Callable[[str], None] | None = None, device: str | torch.device = "cpu") -> dict:
     """Every requested fold (on ``device``); returns a JSON-ready dict with the per-fold results and the means."""
-    config = config or OCRConfig()
+    config = _check_config(config)
     device = check_device("device", device)
     check_folds(data, folds, rows)               # before any training, not after the folds before it
     start = time.perf_counter()

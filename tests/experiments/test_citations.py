@@ -80,6 +80,18 @@ def test_f1_of_refuses_no_citations_and_citations_without_tokens():
         citations.f1_of(predict, index, bad, index.encode(bad))
 
 
+def test_run_refuses_a_config_or_data_of_another_type():
+    """A dict of settings was an AttributeError on 'seed' (and an empty one silently the defaults), a list of
+    splits an AttributeError on 'get'."""
+    cites = [parse_citation("<a> x y </a> <b> z </b>")]
+    splits = {"train": cites, "dev": cites, "test": cites}
+    for config in ({"crf_iter": 1}, {}):
+        with pytest.raises(TypeError, match="config must be a CitationConfig or None, got dict"):
+            citations.run(splits, config)
+    with pytest.raises(TypeError, match="data must be a dict of splits"):
+        citations.run([cites, cites, cites])
+
+
 def test_nested_tags_rebuild_groups():
     line = ("<authors> <person> <first> A. </first> <last> Smith </last> </person> and <person> <last> Jones , "
             "</last> <first> B. </first> </person> <person> <last> Wu </last> </person> </authors> <venue> "

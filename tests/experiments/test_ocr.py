@@ -188,6 +188,12 @@ def test_bad_arguments():
         ocr.run(data, [0, 0], ["2gram"])                  # fold 0 trained and counted twice in the means
     with pytest.raises(ValueError, match="device must name a device such as 'cpu' or 'cuda', got 'gpu'"):
         ocr.run(data, [0], ["2gram"], device="gpu")
+    # a dict of settings was an AttributeError on 'seed' (and an empty one silently the defaults)
+    for config in ({"crf_iter": 1}, {}):
+        with pytest.raises(TypeError, match="config must be an OCRConfig or None, got dict"):
+            ocr.run(data, [0], ["2gram"], config=config)
+        with pytest.raises(TypeError, match="config must be an OCRConfig or None, got dict"):
+            ocr.run_fold(data, 0, ["2gram"], config=config)
     # a bare fold number was "'int' object is not iterable", a str fold an AttributeError on a bool, and
     # True (== 1) was taken for fold 1
     with pytest.raises(TypeError, match=r"folds must be a sequence of fold numbers .*got int 0"):
