@@ -223,17 +223,25 @@ class PairwiseMRF:
         return s
 
     def all_scores(self, max_configurations: int = MAX_CONFIGURATIONS) -> np.ndarray:
-        """The score of every labelling as an array of shape ``cardinalities`` (enumeration; small models)."""
+        """The score of every labelling as an array of shape ``cardinalities`` (enumeration; small models).
+        ``ValueError`` where finite potentials sum past float64's range (a labelling read as forbidden, or as
+        scoring ``+inf``)."""
         _check_enumerable(self._cards, max_configurations)
         total = np.zeros(self._cards if self._cards else ())
+        forbidden = np.zeros(total.shape, dtype=bool)           # a -inf term: the only legitimate infinite score
         n = self.num_nodes
-        for i, u in enumerate(self._node):
-            total = total + u.reshape([-1 if k == i else 1 for k in range(n)])
+        terms = [(u, [-1 if k == i else 1 for k in range(n)]) for i, u in enumerate(self._node)]
         for (i, j), t in zip(self._edges, self._edge, strict=True):
-            tt = t if i < j else t.T
             shape = [1] * n
             shape[i], shape[j] = self._cards[i], self._cards[j]
-            total = total + tt.reshape(shape)
+            terms.append((t if i < j else t.T, shape))
+        with np.errstate(over="ignore"):
+            for t, shape in terms:
+                total = total + t.reshape(shape)
+                forbidden = forbidden | np.isneginf(t).reshape(shape)
+        if (np.isinf(total) & ~forbidden).any():
+            raise ValueError("the potentials' sums overflow float64 for some labellings (finite scores past "
+                             "+-1.8e308): rescale the potentials")
         return total
 
     def check_marginals(self, marginals: object, name: str = "marginals") -> LocalMarginals:

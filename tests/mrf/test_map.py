@@ -153,6 +153,27 @@ def test_lbp_names_message_scores_beyond_float64():
         lbp_map(mrf)                                                # the path that tracks -inf exactly
 
 
+def test_exact_map_names_scores_beyond_float64(recwarn):
+    """Finite potentials summing past float64's range: +inf sums left no finite score (NumPy's 'zero-size array to
+    reduction operation' from the tie count), -inf sums were 'contradictory potentials', with overflow warnings."""
+    big = 1e308
+    above = PairwiseMRF([2, 2], [(0, 1)], [np.array([big, big]), np.array([big, 0.0])], [np.full((2, 2), big)])
+    below = PairwiseMRF([2, 2], [(0, 1)], [np.array([-big, -big]), np.array([0.0, 1.0])], [np.full((2, 2), -big)])
+    for mrf in (above, below):
+        with pytest.raises(ValueError, match="the potentials' sums overflow float64 for some labellings"):
+            exact_map(mrf)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    # -inf potentials are forbidden parts, not an overflow; a sum that is finite next to them is kept
+    mixed = PairwiseMRF([2, 2], [(0, 1)], [np.array([-np.inf, big]), np.array([0.0, 1.0])],
+                        [np.array([[0.0, -np.inf], [-np.inf, 0.0]])])
+    res = exact_map(mixed)
+    assert res.labels.tolist() == [1, 1] and res.objective == big + 1.0
+    contradictory = PairwiseMRF([2, 2], [(0, 1)], [np.array([-np.inf, 0.0]), np.array([0.0, -np.inf])],
+                                [np.array([[0.0, 0.0], [-np.inf, -np.inf]])])
+    with pytest.raises(ValueError, match="contradictory potentials"):
+        exact_map(contradictory)
+
+
 def test_lbp_names_message_scores_below_float64():
     """Finite scores whose sums fell below -float64's range became -inf on the path that assumes finite messages:
     a message row all -inf (-inf - -inf = NaN after normalising) or one -inf entry (NaN cavities next iteration);
