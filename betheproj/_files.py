@@ -17,7 +17,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["check_writable", "read_stdin", "torch_load", "torch_save", "write_atomically", "write_json"]
+__all__ = ["check_writable", "read_stdin", "save_figure", "torch_load", "torch_save", "write_atomically",
+           "write_json"]
 
 
 def check_writable(folder: str | Path, what: str) -> None:
@@ -78,6 +79,13 @@ def write_json(path: str | Path, obj: object) -> None:
     and other readers reject."""
     text = json.dumps(_finite_or_null(obj), indent=1, allow_nan=False)
     write_atomically(path, lambda name: Path(name).write_text(text))
+
+
+def save_figure(fig: object, path: str | Path, dpi: int) -> None:
+    """A matplotlib figure's ``savefig`` to ``path`` at ``dpi``, atomically (:func:`write_atomically`), in the format
+    ``path``'s suffix names (PNG without one)."""
+    fmt = Path(path).suffix[1:].lower() or "png"
+    write_atomically(path, lambda name: fig.savefig(name, dpi=dpi, format=fmt))  # type: ignore[attr-defined]
 
 
 def torch_save(obj: object, path: str | Path) -> None:

@@ -120,3 +120,32 @@ def test_torch_save_and_write_conllu_keep_the_earlier_file_when_a_write_fails(tm
         from betheproj.data.conllu import read_conllu
         assert read_conllu(out)[0].words[0][1] == "Hi"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "out.conllu", "out.conllu.gz"]
+
+
+def test_save_figure_writes_atomically_in_the_suffixs_format(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    try:
+        _files.save_figure(fig, tmp_path / "a.png", 50)
+        _files.save_figure(fig, tmp_path / "a.svg", 50)
+        assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert b"<svg" in (tmp_path / "a.svg").read_bytes()[:400]
+    finally:
+        plt.close(fig)
+
+    class Broken:                                              # savefig failing part-way (a full disk)
+        def savefig(self, name, **options):
+            open(name, "wb").write(b"\x89PNG half")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
+
+    before = (tmp_path / "a.png").read_bytes()
+    with pytest.raises(OSError, match=f"No space left on device: '{tmp_path / 'a.png'}'"):
+        _files.save_figure(Broken(), tmp_path / "a.png", 50)
+    assert (tmp_path / "a.png").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["a.png",
+                                                                                                        "a.svg"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .._checks import check_count
+from .._files import save_figure
 from .model import TransitionModel
 
 __all__ = ["plot_flows"]
@@ -72,5 +73,5 @@ def plot_flows(model: TransitionModel, counts: Tensor, flows: Tensor, path: str,
         axes[r, 0].set_ylabel(name)
     fig.colorbar(image, ax=axes, shrink=0.8, label="individuals per cell")
     fig.suptitle("Migration: counts per cell and mean move out of each cell (north is up)")
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, 110)
     plt.close(fig)

@@ -12,6 +12,8 @@ def figure(path: str, size: tuple[float, float]) -> Iterator:
     close it."""
     import matplotlib
 
+    from .._files import save_figure
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -19,6 +21,6 @@ def figure(path: str, size: tuple[float, float]) -> Iterator:
     try:
         yield ax
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        save_figure(fig, path, 120)
     finally:
         plt.close(fig)

@@ -319,6 +319,8 @@ def plot_histogram(results: dict, path: str) -> None:
     """Figure 2: histogram of the iterations each test citation took to converge (capped at ``max_iter``)."""
     its = results["test_iterations_to_converge"]
     cap = results["max_iter"]
+    if not its:
+        raise ValueError("results['test_iterations_to_converge'] is empty: no test citation to draw")
     with figure(path, (5, 3.5)) as ax:
         ax.hist(its, bins=range(0, cap + 2), weights=[100.0 / len(its)] * len(its), color="tab:blue")
         ax.set_xlabel(f"iterations to converge (capped at {cap})")

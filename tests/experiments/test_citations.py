@@ -229,3 +229,11 @@ def test_every_config_field_is_checked_at_construction(field, value, error):
     with pytest.raises(error, match=field):
         citations.CitationConfig(**{field: value})
     citations.CitationConfig(length_agreement=None, order_agreement=None, format_together=None)
+
+
+def test_histogram_of_no_iterations_is_refused(tmp_path):
+    # ZeroDivisionError (the percentages of an empty list); run() never gives one, a caller of the plot might
+    pytest.importorskip("matplotlib")
+    with pytest.raises(ValueError, match=r"results\['test_iterations_to_converge'\] is empty"):
+        citations.plot_histogram({"test_iterations_to_converge": [], "max_iter": 40}, str(tmp_path / "h.png"))
+    assert not list(tmp_path.iterdir())
