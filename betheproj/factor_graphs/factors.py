@@ -317,12 +317,17 @@ class BinaryHardFactor(Factor):
         lp1, lp0 = log_sigmoid(eff), log_sigmoid(-eff)
         with np.errstate(invalid="ignore"):
             log_z = float(self._log_z(lp0, lp1))
-            z = expit(eff + self._ratios(eff, "sum"))
+            z = expit(eff + self._ratios(eff, "sum")) if log_z > -np.inf else np.full(self.arity, np.nan)
         if log_z == -np.inf or np.isnan(z).any():
             raise ValueError(f"{type(self).__name__} factor on {self.variables}: the incoming messages leave no "
                              "allowed configuration (contradictory messages)")
-        entropy = log_z - float(np.sum(xlogy(z, lp1) + xlogy(1.0 - z, lp0)))
+        z, entropy = self._exact_belief(eff, lp0, lp1, log_z, z)
         return FactorBelief(np.where(self._neg, 1.0 - z, z), max(entropy, 0.0), 0.0, log_z)
+
+    def _exact_belief(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray, log_z: float,
+                      z: np.ndarray) -> tuple[np.ndarray, float]:
+        """``MARG`` and ``H_C`` from Table 1's ``z`` (a factor overrides this where those lose digits)."""
+        return z, log_z - float(np.sum(xlogy(z, lp1) + xlogy(1.0 - z, lp0)))
 
     def lp_constraints(self, lp: LPBuilder) -> None:
         """Table 1's local agreement constraints ``z ∈ conv S_C`` on ``z_i = mu_i(1)``, with ``z_i -> 1 - z_i`` for
@@ -391,6 +396,26 @@ class OR(BinaryHardFactor):
     def _log_z(self, lp0: np.ndarray, lp1: np.ndarray) -> float:
         # 1 - prod_i p_i(0), with -log p_i(0) = softplus(log p_i(1) - log p_i(0)) carried in log space
         return float(log1mexp_of_log(np.logaddexp.reduce(log_softplus(lp1 - lp0))))
+
+    def _exact_belief(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray, log_z: float,
+                      z: np.ndarray) -> tuple[np.ndarray, float]:
+        """``MARG_i = p_i(1) / Z`` with ``Z = sum_j p_j(1) prod_{k<j} p_k(0)`` (the first active input is j), taken
+        as ``1 / sum_j exp(log p_j(1) - log p_i(1) + sum_{k<j} log p_k(0))``: the log-probabilities are differenced
+        before they are added, so inputs at -1e30 give 1/3 each, not the 1/2 of Table 1's ``sigma(l_i + log
+        m_{OR->i})`` (whose two terms are 1e30 apart and round); and ``H_C = -sum_i MARG_i log MARG_i - sum_i (1 -
+        MARG_i) log p_i(0) + log Z (1 - sum_i MARG_i)``, the same entropy without the difference of two 1e30 terms."""
+        prefix = np.concatenate([[0.0], np.cumsum(lp0)[:-1]])        # sum_{k<j} log p_k(0)
+        with np.errstate(invalid="ignore"):
+            d = lp1[None, :] - lp1[:, None] + prefix[None, :]
+        d[~np.isfinite(lp1)[:, None] & ~np.isfinite(lp1)[None, :]] = -np.inf   # -inf - -inf: an input clamped off
+        d[np.diag_indices(self.arity)] = prefix                      # j = i, exactly
+        lse = np.logaddexp.reduce(d, axis=1)                         # -log MARG_i
+        marg = np.where(lp1 == -np.inf, 0.0, np.exp(-lse))
+        with np.errstate(invalid="ignore"):
+            entropy = (float(np.sum(np.where(marg > 0, marg * lse, 0.0)))
+                       - float(np.sum(np.where(marg < 1, (1.0 - marg) * lp0, 0.0)))
+                       + log_z * (1.0 - float(marg.sum())))
+        return marg, entropy
 
     def _hull(self) -> list[tuple[np.ndarray, str, float]]:
         return [(-np.ones(self.arity), "le", -1.0)]

@@ -362,3 +362,19 @@ def test_tree_sum_product_keeps_small_differences_beside_a_huge_arc_score():
     out = tree.ratio_messages([1e30, -800.0, -0.5685, -1.043], "sum")
     exact = np.logaddexp(-800.0, -0.5685) + 801.043
     np.testing.assert_allclose(out[[0, 1, 2]], [exact, 0.5685, 800.0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [OR, NAND])
+def test_or_belief_keeps_its_digits_at_huge_log_ratios(cls):
+    """Table 1's MARG_i = sigma(l_i + log m_{OR->i}) adds two terms 1e30 apart: three inputs at -1e30 (one active input
+    each in turn, 1/3) gave 1/2 each and an entropy of 5e29, above the factor's bound of 3 log 2."""
+    sign = 1.0 if cls is OR else -1.0                            # NAND reads its inputs negated
+    for big in (1e30, 1e300):
+        belief = cls([0, 1, 2]).belief([np.array([0.0, -sign * big])] * 3)
+        expected = np.full(3, 1 / 3) if cls is OR else np.full(3, 2 / 3)
+        np.testing.assert_allclose(belief.marginals, expected, rtol=1e-15)
+        assert belief.entropy == pytest.approx(np.log(3), rel=1e-15)
+    # two inputs at -1e30 and one at -2.3e30: the first two share the mass, the third gets e^-1.3e30 = 0 of it
+    belief = cls([0, 1, 2]).belief([np.array([0.0, -sign * x]) for x in (1e30, 1e30, 1e30 + 2.0 ** 100)])
+    assert belief.marginals[2] == (0.0 if cls is OR else 1.0)
+    np.testing.assert_allclose(belief.marginals[:2], 0.5, rtol=1e-15)
