@@ -371,6 +371,21 @@ class XOR(BinaryHardFactor):
         # sum_i p_i(1) prod_{j != i} p_j(0)
         return float(np.logaddexp.reduce(lp1 + exclusive(lp0, np.add, 0.0)))
 
+    def _exact_belief(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray, log_z: float,
+                      z: np.ndarray) -> tuple[np.ndarray, float]:
+        """``MARG = softmax(l)`` (configuration ``i`` has weight ``p_i(1) prod_{j != i} p_j(0)``, proportional to
+        ``exp(l_i)``) and ``H_XOR`` its entropy, from differences of the ``l_i``: Table 1's ``sigma(l_i + log
+        m_{XOR->i})`` adds two terms 1e30 apart, so three inputs at -1e30 gave 1/2 each (sum 3/2, not the one-hot's
+        1) and an entropy of 5e29."""
+        on = eff == np.inf
+        if on.any():                                    # an input clamped on (two would have left no configuration)
+            marg = on.astype(np.float64)
+        else:
+            w = np.exp(eff - eff.max())
+            marg = w / w.sum()
+        with np.errstate(divide="ignore"):
+            return marg, float(-np.sum(xlogy(marg, np.log(marg))))
+
     def _hull(self) -> list[tuple[np.ndarray, str, float]]:
         return [(np.ones(self.arity), "eq", 1.0)]
 

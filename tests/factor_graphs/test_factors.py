@@ -378,3 +378,19 @@ def test_or_belief_keeps_its_digits_at_huge_log_ratios(cls):
     belief = cls([0, 1, 2]).belief([np.array([0.0, -sign * x]) for x in (1e30, 1e30, 1e30 + 2.0 ** 100)])
     assert belief.marginals[2] == (0.0 if cls is OR else 1.0)
     np.testing.assert_allclose(belief.marginals[:2], 0.5, rtol=1e-15)
+
+
+def test_xor_belief_keeps_its_digits_at_huge_log_ratios():
+    """Table 1's sigma(l_i + log m_{XOR->i}) adds two terms 1e30 apart: three inputs at -1e30 gave MARG = 1/2 each,
+    summing to 3/2 on a one-hot constraint, and an entropy of 5e29 (bound log 3).  MARG is now softmax(l)."""
+    for big in (1e30, -1e30, 1e300):
+        belief = XOR([0, 1, 2]).belief([np.array([0.0, big])] * 3)
+        np.testing.assert_allclose(belief.marginals, np.full(3, 1 / 3), rtol=1e-15)
+        assert belief.entropy == pytest.approx(np.log(3), rel=1e-15)
+    # XOROut in its own coordinates: the output on and one of the two inputs, each half the time
+    belief = XOROut([0, 1, 2]).belief([np.array([0.0, 1e30])] * 3)
+    np.testing.assert_allclose(belief.marginals, [0.5, 0.5, 1.0], rtol=1e-15)
+    assert belief.entropy == pytest.approx(np.log(2), rel=1e-15)
+    # inputs float64 tells apart at that size (2^47 apart, its spacing there): all the mass on the largest
+    l = -1e30 + np.array([0.0, 2.0 ** 47, 2.0 ** 48])
+    np.testing.assert_array_equal(XOR([0, 1, 2]).belief([np.array([0.0, x]) for x in l]).marginals, [0, 0, 1])
