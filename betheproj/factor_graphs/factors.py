@@ -42,6 +42,7 @@ from ._util import (
     log_sigmoid,
     log_softplus,
     ratio_to_log_message,
+    softplus,
     xlogy,
 )
 
@@ -390,6 +391,33 @@ class XOR(BinaryHardFactor):
         return [(np.ones(self.arity), "eq", 1.0)]
 
 
+def _or_log_z(lp0: np.ndarray, lp1: np.ndarray) -> float:
+    """OR's ``log Z_C = log(1 - prod_i p_i(0))``, with ``-log p_i(0) = softplus(log p_i(1) - log p_i(0))`` carried
+    in log space."""
+    return float(log1mexp_of_log(np.logaddexp.reduce(log_softplus(lp1 - lp0))))
+
+
+def _or_belief(lp0: np.ndarray, lp1: np.ndarray, log_z: float) -> tuple[np.ndarray, float]:
+    """OR's ``MARG_i = p_i(1) / Z`` with ``Z = sum_j p_j(1) prod_{k<j} p_k(0)`` (the first active input is j), taken
+    as ``1 / sum_j exp(log p_j(1) - log p_i(1) + sum_{k<j} log p_k(0))``: the log-probabilities are differenced
+    before they are added, so inputs at -1e30 give 1/3 each, not the 1/2 of Table 1's ``sigma(l_i + log
+    m_{OR->i})`` (whose two terms are 1e30 apart and round); and ``H_C = -sum_i MARG_i log MARG_i - sum_i (1 -
+    MARG_i) log p_i(0) + log Z (1 - sum_i MARG_i)``, the same entropy without the difference of two 1e30 terms."""
+    n = len(lp1)
+    prefix = np.concatenate([[0.0], np.cumsum(lp0)[:-1]])        # sum_{k<j} log p_k(0)
+    with np.errstate(invalid="ignore"):
+        d = lp1[None, :] - lp1[:, None] + prefix[None, :]
+    d[~np.isfinite(lp1)[:, None] & ~np.isfinite(lp1)[None, :]] = -np.inf   # -inf - -inf: an input clamped off
+    d[np.diag_indices(n)] = prefix                               # j = i, exactly
+    lse = np.logaddexp.reduce(d, axis=1)                         # -log MARG_i
+    marg = np.where(lp1 == -np.inf, 0.0, np.where(lp0 == -np.inf, 1.0, np.exp(-lse)))   # clamped: exactly 0 / 1
+    with np.errstate(invalid="ignore"):
+        entropy = (float(np.sum(np.where(marg > 0, marg * lse, 0.0)))
+                   - float(np.sum(np.where((marg < 1) & (lp0 > -np.inf), (1.0 - marg) * lp0, 0.0)))
+                   + log_z * (1.0 - float(marg.sum())))
+    return marg, entropy
+
+
 class OR(BinaryHardFactor):
     """Table 1, row OR: ``psi(v_1..v_n) = 1`` iff ``sum_i v_i >= 1``.
 
@@ -409,28 +437,11 @@ class OR(BinaryHardFactor):
         return np.maximum(0.0, -exclusive(l, np.maximum, -np.inf))
 
     def _log_z(self, lp0: np.ndarray, lp1: np.ndarray) -> float:
-        # 1 - prod_i p_i(0), with -log p_i(0) = softplus(log p_i(1) - log p_i(0)) carried in log space
-        return float(log1mexp_of_log(np.logaddexp.reduce(log_softplus(lp1 - lp0))))
+        return _or_log_z(lp0, lp1)
 
     def _exact_belief(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray, log_z: float,
                       z: np.ndarray) -> tuple[np.ndarray, float]:
-        """``MARG_i = p_i(1) / Z`` with ``Z = sum_j p_j(1) prod_{k<j} p_k(0)`` (the first active input is j), taken
-        as ``1 / sum_j exp(log p_j(1) - log p_i(1) + sum_{k<j} log p_k(0))``: the log-probabilities are differenced
-        before they are added, so inputs at -1e30 give 1/3 each, not the 1/2 of Table 1's ``sigma(l_i + log
-        m_{OR->i})`` (whose two terms are 1e30 apart and round); and ``H_C = -sum_i MARG_i log MARG_i - sum_i (1 -
-        MARG_i) log p_i(0) + log Z (1 - sum_i MARG_i)``, the same entropy without the difference of two 1e30 terms."""
-        prefix = np.concatenate([[0.0], np.cumsum(lp0)[:-1]])        # sum_{k<j} log p_k(0)
-        with np.errstate(invalid="ignore"):
-            d = lp1[None, :] - lp1[:, None] + prefix[None, :]
-        d[~np.isfinite(lp1)[:, None] & ~np.isfinite(lp1)[None, :]] = -np.inf   # -inf - -inf: an input clamped off
-        d[np.diag_indices(self.arity)] = prefix                      # j = i, exactly
-        lse = np.logaddexp.reduce(d, axis=1)                         # -log MARG_i
-        marg = np.where(lp1 == -np.inf, 0.0, np.exp(-lse))
-        with np.errstate(invalid="ignore"):
-            entropy = (float(np.sum(np.where(marg > 0, marg * lse, 0.0)))
-                       - float(np.sum(np.where(marg < 1, (1.0 - marg) * lp0, 0.0)))
-                       + log_z * (1.0 - float(marg.sum())))
-        return marg, entropy
+        return _or_belief(lp0, lp1, log_z)
 
     def _hull(self) -> list[tuple[np.ndarray, str, float]]:
         return [(-np.ones(self.arity), "le", -1.0)]
@@ -471,6 +482,33 @@ class OROut(BinaryHardFactor):
         l0 = float(np.sum(lp0[:-1]))
         rest = log1mexp_of_log(np.logaddexp.reduce(log_softplus(lp1[:-1] - lp0[:-1])))   # log(1 - prod p_i(0))
         return float(np.logaddexp(lp0[-1] + l0, lp1[-1] + rest))
+
+    def _exact_belief(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray, log_z: float,
+                      z: np.ndarray) -> tuple[np.ndarray, float]:
+        """The output is on with probability ``sigma(T)``, ``T = l_n + log(prod_{i<n} (1 + m_i) - 1)``, and then the
+        inputs are distributed as under an :class:`OR` factor: ``MARG_i = sigma(T) MARG^OR_i`` and ``H_C = H(sigma(T))
+        + sigma(T) H^OR``, with OR's exact belief (Table 1's ``sigma(l_i + log m_{C->i})`` adds terms 1e30 apart:
+        inputs (1e30) and output (-1e30) gave MARG = (1/2, 0), against the factor's own out = in)."""
+        x = np.sort(eff[:-1])
+        m = float(x[-1])
+        if m == -np.inf or eff[-1] == -np.inf:                      # no input can be on, or the output is off
+            t = -np.inf
+        else:
+            # log(prod_i (1 + e^{x_i}) - 1) = m + lse_j(x_j - m + sum_{k<j} softplus(x_k)) (j the first input on,
+            # in ascending order), so that l_n + m is formed before the O(1) rest is added
+            prefix = np.concatenate([[0.0], np.cumsum(softplus(x))[:-1]])
+            with np.errstate(invalid="ignore"):
+                rest = float(np.logaddexp.reduce(np.where(x == -np.inf, -np.inf, x - m + prefix)))
+            t = (float(eff[-1]) + m) + rest if np.isfinite(m) else float(eff[-1]) + m
+        on = float(expit(t))
+        marg = np.zeros(self.arity)
+        marg[-1] = on
+        entropy = float(-xlogy(on, log_sigmoid(np.array(t))) - xlogy(1.0 - on, log_sigmoid(np.array(-t))))
+        if on > 0:
+            inputs, h = _or_belief(lp0[:-1], lp1[:-1], _or_log_z(lp0[:-1], lp1[:-1]))
+            marg[:-1] = on * inputs
+            entropy += on * max(h, 0.0)
+        return marg, entropy
 
     def _hull(self) -> list[tuple[np.ndarray, str, float]]:
         n = self.arity

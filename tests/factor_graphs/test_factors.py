@@ -394,3 +394,38 @@ def test_xor_belief_keeps_its_digits_at_huge_log_ratios():
     # inputs float64 tells apart at that size (2^47 apart, its spacing there): all the mass on the largest
     l = -1e30 + np.array([0.0, 2.0 ** 47, 2.0 ** 48])
     np.testing.assert_array_equal(XOR([0, 1, 2]).belief([np.array([0.0, x]) for x in l]).marginals, [0, 0, 1])
+
+
+def test_or_with_output_belief_keeps_its_digits_at_huge_log_ratios():
+    """OROut = the output on with probability sigma(T) and then OR's exact belief over the inputs; Table 1's
+    sigma(l_i + log m_{C->i}) gave (1/2, 0) for an input at 1e30 and an output at -1e30, against out = in."""
+    cases = [([1e30, -1e30], [0.5, 0.5], np.log(2)),            # (0, 0) and (1, 1) tie
+             ([-1e30, -1e30, 1e30], [1 / 3, 1 / 3, 2 / 3], np.log(3)),   # (0,0,0), (1,0,1), (0,1,1) tie
+             ([1e30, -1e30, -1e30], [0.5, 0.0, 0.5], np.log(2)),
+             ([1e30, 1e30, -1e30], [1.0, 1.0, 1.0], 0.0)]
+    for l, marg, entropy in cases:
+        belief = OROut(list(range(len(l)))).belief([np.array([0.0, x]) for x in l])
+        np.testing.assert_allclose(belief.marginals, marg, rtol=1e-15, atol=0)
+        assert belief.entropy == pytest.approx(entropy, rel=1e-15, abs=0)
+
+
+@pytest.mark.parametrize("factor", [OR([0, 1, 2]), NAND([0, 1, 2]), OROut([0, 1, 2])], ids=repr)
+def test_hard_factor_beliefs_with_clamped_inputs_match_brute_force(factor):
+    # each input clamped on or off in turn, the others at moderate log-ratios: exact 0 / 1 and a finite entropy
+    gen = np.random.default_rng(0)
+    for _ in range(20):
+        l = gen.normal(0, 3, 3)
+        for k, clamp in itertools.product(range(3), (np.inf, -np.inf)):
+            incoming = [np.array([0.0, x]) for x in l]
+            incoming[k] = np.array([-np.inf, 0.0]) if clamp > 0 else np.array([0.0, -np.inf])
+            ok = [v for v in itertools.product([0, 1], repeat=3) if factor.allows(v) and v[k] == (clamp > 0)]
+            if not ok:
+                with pytest.raises(ValueError, match="contradictory"):
+                    factor.belief(incoming)
+                continue
+            w = np.array([np.exp(sum(l[j] * v[j] for j in range(3) if j != k)) for v in ok])
+            w /= w.sum()
+            belief = factor.belief(incoming)
+            np.testing.assert_allclose(belief.marginals, w @ np.array(ok, dtype=float), atol=1e-14, rtol=0)
+            assert belief.marginals[k] == (1.0 if clamp > 0 else 0.0)
+            assert belief.entropy == pytest.approx(-np.sum(w * np.log(w)), abs=1e-13)
