@@ -199,9 +199,9 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     features, the last iterate depends on the last minibatches, the mean much less.
     """
     check_sequences(features, labels, lengths, training=True)
-    _check_gold_labels(model, features, labels, lengths, check_count("batch_size", batch_size))
+    batch_size = check_count("batch_size", batch_size)
+    _check_gold_labels(model, features, labels, lengths, batch_size)
     check_count("epochs", epochs)
-    check_count("batch_size", batch_size)
     seed = check_seed("seed", seed)
     if train_iter is not None:
         train_iter = check_count("train_iter", train_iter, 0)
@@ -261,10 +261,10 @@ def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, len
     surrogate likelihood (12) at the fixed ``M``.  Validation and early stopping as in
     :func:`fit_doubly_stochastic`, evaluated after each round."""
     check_sequences(features, labels, lengths, training=True)
-    _check_gold_labels(model, features, labels, lengths, check_count("batch_size", batch_size))
+    batch_size = check_count("batch_size", batch_size)
+    _check_gold_labels(model, features, labels, lengths, batch_size)
     check_count("rounds", rounds)
     check_count("m_steps", m_steps)
-    check_count("batch_size", batch_size)
     l2, psi_l2 = check_nonnegative("l2", l2), check_nonnegative("psi_l2", psi_l2)
     opt = _optimizer(model, optimizer, lr, psi_lr, learn_theta, learn_psi)
     history = History()
