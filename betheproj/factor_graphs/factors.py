@@ -318,16 +318,17 @@ class BinaryHardFactor(Factor):
         lp1, lp0 = log_sigmoid(eff), log_sigmoid(-eff)
         with np.errstate(invalid="ignore"):
             log_z = float(self._log_z(lp0, lp1))
-            z = expit(eff + self._ratios(eff, "sum")) if log_z > -np.inf else np.full(self.arity, np.nan)
-        if log_z == -np.inf or np.isnan(z).any():
+            z, entropy = self._marginals_entropy(eff, lp0, lp1, log_z) if log_z > -np.inf else (None, 0.0)
+        if z is None or np.isnan(z).any():
             raise ValueError(f"{type(self).__name__} factor on {self.variables}: the incoming messages leave no "
                              "allowed configuration (contradictory messages)")
-        z, entropy = self._exact_belief(eff, lp0, lp1, log_z, z)
         return FactorBelief(np.where(self._neg, 1.0 - z, z), max(entropy, 0.0), 0.0, log_z)
 
-    def _exact_belief(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray, log_z: float,
-                      z: np.ndarray) -> tuple[np.ndarray, float]:
-        """``MARG`` and ``H_C`` from Table 1's ``z`` (a factor overrides this where those lose digits)."""
+    def _marginals_entropy(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray,
+                           log_z: float) -> tuple[np.ndarray, float]:
+        """``MARG`` and ``H_C`` in the effective coordinates, by Table 1 (above); a factor overrides this with a
+        form that keeps its digits where Table 1's adds terms far apart (XOR, OR, OROut do)."""
+        z = expit(eff + self._ratios(eff, "sum"))
         return z, log_z - float(np.sum(xlogy(z, lp1) + xlogy(1.0 - z, lp0)))
 
     def lp_constraints(self, lp: LPBuilder) -> None:
@@ -372,8 +373,8 @@ class XOR(BinaryHardFactor):
         # sum_i p_i(1) prod_{j != i} p_j(0)
         return float(np.logaddexp.reduce(lp1 + exclusive(lp0, np.add, 0.0)))
 
-    def _exact_belief(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray, log_z: float,
-                      z: np.ndarray) -> tuple[np.ndarray, float]:
+    def _marginals_entropy(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray,
+                           log_z: float) -> tuple[np.ndarray, float]:
         """``MARG = softmax(l)`` (configuration ``i`` has weight ``p_i(1) prod_{j != i} p_j(0)``, proportional to
         ``exp(l_i)``) and ``H_XOR`` its entropy, from differences of the ``l_i``: Table 1's ``sigma(l_i + log
         m_{XOR->i})`` adds two terms 1e30 apart, so three inputs at -1e30 gave 1/2 each (sum 3/2, not the one-hot's
@@ -439,8 +440,8 @@ class OR(BinaryHardFactor):
     def _log_z(self, lp0: np.ndarray, lp1: np.ndarray) -> float:
         return _or_log_z(lp0, lp1)
 
-    def _exact_belief(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray, log_z: float,
-                      z: np.ndarray) -> tuple[np.ndarray, float]:
+    def _marginals_entropy(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray,
+                           log_z: float) -> tuple[np.ndarray, float]:
         return _or_belief(lp0, lp1, log_z)
 
     def _hull(self) -> list[tuple[np.ndarray, str, float]]:
@@ -483,8 +484,8 @@ class OROut(BinaryHardFactor):
         rest = log1mexp_of_log(np.logaddexp.reduce(log_softplus(lp1[:-1] - lp0[:-1])))   # log(1 - prod p_i(0))
         return float(np.logaddexp(lp0[-1] + l0, lp1[-1] + rest))
 
-    def _exact_belief(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray, log_z: float,
-                      z: np.ndarray) -> tuple[np.ndarray, float]:
+    def _marginals_entropy(self, eff: np.ndarray, lp0: np.ndarray, lp1: np.ndarray,
+                           log_z: float) -> tuple[np.ndarray, float]:
         """The output is on with probability ``sigma(T)``, ``T = l_n + log(prod_{i<n} (1 + m_i) - 1)``, and then the
         inputs are distributed as under an :class:`OR` factor: ``MARG_i = sigma(T) MARG^OR_i`` and ``H_C = H(sigma(T))
         + sigma(T) H^OR``, with OR's exact belief (Table 1's ``sigma(l_i + log m_{C->i})`` adds terms 1e30 apart:
