@@ -228,7 +228,6 @@ class PairwiseMRF:
         scoring ``+inf``)."""
         _check_enumerable(self._cards, max_configurations)
         total = np.zeros(self._cards if self._cards else ())
-        forbidden = np.zeros(total.shape, dtype=bool)           # a -inf term: the only legitimate infinite score
         n = self.num_nodes
         terms = [(u, [-1 if k == i else 1 for k in range(n)]) for i, u in enumerate(self._node)]
         for (i, j), t in zip(self._edges, self._edge, strict=True):
@@ -238,10 +237,14 @@ class PairwiseMRF:
         with np.errstate(over="ignore"):
             for t, shape in terms:
                 total = total + t.reshape(shape)
+        infinite = np.isinf(total)
+        if infinite.any():
+            forbidden = np.zeros(total.shape, dtype=bool)       # a -inf term: the only legitimate infinite score
+            for t, shape in terms:
                 forbidden = forbidden | np.isneginf(t).reshape(shape)
-        if (np.isinf(total) & ~forbidden).any():
-            raise ValueError("the potentials' sums overflow float64 for some labellings (finite scores past "
-                             "+-1.8e308): rescale the potentials")
+            if (infinite & ~forbidden).any():
+                raise ValueError("the potentials' sums overflow float64 for some labellings (finite scores past "
+                                 "+-1.8e308): rescale the potentials")
         return total
 
     def check_marginals(self, marginals: object, name: str = "marginals") -> LocalMarginals:
