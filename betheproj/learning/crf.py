@@ -32,19 +32,22 @@ def _check_labels(potentials: PairwisePotentials, labels: Tensor) -> Tensor:
     return _check_label_range(labels, (b, n), c, potentials.lengths)
 
 
-def _check_label_range(labels: object, shape: tuple[int, int], c: int, lengths: Tensor) -> Tensor:
-    """Integer ``labels`` of ``shape`` [B, N] in ``[0, c)`` before ``lengths``, clamped there (for gathers)."""
+def _check_label_range(labels: object, shape: tuple[int, int], c: int, lengths: Tensor,
+                       name: str = "labels") -> Tensor:
+    """Integer ``labels`` of ``shape`` [B, N] in ``[0, c)`` before ``lengths``, clamped there (for gathers);
+    ``name`` is the argument the errors name."""
     if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.is_complex() \
             or labels.dtype == torch.bool:
-        raise TypeError(f"labels must be an integer tensor [B, N], got "
+        raise TypeError(f"{name} must be an integer tensor [B, N], got "
                         f"{labels.dtype if isinstance(labels, Tensor) else type(labels).__name__}")
     b, n = shape
     if labels.shape != (b, n):
-        raise ValueError(f"labels must have shape [B, N]=({b}, {n}), got {tuple(labels.shape)}")
+        raise ValueError(f"{name} must have shape [B, N]=({b}, {n}), got {tuple(labels.shape)}")
     valid = torch.arange(n, device=labels.device) < lengths[:, None]
-    bad = valid & ((labels < 0) | (labels >= c))
-    if bad.any():
-        raise ValueError(f"labels must lie in [0, {c}) at every valid position")
+    bad = (valid & ((labels < 0) | (labels >= c))).any(1).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"{name} must lie in [0, {c}) at every position before the lengths (C={c} labels), "
+                         f"got others in examples {bad[:10]}")
     return labels.long().clamp(0, c - 1)
 
 

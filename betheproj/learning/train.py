@@ -16,7 +16,7 @@ from .._checks import check_count, check_nonnegative, check_positive, check_seed
 from ..oracles.base import Marginals, keeps_width
 from ..progress import progress_bar
 from ._checks import check_lengths_like, check_sequences
-from .crf import _check_gold_batch
+from .crf import _check_gold_batch, _check_label_range
 from .model import NonLocalCRF
 
 __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]
@@ -76,15 +76,9 @@ def _penalty(module: nn.Module | None, l2: float) -> Tensor | float:
 
 def _check_valid_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor) -> None:
     """The validation labels in the model's range at every valid position: one out of it only lowered the metric."""
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise TypeError(f"valid's labels must be an integer tensor [B, N], got {labels.dtype}")
     with torch.no_grad():
         c = model.potentials(features[:1], lengths[:1]).node.shape[-1]     # the number of labels
-    inside = torch.arange(labels.shape[1], device=labels.device) < lengths[:, None]
-    bad = (inside & ((labels < 0) | (labels >= c))).any(1).nonzero().flatten().tolist()
-    if bad:
-        raise ValueError(f"valid's labels must lie in [0, {c}) at every position before the lengths (the model has "
-                         f"C={c} labels), got others in examples {bad[:10]}")
+    _check_label_range(labels, tuple(labels.shape), c, lengths, "valid's labels")
 
 
 class _Validator:

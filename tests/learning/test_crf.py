@@ -65,8 +65,10 @@ def test_training_recovers_a_generating_model():
 
 def test_bad_labels():
     pot = bp.ChainPotentials(torch.randn(2, 3, 4, dtype=DT), torch.randn(4, 4, dtype=DT))
-    with pytest.raises(ValueError, match=r"labels must lie in \[0, 4\)"):
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 4\) .* examples \[0\]"):
         crf_nll(bp.LinearChain(), pot, torch.tensor([[0, 1, 4], [0, 0, 0]]))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 4\) .* examples \[1\]"):
+        crf_nll(bp.LinearChain(), pot, torch.tensor([[0, 1, 3], [0, -1, 0]]))
     with pytest.raises(ValueError, match="labels must have shape"):
         crf_nll(bp.LinearChain(), pot, torch.zeros(2, 2, dtype=torch.long))
 
