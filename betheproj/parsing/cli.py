@@ -216,7 +216,8 @@ def run(args: argparse.Namespace) -> None:
                                  "--single-root and --xpos settings of FIRST")
         loss = DEFAULT_LOSS if args.loss is None else args.loss
         lam = DEFAULT_LAM if args.lam is None else args.lam
-        out = _output_path(args.model, "--model", {"--train": args.train, "--dev": args.dev})
+        out = _output_path(args.model, "--model", {"--train": args.train, "--dev": args.dev,
+                                                   "--second-order": args.second_order})
         first = _load_first(args.second_order) if args.second_order else None
         train = load_conllu(args.train)
         if not train:

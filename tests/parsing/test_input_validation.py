@@ -108,6 +108,22 @@ def test_a_model_is_not_written_over_the_data_or_the_output_over_the_model(model
     assert data.read_bytes() == models["train"].read_bytes() and model.read_bytes() == models["first"].read_bytes()
 
 
+def test_a_second_order_model_is_not_written_over_its_first_order_model(models, tmp_path, monkeypatch, capsys):
+    """'parse train --second-order M.pt --model M.pt' trained and then replaced the first-order model M.pt with the
+    second-order model, with exit 0; it is refused before loading or training, also through a symbolic link."""
+    monkeypatch.setattr(DependencyParser, "fit", _no_training)
+    monkeypatch.setattr(SecondOrderParser, "fit", _no_training)
+    model = tmp_path / "first.pt"
+    model.write_bytes(models["first"].read_bytes())
+    (tmp_path / "link.pt").symlink_to(model)
+    for out in (model, tmp_path / "link.pt"):
+        args = ["train", "--train", str(models["train"]), "--second-order", str(model), "--model", str(out), "--quiet"]
+        assert main(args) == 2, out
+        assert (f"betheproj parse: error: --model {out} is the --second-order file {model}; writing there would "
+                "overwrite it") in _one_error_line(capsys)
+    assert model.read_bytes() == models["first"].read_bytes()
+
+
 def test_predict_writes_to_a_pipe_or_device_given_as_output(models, capsys):
     """'--output /dev/fd/N' (bash's >(...)) or '--output /dev/stdout' was refused: the check probed the folder
     (/dev/fd takes no new file) although a pipe or a device is written in place."""
