@@ -87,6 +87,10 @@ def load_ocr(path: str | Path, dtype: torch.dtype = torch.float32) -> OCRData:
     return OCRData(pixels, labels, torch.from_numpy(lengths), torch.from_numpy(folds), [str(w) for w in words])
 
 
+_MEANING = {"y": "letter", "word_id": "word index", "position": "position", "word_fold": "fold",
+            "word_len": "word length"}
+
+
 def _checked(file: Path, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     """The arrays of ``file`` (integers as int64), or a ``ValueError`` naming the file and the array at fault."""
 
@@ -109,6 +113,10 @@ def _checked(file: Path, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, ...
             raise bad(key, f"must be a 1-D integer array, got {a.ndim}-D {a.dtype}")
         if size is not None and len(a) != size:
             raise bad(key, f"has {len(a)} entries, expected one per letter (the {size} rows of 'X')")
+        if a.dtype.kind == "u" and a.size and a.max() > np.iinfo(np.int64).max:    # would wrap to a negative int64
+            i = int(np.argmax(a))
+            raise bad(key, f"must hold values below 2**63 (no {_MEANING[key]} is that large), got {a[i]} "
+                           f"({'letter' if size is not None else 'word'} {i})")
         ints[key] = a.astype(np.int64)
     words = arrays["word"]
     if words.ndim != 1 or words.dtype.kind not in "US":
@@ -128,6 +136,9 @@ def _checked(file: Path, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, ...
         raise bad("y", f"must hold letters 0..25, got values in {y.min()}..{y.max()}")
     if lengths.min() < 1:
         raise bad("word_len", f"must be >= 1, got {lengths.min()}")
+    if lengths.max() > len(y):                  # every letter of a word is a row of X; also keeps the sums in int64
+        i = int(np.argmax(lengths))
+        raise bad("word_len", f"must be at most the {len(y)} letters (rows of 'X'), got {lengths[i]} (word {i})")
     if folds.min() < 0 or folds.max() > 9:
         raise bad("word_fold", f"must hold folds 0..9, got values in {folds.min()}..{folds.max()}")
     if word_id.min() < 0 or word_id.max() >= len(words):

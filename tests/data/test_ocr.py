@@ -1,5 +1,6 @@
 """The OCR loader on ../shared/data/ocr (the counts its SOURCE.md states) and on files that are not it."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,24 @@ def test_inconsistent_arrays_are_named(tmp_path, changes, match):
     np.savez(file, **_tiny(**changes))
     with pytest.raises(ValueError, match=f"bad.npz: array {match}"):
         load_ocr(file)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"word_len": np.array([2**63, 1], dtype=np.uint64)}, r"'word_len' .*got 9223372036854775808 \(word 0\)"),
+    ({"word_len": np.array([2, 2**64 - 1], dtype=np.uint64)}, r"'word_len' .*got 18446744073709551615 \(word 1\)"),
+    ({"y": np.array([0, 1, 2**63], dtype=np.uint64)}, r"'y' .*got 9223372036854775808 \(letter 2\)"),
+    ({"word_len": np.array([2**63 - 1, 1])},
+     r"'word_len' must be at most the 3 letters \(rows of 'X'\), got 9223372036854775807 \(word 0\)"),
+])
+def test_huge_lengths_and_labels_are_named_with_their_value(tmp_path, changes, match):
+    """A uint64 'word_len' of 2**63 was reported as 'must be >= 1, got -9223372036854775808' (the cast to int64
+    wrapped), and an int64 'word_len' of 2**63 - 1 as '3 letters for -9223372036854775808 positions' (the sum
+    wrapped): the value in the file is named, never a wrapped negative one."""
+    file = tmp_path / "bad.npz"
+    np.savez(file, **_tiny(**changes))
+    with pytest.raises(ValueError, match=f"bad.npz: array {match}") as err:
+        load_ocr(file)
+    assert not re.search(r"-\d", str(err.value).split("bad.npz: ", 1)[1])
 
 
 def test_a_file_that_is_not_a_zip_archive_says_so(tmp_path):
