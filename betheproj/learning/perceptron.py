@@ -125,19 +125,24 @@ def _as_labels(z: object) -> np.ndarray | None:
     return arr[:n].astype(np.int64)                         # drop the oracles' -1 padding
 
 
-def _gold_labels(k: int, gold: object) -> np.ndarray:
-    """The gold labelling of ``examples[k]``: integer labels, all of them >= 0 (no padding to drop)."""
+def _gold_labels(k: int, x: object, gold: object) -> np.ndarray:
+    """The gold labelling of ``examples[k] = (x, gold)``: integer labels, all of them >= 0 (no padding to drop),
+    and, for a :class:`~betheproj.mrf.LinearPairwiseMRF` input ``x``, one per node inside its label set (checked by
+    the MRF's own ``check_labelling``; other inputs do not say their label sets)."""
     if isinstance(gold, (MAPResult, LocalMarginals)):
         labels = _as_labels(gold)
         if labels is None:
             raise ValueError(f"examples[{k}]: the gold labelling must be integral")
-        return labels
-    arr = _as_array(gold)
-    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"examples[{k}]: the gold labelling must be a 1-D array of integer labels, got {gold!r}")
-    if (arr < 0).any():
-        raise ValueError(f"examples[{k}]: the gold labelling must hold labels >= 0, got {arr.tolist()}")
-    return arr.astype(np.int64)
+    else:
+        arr = _as_array(gold)
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError(f"examples[{k}]: the gold labelling must be a 1-D array of integer labels, got {gold!r}")
+        if (arr < 0).any():
+            raise ValueError(f"examples[{k}]: the gold labelling must hold labels >= 0, got {arr.tolist()}")
+        labels = arr.astype(np.int64)
+    if isinstance(x, LinearPairwiseMRF):
+        labels = x.structure.check_labelling(labels, f"examples[{k}]: the gold labelling")
+    return labels
 
 
 def _default_features(x: Any, z: Any) -> np.ndarray:
@@ -186,7 +191,7 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
                 raise ValueError("cannot tell the number of features: pass num_features or initial")
         w = np.zeros(int(d))
     rng = np.random.default_rng(None if seed is None else check_seed("seed", seed))
-    golds = [_gold_labels(k, g) for k, (_, g) in enumerate(data)]
+    golds = [_gold_labels(k, x, g) for k, (x, g) in enumerate(data)]
     path = [w.copy()]
     total = np.zeros_like(w)
     mistakes: list[int] = []
@@ -240,7 +245,7 @@ def predict(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, w: np.ndarray) -
     out = []
     for k, (x, gold) in enumerate(_check_examples(examples)):
         labels = _as_labels(map_fn(x, np.asarray(w, dtype=np.float64)))
-        g = _gold_labels(k, gold)
+        g = _gold_labels(k, x, gold)
         out.append(labels is not None and labels.shape == g.shape and bool(np.all(labels == g)))
     return out
 

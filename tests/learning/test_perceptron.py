@@ -151,6 +151,23 @@ def test_bad_inputs():
         predict([(model, np.array([-1, 0, 0]))], run, np.zeros(3))     # predict reads gold as training does
 
 
+def test_predict_checks_the_gold_labels_against_the_label_sets_as_training_does():
+    """predict counted a gold label outside its node's label set (2 of a binary node), or a gold labelling of the
+    wrong length, silently as a mistake ([False]); training refused it, but only at its first update and naming the
+    features' argument 'z'.  Both now refuse it up front, naming the example."""
+    model = triangle_model((4.0, 3.0, 3.0))                         # three binary nodes
+    ok = [(model, np.array([1, 0, 0]))]
+    run = mrf_map("exact")
+    for gold, message in [(np.array([2, 0, 0]), r"has label indices outside the label sets \(sizes \(2, 2, 2\)\)"),
+                          (np.array([1, 0]), "must hold 3 integer label indices"),
+                          (np.array([1, 0, 0, 0]), "must hold 3 integer label indices")]:
+        with pytest.raises(ValueError, match=rf"examples\[1\]: the gold labelling {message}"):
+            predict(ok + [(model, gold)], run, np.zeros(3))
+        with pytest.raises(ValueError, match=rf"examples\[1\]: the gold labelling {message}"):
+            structured_perceptron(ok + [(model, gold)], lambda x, w: 1 / 0, num_features=3)   # before any MAP call
+    assert predict(ok, run, np.zeros(3)) == [False] and predict(ok, run, np.array([1.0, 0.0, 0.0])) == [True]
+
+
 def test_mistake_bound_without_a_positive_margin_is_infinite():
     from betheproj.learning.perceptron import MistakeBound
 
