@@ -50,8 +50,9 @@ def load_ocr(path: str | Path, dtype: torch.dtype = torch.float32) -> OCRData:
     """Load ``ocr_letters.npz`` from ``path`` (the file itself or the folder holding it).
 
     The arrays are checked to describe padded words consistently (shapes, integer types, ``y`` in 0..25, every
-    letter's ``word_id`` and ``position`` inside its word, each position of each word given once); a file that is
-    not such an archive is a ``ValueError`` naming it (and the array at fault)."""
+    letter's ``word_id`` and ``position`` inside its word, each position of each word given once, each ``word``
+    string the letters its labels spell, ``a`` = 0); a file that is not such an archive is a ``ValueError`` naming
+    it (and the array at fault)."""
     check_float_dtype("dtype", dtype)                     # the pixels are 0/1 floats
     path = Path(path)
     file = path / OCR_FILE if path.is_dir() else path
@@ -84,7 +85,19 @@ def load_ocr(path: str | Path, dtype: torch.dtype = torch.float32) -> OCRData:
     labels = torch.full((n_words, n_max), -1, dtype=torch.long)
     pixels[word_id, position] = torch.from_numpy(x).to(dtype)
     labels[word_id, position] = torch.from_numpy(y)
+    _check_words(file, words, labels, lengths)
     return OCRData(pixels, labels, torch.from_numpy(lengths), torch.from_numpy(folds), [str(w) for w in words])
+
+
+def _check_words(file: Path, words: np.ndarray, labels: Tensor, lengths: np.ndarray) -> None:
+    """``ValueError`` naming ``file`` and the first word whose string is not the letters its labels spell (the
+    source's words equal their decoded labels; one that does not is a misaligned or damaged file)."""
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    for i, (word, row, n) in enumerate(zip(words.tolist(), labels.numpy(), lengths.tolist(), strict=True)):
+        spelled = "".join(letters[row[:n]])
+        if word != spelled:
+            raise ValueError(f"{file}: array 'word' must give each word's letters as its labels spell them: word {i} "
+                             f"is {word!r} but its letters' labels ('y') spell {spelled!r}")
 
 
 _MEANING = {"y": "letter", "word_id": "word index", "position": "position", "word_fold": "fold",

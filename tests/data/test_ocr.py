@@ -119,6 +119,22 @@ def test_huge_lengths_and_labels_are_named_with_their_value(tmp_path, changes, m
     assert not re.search(r"-\d", str(err.value).split("bad.npz: ", 1)[1])
 
 
+@pytest.mark.parametrize("word, match", [
+    (["ab", "d"], r"word 1 is 'd' but its letters' labels \('y'\) spell 'c'"),
+    (["ba", "c"], r"word 0 is 'ba' but its letters' labels \('y'\) spell 'ab'"),
+    (["abc", "c"], r"word 0 is 'abc' but its letters' labels \('y'\) spell 'ab'"),
+    (["AB", "c"], r"word 0 is 'AB' but its letters' labels \('y'\) spell 'ab'"),
+])
+def test_words_that_disagree_with_their_labels_are_named(tmp_path, word, match):
+    """A 'word' string that is not the letters its labels spell (SOURCE.md: every word equals its decoded labels;
+    a mismatch means a misaligned or damaged file) loaded silently, with words that did not describe the examples."""
+    file = tmp_path / "bad.npz"
+    np.savez(file, **_tiny(word=np.array(word)))
+    with pytest.raises(ValueError, match=f"bad.npz: array 'word' must give each word's letters as its labels spell "
+                                         f"them: {match}"):
+        load_ocr(file)
+
+
 def test_a_file_that_is_not_a_zip_archive_says_so(tmp_path):
     import gzip
 
