@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_count, check_real
-from .citations import Citation, check_citations
+from .citations import Citation, bio_segments, check_citations
 
 __all__ = ["BigramExclusions", "Constraints", "OrderConstraints", "bigram_exclusions", "citation_constraints",
            "label_counts", "order_constraints"]
@@ -72,10 +72,17 @@ class Constraints:
 
 
 def _label_ids(labels: Sequence[str]) -> tuple[dict[str, int], int]:
-    """Label -> id, and the id of ``O`` (which labels outside the list count as)."""
+    """Label -> id, and the id of ``O`` (which labels outside the list count as).  ``labels`` must hold ``O`` and
+    only BIO labels (``O``, ``B-<path>``, ``I-<path>``: :func:`~betheproj.data.citations.bio_segments`' check), each
+    once (one id, one column of the counts)."""
     if isinstance(labels, str) or not isinstance(labels, Sequence) or "O" not in labels:
         raise ValueError("labels must be a list of labels holding 'O' (labels outside the list count as O)")
-    ids = {label: i for i, label in enumerate(labels)}
+    bio_segments(list(labels))
+    ids: dict[str, int] = {}
+    for i, label in enumerate(labels):
+        if label in ids:
+            raise ValueError(f"labels must name each label once: labels[{i}] = {label!r} repeats labels[{ids[label]}]")
+        ids[label] = i
     return ids, ids["O"]
 
 
