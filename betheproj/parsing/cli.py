@@ -272,7 +272,8 @@ def run(args: argparse.Namespace) -> None:
               f"parsed {words} words in {seconds:.2f}s ({words / max(seconds, 1e-9):.0f} words/s)")
     elif args.parse_command == "predict":
         _positive(args.batch_size, "--batch-size")
-        output = None if args.output in (None, "-") else _output_path(args.output, "--output", {"--model": args.model})
+        inputs = {"--model": args.model, "--input": args.input}
+        output = None if args.output in (None, "-") else _output_path(args.output, "--output", inputs)
         parser = _load(args.model)
         if args.input == "-":
             from .._files import read_stdin

@@ -89,8 +89,9 @@ def test_predict_checks_output_path_before_parsing(models, tmp_path, monkeypatch
 
 
 def test_a_model_is_not_written_over_the_data_or_the_output_over_the_model(models, tmp_path, monkeypatch, capsys):
-    """'parse train --model' naming the --train or --dev file replaced the treebank with the model, and 'parse predict
-    --output' naming the --model file replaced the model with CoNLL-U, both with exit 0."""
+    """'parse train --model' naming the --train or --dev file replaced the treebank with the model, 'parse predict
+    --output' naming the --model file replaced the model with CoNLL-U, and naming the --input file replaced its gold
+    heads with the predicted ones, all with exit 0."""
     monkeypatch.setattr(DependencyParser, "fit", _no_training)
     monkeypatch.setattr(DependencyParser, "predict", _no_training)
     data, model = tmp_path / "data.conllu", tmp_path / "model.pt"
@@ -101,7 +102,9 @@ def test_a_model_is_not_written_over_the_data_or_the_output_over_the_model(model
              (["train", "--train", str(models["train"]), "--dev", str(data), "--model", str(tmp_path / "link.conllu")],
               f"--model {tmp_path / 'link.conllu'} is the --dev file"),
              (["predict", "--model", str(model), "--input", str(data), "--output", str(model)],
-              f"--output {model} is the --model file")]
+              f"--output {model} is the --model file"),
+             (["predict", "--model", str(model), "--input", str(data), "--output", str(tmp_path / "link.conllu")],
+              f"--output {tmp_path / 'link.conllu'} is the --input file")]
     for args, message in cases:
         assert main([*args, "--quiet"]) == 2, args
         assert f"betheproj parse: error: {message}" in _one_error_line(capsys)
