@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -91,6 +92,25 @@ def exclusive(x: np.ndarray, op: Callable, identity: float) -> np.ndarray:
         pre[1:] = op.accumulate(x)
         suf[:n] = op.accumulate(x[::-1])[::-1]
     return op(pre[:n], suf[1:])
+
+
+def cavity_sums(base: float, t: np.ndarray) -> np.ndarray:
+    """``base + sum_{j != i} t_j`` for every ``i`` in O(n), to a rounding or two of the result where it is finite: the
+    whole sum is carried as ``hi + lo`` (``math.fsum``) and ``t_i`` comes off ``hi`` before ``lo`` is added, so terms
+    far apart that cancel (``base = -1e30`` against a ``t_j = 1e30``) keep the O(1) rest a running sum rounds away.
+    Infinite results (NaN for ``inf - inf``) as :func:`exclusive` gives them."""
+    t = np.asarray(t, dtype=np.float64)
+    out = base + exclusive(t, np.add, 0.0)
+    fin = np.isfinite(out)
+    if fin.any():                                   # base finite, and t_i the only infinite term if any is
+        terms = [float(base), *t[np.isfinite(t)].tolist()]
+        try:
+            hi = math.fsum(terms)
+            lo = math.fsum([*terms, -hi])
+        except OverflowError:                       # the exact sum leaves float64: keep the running sums
+            return out
+        out[fin] = (hi - np.where(np.isfinite(t), t, 0.0)[fin]) + lo
+    return out
 
 
 def log1mexp(s: np.ndarray | float) -> np.ndarray:

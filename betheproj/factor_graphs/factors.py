@@ -35,9 +35,9 @@ from ._util import (
     as_log_array,
     as_numpy,
     as_variables,
+    cavity_sums,
     exclusive,
     log1mexp_of_log,
-    log_expm1_of_log,
     log_ratio,
     log_sigmoid,
     log_softplus,
@@ -467,10 +467,16 @@ class OROut(BinaryHardFactor):
         x, ln = l[:-1], l[-1]
         out = np.empty_like(l)
         if mode == "sum":
-            log_s = exclusive(log_softplus(x), np.logaddexp, -np.inf)   # log log prod_{j != i,n} (1 + m_j)
-            s = np.exp(log_s)
-            out[:-1] = -np.logaddexp(log1mexp_of_log(log_s), -ln - s)  # log(1 - P + P / m_n), P = exp(-s)
-            out[-1] = float(log_expm1_of_log(np.logaddexp.reduce(log_softplus(x))))   # log(exp(total) - 1)
+            # s_i = log prod_{j != i,n} (1 + m_j) = sum_{j != i,n} max(l_j, 0) + sum_{j != i,n} softplus(-|l_j|): the
+            # first sum, where the huge terms are, meets l_n exactly before the bounded second is added (s taken back
+            # from log s was 1e30 to 17 places in the last digit, and l_n + s the O(1) rest of -1e30 + 1e30 and that)
+            log_s = exclusive(log_softplus(x), np.logaddexp, -np.inf)
+            small = softplus(-np.abs(x))
+            ln_s = cavity_sums(ln, np.maximum(x, 0.0)) + exclusive(small, np.add, 0.0)
+            out[:-1] = -np.logaddexp(log1mexp_of_log(log_s), -ln_s)    # log(1 - P + P / m_n), P = exp(-s)
+            # log(exp(s) - 1) = s + log(1 - exp(-s)) over every input
+            out[-1] = float(np.sum(np.maximum(x, 0.0)) + (np.sum(small)
+                                                          + log1mexp_of_log(np.logaddexp.reduce(log_softplus(x)))))
         else:
             first = ln + exclusive(np.maximum(0.0, x), np.add, 0.0)
             second = np.maximum(0.0, -exclusive(x, np.maximum, -np.inf))

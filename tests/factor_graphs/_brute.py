@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from fractions import Fraction
 
 import numpy as np
 from scipy.special import logsumexp
@@ -65,6 +66,32 @@ def log_ratio(m):
     if m[1] == -np.inf:
         return -np.inf
     return m[1] - m[0]
+
+
+def exact_ratio_messages(configs, l, mode):
+    """Outgoing log-ratios of the hard factor allowing ``configs`` (0/1 tuples) for incoming log-ratios ``l``
+    (``+-inf``: clamped), from the configurations' scores ``sum_{j != i} l_j v_j`` summed exactly (fractions) and
+    differenced before anything is rounded: the O(1) digits of a result among scores 1e30 apart survive, where a float
+    enumeration rounds them away.  NaN where the clamps leave neither state of ``v_i``."""
+    n = len(l)
+    out = []
+    for i in range(n):
+        scores = {0: [], 1: []}
+        for v in configs:
+            if any(np.isinf(l[j]) and v[j] != (l[j] > 0) for j in range(n) if j != i):
+                continue
+            scores[v[i]].append(sum((Fraction(float(l[j])) for j in range(n) if j != i and v[j] and np.isfinite(l[j])),
+                                    Fraction(0)))
+        if not scores[0] or not scores[1]:
+            out.append(np.nan if not scores[0] and not scores[1] else (np.inf if scores[1] else -np.inf))
+            continue
+        top = [max(scores[0]), max(scores[1])]
+        diff = float(top[1] - top[0])
+        if mode == "sum":
+            rest = [np.log(np.sum(np.exp([float(x - top[s]) for x in scores[s]]))) for s in (0, 1)]
+            diff += rest[1] - rest[0]
+        out.append(diff)
+    return np.array(out)
 
 
 def assert_log_close(a, b, atol=1e-8, rtol=1e-8):

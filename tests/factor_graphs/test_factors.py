@@ -11,7 +11,16 @@ import torch
 
 from betheproj.factor_graphs import IMPLY, NAND, OR, XOR, Dense, FactorGraph, OROut, Tree, XOROut, belief_propagation
 
-from ._brute import PREDICATES, all_trees, allowed_set, assert_log_close, factor_reference, log_ratio, negate
+from ._brute import (
+    PREDICATES,
+    all_trees,
+    allowed_set,
+    assert_log_close,
+    exact_ratio_messages,
+    factor_reference,
+    log_ratio,
+    negate,
+)
 
 CLASSES = {"XOR": XOR, "OR": OR, "OROut": OROut, "NAND": NAND, "IMPLY": IMPLY, "XOROut": XOROut}
 
@@ -429,3 +438,49 @@ def test_hard_factor_beliefs_with_clamped_inputs_match_brute_force(factor):
             np.testing.assert_allclose(belief.marginals, w @ np.array(ok, dtype=float), atol=1e-14, rtol=0)
             assert belief.marginals[k] == (1.0 if clamp > 0 else 0.0)
             assert belief.entropy == pytest.approx(-np.sum(w * np.log(w)), abs=1e-13)
+
+
+# incoming log-ratios that clamp in all but name (e^-1e30 = 0 in float64), beside O(1) ones
+HUGE_POOL = [-np.inf, -2e30, -1e30, -1e30 + 2.0 ** 47, -1e10 - 1.0, -0.7, 0.0, 0.3, 1e10, 1e30, 2e30, np.inf]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_messages_at_huge_log_ratios_match_exact_brute_force(case):
+    """Sum- and max-product messages against an enumeration whose scores are summed exactly: where the exact message is
+    O(1) (the huge inputs cancel) its digits must survive, and a huge message must be right to its last few places."""
+    factor, configs = _make(*case)
+    rng = np.random.default_rng(3 + zlib.crc32(_ids(case).encode()))
+    for _ in range(40):
+        l = rng.choice(HUGE_POOL, size=factor.arity)
+        l = np.where(rng.random(factor.arity) < 0.3, rng.normal(size=factor.arity), l)
+        for mode in ("sum", "max"):
+            want = exact_ratio_messages(configs, l, mode)
+            got = factor.ratio_messages(l, mode)
+            keep = ~np.isnan(want)                       # NaN: contradictory clamps, the message is undefined
+            assert_log_close(got[keep], want[keep], atol=1e-12, rtol=1e-15)
+
+
+def test_or_with_output_sum_messages_keep_their_digits_at_huge_log_ratios():
+    """OROut's sum-product messages took s = log prod_j (1 + m_j) back from log s: exp(log 1e30) is 1e30 to 17 places in
+    the last digit, so the message to the output from an input at 1e30 was 1e30 - 2.4e15, and an input's message
+    -l_n - s with l_n = -1e30 came out -2.4e15 for the exact -log 2 (BP then put the output off where out = in ties)."""
+    f = OROut([0, 1])
+    assert f.ratio_messages([1e30, -1e30], "sum")[1] == 1e30
+    out = OROut([0, 1, 2]).ratio_messages([1e30, 0.3, -1e30], "sum")
+    assert out[1] == pytest.approx(-np.log(2), rel=1e-15) and out[2] == 1e30
+    # l_n + sum_j max(l_j, 0) is formed exactly: with 1e30 and 0.3 in the cavity the 0.3 is kept
+    out = OROut([0, 1, 2, 3]).ratio_messages([1e30, 0.3, 0.0, -1e30], "sum")
+    assert out[2] == pytest.approx(-np.logaddexp(0.0, -np.logaddexp(0.0, 0.3)), rel=1e-15)
+    # BP on the factor alone is exact.  Out = in with the input at 1e30 and the output at -1e30: (0, 0) and (1, 1) tie,
+    # where the output had been put off.  With a second input at 0.3, (0, 0, 0) and (1, 0, 1) weigh 1 each, (1, 1, 1)
+    # e^0.3: that input's belief (it had been off) is exact; the other two, 1e30 + (-1e30 + 0.85), cannot be
+    for unary, want in (([1e30, -1e30], [0.5, 0.5]),
+                        ([1e30, 0.3, -1e30], [None, np.exp(0.3) / (2.0 + np.exp(0.3)), None])):
+        g = FactorGraph([2] * len(unary))
+        for v, x in enumerate(unary):
+            g.set_unary(v, [0.0, x])
+        g.add_factor(OROut(list(range(len(unary)))))
+        beliefs = belief_propagation(g, "sum").variable_beliefs
+        for b, w in zip(beliefs, want, strict=True):
+            if w is not None:
+                assert b[1] == pytest.approx(w, rel=1e-14)
