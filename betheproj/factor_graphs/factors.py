@@ -478,7 +478,7 @@ class OROut(BinaryHardFactor):
             out[-1] = float(np.sum(np.maximum(x, 0.0)) + (np.sum(small)
                                                           + log1mexp_of_log(np.logaddexp.reduce(log_softplus(x)))))
         else:
-            first = ln + exclusive(np.maximum(0.0, x), np.add, 0.0)
+            first = cavity_sums(ln, np.maximum(0.0, x))              # l_n meets the exact sum
             second = np.maximum(0.0, -exclusive(x, np.maximum, -np.inf))
             out[:-1] = np.minimum(first, second)
             out[-1] = float(np.sum(np.maximum(0.0, x))) + min(0.0, float(np.max(x)))

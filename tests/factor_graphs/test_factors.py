@@ -484,3 +484,15 @@ def test_or_with_output_sum_messages_keep_their_digits_at_huge_log_ratios():
         for b, w in zip(beliefs, want, strict=True):
             if w is not None:
                 assert b[1] == pytest.approx(w, rel=1e-14)
+
+
+def test_or_with_output_max_messages_keep_their_digits_at_huge_log_ratios():
+    """OROut's max-product message to input i is min(l_n + sum_{j != i,n} max(l_j, 0), ...): the sum ran through 1e30 +
+    (2^47 - 0.5), which rounds to the next float 1e30 + 2^47, before l_n = -(1e30 + 2^47) met it, so the exact -0.25
+    and -0.5 came out 0.  l_n now meets the exact sum (as in the sum-product message)."""
+    l = [1e30, 2.0 ** 47 - 0.5, 0.25, 0.0, -(1e30 + 2.0 ** 47)]
+    configs = allowed_set(PREDICATES["OROut"], 5)
+    for mode in ("sum", "max"):
+        assert_log_close(OROut(range(5)).ratio_messages(l, mode), exact_ratio_messages(configs, l, mode), atol=1e-15,
+                         rtol=1e-15)
+    np.testing.assert_array_equal(OROut(range(5)).ratio_messages(l, "max")[2:4], [-0.5, -0.25])
