@@ -496,3 +496,29 @@ def test_or_with_output_max_messages_keep_their_digits_at_huge_log_ratios():
         assert_log_close(OROut(range(5)).ratio_messages(l, mode), exact_ratio_messages(configs, l, mode), atol=1e-15,
                          rtol=1e-15)
     np.testing.assert_array_equal(OROut(range(5)).ratio_messages(l, "max")[2:4], [-0.5, -0.25])
+
+
+@pytest.mark.parametrize("n,single_root", [(2, False), (3, False), (3, True), (4, False)])
+def test_tree_belief_at_huge_log_ratios_equals_the_clamped_one(n, single_root):
+    """Arcs of one tree at 1e10 .. 2e30 and arcs off it at -1e10 .. -2e30 (clamped in all but name) beside O(1) ones:
+    marginals, entropy and log Z_C as with those arcs clamped (+-inf), by brute force on the reduced problem.  Table 1's
+    entropy log Z_C - sum_a [z_a log p_a(1) + (1 - z_a) log p_a(0)] differenced a log Z_C of 1e30 - 1e30 + O(1)
+    against sum_a log p_a(0) = -1e30: 2.8 for a belief with one tree (0), and 1e10 + 0.06 beside an arc at 1e10."""
+    rng = np.random.default_rng(20 * n + single_root)
+    arcs = Tree.all_arcs(n)
+    factor = Tree(range(len(arcs)), arcs, single_root=single_root)
+    trees = all_trees(n, single_root)
+    configs = [tuple(int(arc[0] == heads[arc[1] - 1]) for arc in arcs) for heads in trees]
+    for _ in range(12):
+        heads = trees[rng.integers(len(trees))]
+        on = np.array([h == heads[m - 1] for h, m in arcs])
+        l = rng.normal(scale=1.5, size=len(arcs))
+        big = rng.random(len(arcs)) < 0.5
+        l[big] = np.where(on, 1.0, -1.0)[big] * rng.choice([1e10, 1e30, 2e30], size=int(big.sum()))
+        clamped = np.where(big, np.where(on, np.inf, -np.inf), l)
+        ref = factor_reference(configs, [np.array([-np.inf, 0.0]) if x == np.inf else np.array([0.0, x])
+                                         for x in clamped])
+        belief = factor.belief([np.array([0.0, x]) for x in l])
+        np.testing.assert_allclose(belief.marginals, ref["z"], atol=1e-12, rtol=0)
+        assert belief.entropy == pytest.approx(ref["entropy"], abs=1e-12)
+        assert belief.log_partition == pytest.approx(ref["log_z"], abs=1e-12)
