@@ -68,7 +68,7 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
         won = won[pick]                                  # one winning row per example (the first on a tie)
         node[examples] = sol.potentials.node[won]
         if sol.potentials.edge.dim() == 4:
-            if edge.dim() != 4:
+            if edge is potentials.edge:                  # a copy, never the caller's tensor (or a view of one table)
                 edge = potentials.full_edge().clone()
             edge[examples] = sol.potentials.edge[won]
         # the winners' own marginals: the point each objective was measured at (the accelerated method's is

@@ -164,3 +164,45 @@ def test_negative_psi_examples_are_solved_locally(method):
     torch.testing.assert_close(everywhere.objective,
                                objective(chain, theta, NearestPrototype(unigram, -1.0), everywhere.marginals))
     assert everywhere.method == f"global-{method}" and bool(everywhere.converged.all())
+
+
+@pytest.mark.parametrize("expanded", [False, True], ids=["per-position edges", "one table expanded"])
+def test_the_callers_edge_scores_are_left_alone(expanded):
+    """Pieces with an edge energy move the edge scores: solve_global wrote the winners' edge scores into the
+    caller's per-position edge tensor, and through an ``.expand``ed one into the single table every example shares,
+    so the returned potentials were the last winner's for all (their marginals 0.03 off the returned ones)."""
+    from betheproj.energies import Energy, LinearMeasurements
+
+    class NearestTransitions(Energy):
+        """``min_k 5 (<vecs_k, mu_edge> - 1)^2``: transition counts pulled towards the nearer of two targets."""
+
+        def __init__(self, vecs):
+            self.vecs = vecs
+
+        def _piece(self, vecs):
+            return LinearMeasurements(edge=vecs[:, None], offset=1.0, loss="squared", psi=5.0)
+
+        def value(self, m):
+            return torch.stack([self._piece(v[None].expand(m.batch_size, *v.shape)).value(m) for v in self.vecs],
+                               -1).amin(-1)
+
+        def pieces(self, lengths):
+            b, k = lengths.shape[0], self.vecs.shape[0]
+            return (torch.arange(b).repeat_interleave(k),
+                    self._piece(self.vecs.repeat(b, 1, 1, 1)))
+
+    b, n, c = 2, 3, 2
+    vecs = torch.zeros(2, n - 1, c, c, dtype=DT)
+    vecs[0, :, 0, 1], vecs[1, :, 1, 0] = 1.0, 1.0
+    torch.manual_seed(3)
+    node, table = torch.randn(b, n, c, dtype=DT), torch.randn(b, n - 1, c, c, dtype=DT)
+    if expanded:
+        table = table[0, 0]
+    edge = table.expand(b, n - 1, c, c) if expanded else table
+    before = edge.clone()
+    chain, energy = bp.LinearChain(), NearestTransitions(vecs)
+    sol = solve_global(chain, bp.ChainPotentials(node, edge), energy, tol=1e-10)
+    assert torch.equal(edge, before)
+    want = solve_global(chain, bp.ChainPotentials(node, before.clone()), energy, tol=1e-10)
+    torch.testing.assert_close(sol.potentials.full_edge(), want.potentials.full_edge())
+    torch.testing.assert_close(chain.marginals(sol.potentials).node, sol.marginals.node)
