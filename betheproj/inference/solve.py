@@ -52,7 +52,7 @@ from torch import Tensor
 from .._checks import check_count, check_nonnegative, check_positive
 from ..energies.base import Energy
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
-from .state import SolverState, _objective_parts
+from .state import SolverState, _check_value, _objective_parts
 
 __all__ = ["Solution", "solve", "objective", "METHODS"]
 
@@ -243,4 +243,5 @@ def objective(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, ma
     if not torch.equal(marginals.lengths.to(potentials.lengths.device), potentials.lengths):
         raise ValueError("marginals.lengths differ from potentials.lengths: marginals of other examples")
     energy.validate(marginals)
-    return _objective_parts(oracle, potentials, marginals) + energy.value(marginals)
+    return _objective_parts(oracle, potentials, marginals) + _check_value(energy, energy.value(marginals),
+                                                                          marginals.node)

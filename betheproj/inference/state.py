@@ -97,6 +97,19 @@ def _check_gradient(energy: Energy, g: Gradient, mu: Marginals, edge_shape: tupl
                              f"{edge_shape}")
 
 
+def _check_value(energy: Energy, value: object, node: Tensor) -> Tensor:
+    """``value``, the energy's value at marginals with node marginals ``node``: a tensor [B] in their dtype (a
+    [B, 1] or scalar value would broadcast against the [B] objective)."""
+    b = node.shape[0]
+    if not isinstance(value, Tensor) or value.shape != (b,):
+        got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+        raise ValueError(f"{type(energy).__name__}.value must return a tensor of shape [B]=({b},), got {got}")
+    if value.dtype != node.dtype:
+        raise TypeError(f"energy.value returned {value.dtype} for {node.dtype} marginals: build the energy's tensors "
+                        f"in the potentials' dtype")
+    return value
+
+
 def _masked_gradient(energy: Energy, mu: Marginals) -> Gradient:
     """``grad L`` with padding zeroed and edge gradients broadcast to [B, N-1, C, C]."""
     g = energy.grad(mu)
@@ -325,10 +338,7 @@ class SolverState:
             self.allowed_node = self.support
             self.allowed_edge = None if not need_edges else (base.edge_total() if totals else base.edge) > 0
         self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
-        self.val = energy.value(self._point(mu_node, mu_edge, lengths))     # L at the iterate (MD step test)
-        if self.val.dtype != mu_node.dtype:
-            raise TypeError(f"energy.value returned {self.val.dtype} for {mu_node.dtype} marginals: build the "
-                            f"energy's tensors in the potentials' dtype")
+        self.val = _check_value(energy, energy.value(self._point(mu_node, mu_edge, lengths)), mu_node)  # MD test
         f = -self.log_z + _inner(self.delta_node, mu_node) + self.val
         if need_edges:
             f = f + _inner(self.delta_edge, mu_edge)

@@ -957,3 +957,30 @@ def test_an_energy_reading_edges_over_dependency_trees_solves_as_its_node_part(o
     assert torch.allclose(b.objective, a.objective + 1.0, atol=1e-12)
     assert not b.marginals.edge.any() and not b.potentials.edge.any()
     assert torch.equal(bp.decode(oracle, a), bp.decode(oracle, b))
+
+
+@pytest.mark.parametrize("wrong", ["[B, 1]", "scalar", "[1]", "float"])
+def test_an_energy_value_of_the_wrong_shape_is_named(wrong):
+    """An energy with a closed-form gradient whose value is not [B] was an IndexError or an AttributeError in
+    every solver, and objective() broadcast a [B, 1] value to a [B, B] result (a scalar one to every example)."""
+    from betheproj.energies import Energy
+    from betheproj.energies.base import Gradient
+
+    shape = {"[B, 1]": lambda v: v[:, None], "scalar": lambda v: v.sum(), "[1]": lambda v: v.sum()[None],
+             "float": lambda v: float(v.sum())}[wrong]
+
+    class Quadratic(Energy):
+        def value(self, m):
+            return shape(0.5 * (m.node ** 2).sum((1, 2)))
+
+        def grad(self, m):
+            return Gradient(m.node, None)
+
+    theta = _theta()
+    match = r"Quadratic.value must return a tensor of shape \[B\]=\(4,\), got "
+    for method in METHODS:
+        with pytest.raises(ValueError, match=match):
+            bp.solve(bp.LinearChain(), theta, Quadratic(), method=method)
+    with pytest.raises(ValueError, match=match):
+        bp.objective(bp.LinearChain(), theta, Quadratic(), bp.LinearChain().marginals(theta))
+
