@@ -98,15 +98,20 @@ class Solution:
     method: str
 
 
-def _check_args(oracle, potentials, energy, method, max_iter, tol, max_backtracks, beta, step, lipschitz,
-                trust_region) -> tuple:
-    for name in ("marginals", "map", "entropy"):
+def _check_problem(oracle, potentials, energy, needs: tuple[str, ...] = ("marginals", "map", "entropy")) -> None:
+    """The oracle provides the methods ``needs``, the potentials and the energy are of their types."""
+    for name in needs:
         if not callable(getattr(oracle, name, None)):
             raise TypeError(f"oracle must provide {name}(); got {type(oracle).__name__}")
     if not isinstance(potentials, PairwisePotentials):
         raise TypeError(f"potentials must be PairwisePotentials/ChainPotentials, got {type(potentials).__name__}")
     if not isinstance(energy, Energy):
         raise TypeError(f"energy must be a betheproj.energies.Energy, got {type(energy).__name__}")
+
+
+def _check_args(oracle, potentials, energy, method, max_iter, tol, max_backtracks, beta, step, lipschitz,
+                trust_region) -> tuple:
+    _check_problem(oracle, potentials, energy)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     max_iter, max_backtracks = check_count("max_iter", max_iter, 0), check_count("max_backtracks", max_backtracks, 0)
@@ -232,11 +237,13 @@ def _merge(sol: Solution, other: Solution, rows: Tensor) -> Solution:
 
 def objective(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, marginals: Marginals) -> Tensor:
     """Value of (2), ``-H_B(mu) - <theta, mu> + L(mu)`` [B], at any point of the marginal polytope
-    (``marginals`` of the same examples as ``potentials``: shapes and lengths must agree)."""
-    if not isinstance(potentials, PairwisePotentials):
-        raise TypeError(f"potentials must be PairwisePotentials, got {type(potentials).__name__}")
+    (``marginals`` of the same examples as ``potentials``: shapes, lengths and dtype must agree)."""
+    _check_problem(oracle, potentials, energy, needs=("entropy",))
     if not isinstance(marginals, Marginals):
         raise TypeError(f"marginals must be Marginals, got {type(marginals).__name__}")
+    if marginals.node.dtype != potentials.node.dtype:
+        raise TypeError(f"marginals must have the potentials' dtype {potentials.node.dtype}, got "
+                        f"{marginals.node.dtype}")
     if marginals.node.shape != potentials.node.shape:
         raise ValueError(f"marginals.node has shape {tuple(marginals.node.shape)}; the potentials' node scores "
                          f"have {tuple(potentials.node.shape)}")

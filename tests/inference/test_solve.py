@@ -984,3 +984,21 @@ def test_an_energy_value_of_the_wrong_shape_is_named(wrong):
     with pytest.raises(ValueError, match=match):
         bp.objective(bp.LinearChain(), theta, Quadratic(), bp.LinearChain().marginals(theta))
 
+
+def test_objective_checks_its_arguments_as_solve_does():
+    """objective() took a function for the energy (an AttributeError on .validate), and mixed float32 and float64
+    marginals, potentials and energy values into a float64 result that solve() refuses."""
+    theta, chain = _theta(), bp.LinearChain()
+    mu = chain.marginals(theta)
+    energy = LinearMeasurements(node=torch.ones(1, 4, dtype=DT), offset=1.0, loss="squared")
+    with pytest.raises(TypeError, match="energy must be a betheproj.energies.Energy, got function"):
+        bp.objective(chain, theta, lambda m: m.node.sum((1, 2)), mu)
+    with pytest.raises(TypeError, match="oracle must provide entropy"):
+        bp.objective(None, theta, energy, mu)
+    mu32 = bp.Marginals(mu.node.float(), mu.edge.float(), mu.log_partition.float(), mu.lengths)
+    with pytest.raises(TypeError, match="marginals must have the potentials' dtype torch.float64, got torch.float32"):
+        bp.objective(chain, theta, energy, mu32)
+    with pytest.raises(TypeError, match="energy.value returned torch.float32 for torch.float64 marginals"):
+        bp.objective(chain, theta, FunctionEnergy(lambda m: (m.node.float() ** 2).sum((1, 2))), mu)
+    torch.testing.assert_close(bp.objective(chain, theta, energy, mu),
+                               -mu.log_partition + energy.value(mu))          # -H - <theta, mu> = -log Z here
