@@ -32,7 +32,7 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     candidate piece have zero energy: their solution is the oracle's marginals; those of the energy's
     ``remainder`` (if any) are solved by :func:`solve` with it from the base marginals.  ``iterations`` is the most any
     of an example's rows took (the rows run side by side); ``objectives`` has a single column (the rows'
-    histories are not comparable)."""
+    histories are not comparable).  Like :func:`solve`, it runs without autograd: nothing returned requires grad."""
     if not callable(getattr(energy, "pieces", None)):
         raise TypeError(f"solve_global needs an energy with pieces(lengths), got {type(energy).__name__}")
     if not isinstance(potentials, PairwisePotentials):

@@ -130,6 +130,10 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
           warm_start: PairwisePotentials | None = None) -> Solution:
     """Solve problem (2) for a batch by calling ``oracle`` with modified potentials.
 
+    Runs without autograd (``torch.no_grad``): the returned tensors never require grad, even where ``potentials``
+    or the energy's parameters do, so no gradient flows back through the iterations.  To learn theta or psi,
+    differentiate the surrogate likelihood at the solution (:func:`betheproj.learning.surrogate_nll`, eqs. 12-15).
+
     Args:
         oracle: a marginal oracle (``LinearChain``, ``Tree``, ...).
         potentials: ``theta``.
