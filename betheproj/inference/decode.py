@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from ..oracles.base import Oracle
-from .solve import Solution
+from .solve import Solution, check_oracle
 
 __all__ = ["decode"]
 
@@ -18,6 +18,7 @@ def decode(oracle: Oracle, solution: Solution, method: str = "map") -> Tensor:
     solver's dual iterate, so the output is a feasible joint labelling.  ``method="marginal"`` takes each
     position's most probable label, for comparison; it may violate hard constraints of the base model.
     """
+    check_oracle(oracle, ("map",))
     if not isinstance(solution, Solution):
         raise TypeError(f"solution must be a Solution from betheproj.solve, got {type(solution).__name__}")
     if method == "map":

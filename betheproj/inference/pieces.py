@@ -19,7 +19,7 @@ import torch
 
 from ..energies.base import Energy
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
-from .solve import Solution, solve
+from .solve import Solution, check_oracle, solve
 
 __all__ = ["solve_global"]
 
@@ -33,6 +33,7 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     ``remainder`` (if any) are solved by :func:`solve` with it from the base marginals.  ``iterations`` is the most any
     of an example's rows took (the rows run side by side); ``objectives`` has a single column (the rows'
     histories are not comparable).  Like :func:`solve`, it runs without autograd: nothing returned requires grad."""
+    check_oracle(oracle, ("marginals", "map", "entropy"))
     if not callable(getattr(energy, "pieces", None)):
         raise TypeError(f"solve_global needs an energy with pieces(lengths), got {type(energy).__name__}")
     if not isinstance(potentials, PairwisePotentials):

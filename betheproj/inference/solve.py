@@ -98,11 +98,19 @@ class Solution:
     method: str
 
 
-def _check_problem(oracle, potentials, energy, needs: tuple[str, ...] = ("marginals", "map", "entropy")) -> None:
-    """The oracle provides the methods ``needs``, the potentials and the energy are of their types."""
+def check_oracle(oracle: object, needs: tuple[str, ...]) -> None:
+    """A ``TypeError`` unless ``oracle`` is an oracle instance with the methods ``needs`` (the class itself has them
+    too, unbound: it would fail at the first call, missing an argument)."""
+    if isinstance(oracle, type):
+        raise TypeError(f"oracle must be an instance such as {oracle.__name__}(...), got the class {oracle.__name__}")
     for name in needs:
         if not callable(getattr(oracle, name, None)):
             raise TypeError(f"oracle must provide {name}(); got {type(oracle).__name__}")
+
+
+def _check_problem(oracle, potentials, energy, needs: tuple[str, ...] = ("marginals", "map", "entropy")) -> None:
+    """The oracle provides the methods ``needs``, the potentials and the energy are of their types."""
+    check_oracle(oracle, needs)
     if not isinstance(potentials, PairwisePotentials):
         raise TypeError(f"potentials must be PairwisePotentials/ChainPotentials, got {type(potentials).__name__}")
     if not isinstance(energy, Energy):

@@ -1002,3 +1002,23 @@ def test_objective_checks_its_arguments_as_solve_does():
         bp.objective(chain, theta, FunctionEnergy(lambda m: (m.node.float() ** 2).sum((1, 2))), mu)
     torch.testing.assert_close(bp.objective(chain, theta, energy, mu),
                                -mu.log_partition + energy.value(mu))          # -H - <theta, mu> = -log Z here
+
+
+def test_an_oracle_class_or_none_is_named():
+    """The class for the oracle, ``bp.solve(bp.LinearChain, ...)``, failed inside the solver with
+    "LinearChain.marginals() missing 1 required positional argument: 'potentials'", and decode and solve_global took
+    ``None`` for the oracle until an AttributeError."""
+    from betheproj.inference import solve_global
+
+    theta, energy = _theta(), _convex_energy()
+    sol = bp.solve(bp.LinearChain(), theta, energy, max_iter=2)
+    prototypes = NearestPrototype(torch.ones(2, 4, dtype=DT))
+    for cls in (bp.LinearChain, bp.Tree, bp.NonProjective):
+        match = f"oracle must be an instance such as {cls.__name__}\\(\\.\\.\\.\\), got the class {cls.__name__}"
+        for call, args in ((bp.solve, (theta, energy)), (bp.objective, (theta, energy, sol.marginals)),
+                           (bp.decode, (sol,)), (solve_global, (theta, prototypes))):
+            with pytest.raises(TypeError, match=match):
+                call(cls, *args)
+    for call in (lambda: bp.decode(None, sol), lambda: solve_global(None, theta, prototypes)):
+        with pytest.raises(TypeError, match="oracle must provide .*; got NoneType"):
+            call()
