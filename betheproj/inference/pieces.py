@@ -19,7 +19,7 @@ import torch
 
 from ..energies.base import Energy
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
-from .solve import Solution, check_oracle, solve
+from .solve import Solution, check_options, check_oracle, solve
 
 __all__ = ["solve_global"]
 
@@ -38,6 +38,7 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
         raise TypeError(f"solve_global needs an energy with pieces(lengths), got {type(energy).__name__}")
     if not isinstance(potentials, PairwisePotentials):
         raise TypeError("potentials must be PairwisePotentials")
+    check_options(oracle, potentials, energy, method, options)    # whether or not some example has a piece
     b = potentials.node.shape[0]
     device = potentials.node.device
     base = oracle.marginals(potentials)

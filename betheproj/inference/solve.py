@@ -44,6 +44,7 @@ The per-example state and one iteration of every method are :class:`~betheproj.i
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -129,6 +130,19 @@ def _check_args(oracle, potentials, energy, method, max_iter, tol, max_backtrack
     if trust_region is not None:
         trust_region = check_positive("trust_region", trust_region)
     return max_iter, tol, max_backtracks, beta, step, lipschitz, trust_region
+
+
+def check_options(oracle, potentials, energy, method: str, options: dict) -> None:
+    """The arguments of ``solve(oracle, potentials, energy, method, **options)`` checked as :func:`solve` checks
+    them (an unknown option is a ``TypeError``), without solving: for callers that may call it on no rows."""
+    try:
+        bound = inspect.signature(solve).bind(oracle, potentials, energy, method, **options)
+    except TypeError as err:
+        raise TypeError(f"{err} (an option of betheproj.solve)") from None
+    bound.apply_defaults()
+    a = bound.arguments
+    _check_args(oracle, potentials, energy, method, a["max_iter"], 0.0 if a["tol"] is None else a["tol"],
+                a["max_backtracks"], a["beta"], a["step"], a["lipschitz"], a["trust_region"])
 
 
 @torch.no_grad()

@@ -206,3 +206,23 @@ def test_the_callers_edge_scores_are_left_alone(expanded):
     want = solve_global(chain, bp.ChainPotentials(node, before.clone()), energy, tol=1e-10)
     torch.testing.assert_close(sol.potentials.full_edge(), want.potentials.full_edge())
     torch.testing.assert_close(chain.marginals(sol.potentials).node, sol.marginals.node)
+
+
+@pytest.mark.parametrize("options, exc, match", [
+    (dict(method="MD"), ValueError, r"method must be one of \('rda', 'md', 'accelerated'\), got 'MD'"),
+    (dict(max_iter=-1), ValueError, "max_iter must be an int >= 0, got -1"),
+    (dict(tol=float("nan")), ValueError, "tol must be a finite number >= 0"),
+    (dict(max_iters=5), TypeError, "max_iters"),
+])
+def test_solver_options_are_checked_whether_or_not_an_example_has_a_piece(options, exc, match):
+    """Options reached solve only with the rows of some piece: for a batch where no example had a candidate
+    prototype, method="MD" or max_iter=-1 were taken without a word (the solution's method read "global-MD"),
+    while the same call on another batch refused them."""
+    theta, chain = _theta(), bp.LinearChain()
+    protos, lengths = _words([(0, 1, 2, 0, 1)])                  # no example has length 5: no piece to solve
+    energy = NearestPrototype(protos, 2.0, "word", lengths)
+    with pytest.raises(exc, match=match):
+        solve_global(chain, theta, energy, **options)
+    protos, lengths = _words([(0, 1, 2, 0)])                     # example 0 has a piece
+    with pytest.raises(exc, match=match):
+        solve_global(chain, theta, NearestPrototype(protos, 2.0, "word", lengths), **options)
