@@ -175,14 +175,16 @@ class PrototypeDistance(Energy):
         self.targets, self.statistic, self.psi = targets, statistic, as_weight(psi)
 
     def _diff(self, marginals: Marginals) -> Tensor:
+        """``S(mu) - t``: [B, C] (unigram) or [B, max(N, M), C] (word; the shorter of the two zero-padded, so that a
+        target's entries past N count as they do past the example's length)."""
         mu = marginals.node * marginals.node_mask()[..., None]
         t = self.targets.to(mu)
         if self.statistic == "unigram":
             return mu.sum(1) - t
-        n = mu.shape[1]
-        if t.shape[1] < n:
-            t = torch.cat([t, t.new_zeros(t.shape[0], n - t.shape[1], t.shape[2])], 1)
-        return mu - t[:, :n]
+        n, m = mu.shape[1], t.shape[1]
+        mu = torch.cat([mu, mu.new_zeros(mu.shape[0], max(m - n, 0), mu.shape[2])], 1)
+        t = torch.cat([t, t.new_zeros(t.shape[0], max(n - m, 0), t.shape[2])], 1)
+        return mu - t
 
     def value(self, marginals: Marginals) -> Tensor:
         diff = self._diff(marginals)
@@ -192,7 +194,8 @@ class PrototypeDistance(Energy):
         diff = self._diff(marginals)
         psi = weight_per_example(self.psi, diff.shape[0], diff)
         sign = torch.sign(diff) * psi.reshape(-1, *([1] * (diff.dim() - 1)))
-        g = sign[:, None, :].expand_as(marginals.node) if self.statistic == "unigram" else sign
+        mu = marginals.node
+        g = sign[:, None, :].expand_as(mu) if self.statistic == "unigram" else sign[:, :mu.shape[1]]
         return Gradient(g * marginals.node_mask()[..., None], None)
 
     def validate(self, marginals: Marginals) -> None:

@@ -198,6 +198,22 @@ def test_prototype_values():
     assert padded.value(mu).item() == 0.0 and (padded.grad(mu).node == 0).all()
 
 
+
+def test_prototype_distance_counts_a_word_target_past_the_marginals():
+    """``psi ||t - S(mu)||_1`` for a word target longer than the marginals' N: its entries past N were dropped (the
+    distance to a 4-position target read as that to its first 2), while its entries past the example's length
+    but inside N counted, so the same target scored differently with N = 2 and N = 3."""
+    node = torch.tensor([[[0.8, 0.2], [0.1, 0.9]]], dtype=DT)
+    target = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]], dtype=DT)
+    mu = Marginals(node, None, None, torch.tensor([2]))
+    wider = Marginals(torch.cat([node, torch.zeros(1, 1, 2, dtype=DT)], 1), None, None, torch.tensor([2]))
+    energy = PrototypeDistance(target, 1.5, "word")
+    want = 1.5 * (0.2 + 0.2 + 0.1 + 0.1 + 2.0)                  # positions 2 and 3 of the target hold 1 each
+    for m in (mu, wider):
+        assert energy.value(m).item() == pytest.approx(want, abs=1e-12)
+        torch.testing.assert_close(energy.grad(m).node, autograd_gradient(energy, m).node)
+    assert energy.grad(mu).node.shape == node.shape
+
 def test_mean_field_value():
     node = torch.tensor([[[0.5, 0.5], [1.0, 0.0], [0.25, 0.75]]], dtype=DT)
     mu = Marginals(node, None, None, torch.tensor([3]))
