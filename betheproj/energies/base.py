@@ -136,7 +136,8 @@ def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool |
 
     ``create_graph`` (default: whether autograd is recording at the call) keeps the gradient differentiable
     in the energy's parameters ``psi``, for the psi-gradient of learning (eqs. 14-15, by double backward).
-    The solvers run without recording, so they get plain tensors.
+    The solvers run without recording, so they get plain tensors.  A value that does not require grad (it does not
+    depend on the marginals, or autograd cannot see that it does) has a zero gradient.
     """
     if create_graph is None:
         create_graph = torch.is_grad_enabled()
@@ -261,7 +262,12 @@ def _batch_edge_table(g: Gradient, rank: int) -> Gradient:
 
 
 class FunctionEnergy(Energy):
-    """Wrap a differentiable function ``fn(marginals) -> [B]`` as an energy (gradient by autograd)."""
+    """Wrap a differentiable function ``fn(marginals) -> [B]`` as an energy (gradient by autograd).
+
+    ``fn`` must compute its value from ``marginals.node`` (and ``marginals.edge``) with torch operations: a value
+    that autograd cannot trace back to them (``.detach()``, a round trip through NumPy or Python floats, ``argmax``)
+    does not require grad and is taken for a constant, with a zero gradient, so the solvers stop at the base
+    marginals and report them converged."""
 
     def __init__(self, fn: Callable[[Marginals], Tensor], name: str | None = None):
         if not callable(fn):
