@@ -84,8 +84,9 @@ class LinearChain:
             return _forward_backward(pot, self)
 
     def _edge_factors(self, edge: Tensor, shared: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        """``edge_max``, ``exp(edge - edge_max)`` (time-major [N-1, B, C, C] unless shared) and the log of each
-        table's largest factor that underflowed ([] or [N-1, B], see :func:`_underflowed`)."""
+        """``edge_max``, ``exp(edge - edge_max)`` (time-major [N-1, B, C, C] unless shared) and the logs of each
+        table's largest factors that underflowed, by row and by column ([C] or [N-1, B, C] each, see
+        :func:`_underflowed`)."""
         cache = getattr(self, "_cache", None)
         if (cache is not None and cache[0].shape == edge.shape and cache[0].dtype == edge.dtype
                 and cache[0].device == edge.device and torch.equal(cache[0], edge)):
@@ -95,7 +96,7 @@ class LinearChain:
         m_lost = _underflowed(edge, edge_max, m)
         if not shared:
             m = m.transpose(0, 1).contiguous()                    # [N-1, B, C, C]
-            m_lost = None if m_lost is None else m_lost.t()
+            m_lost = None if m_lost is None else (m_lost[0].transpose(0, 1), m_lost[1].transpose(0, 1))
         if edge.numel() >= 4096:                                  # worth keeping
             self._cache = (edge.detach().clone(), edge_max, m, m_lost)
         return edge_max, m, m_lost
@@ -149,7 +150,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     if per_example:
         edge_max = _finite_max(edge[:, 0], (-1, -2))                               # [B, 1, 1]
         m = torch.exp(edge[:, 0] - edge_max)                                      # [B, C, C]
-        m_lost = _underflowed(edge[:, 0], edge_max, m)                            # [B] or None
+        m_lost = _underflowed(edge[:, 0], edge_max, m)                            # [B, C] twice, or None
     else:
         edge_max, m, m_lost = (oracle or LinearChain())._edge_factors(edge, shared)
 
@@ -352,18 +353,20 @@ def _lost_marginal(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor,
     return lost.amax(-1).amax(0)
 
 
-def _underflowed(edge: Tensor, edge_max: Tensor, m: Tensor) -> Tensor | None:
+def _underflowed(edge: Tensor, edge_max: Tensor, m: Tensor) -> tuple[Tensor, Tensor] | None:
     """Of each table [..., C, C], the largest ``edge - edge_max`` whose factor ``m = exp(edge - edge_max)``
-    underflowed (to 0 or a subnormal; ``-inf`` for a table with none), or ``None`` where no finite score's factor did
-    (the common case, one reduction; an exact 0 from a ``-inf`` score is not an underflow)."""
+    underflowed (to 0 or a subnormal) in each row and in each column ([..., C] each, ``-inf`` for none), or ``None``
+    where no finite score's factor did (the common case, one reduction; an exact 0 from a ``-inf`` score is not an
+    underflow)."""
     tiny = torch.finfo(m.dtype).tiny
     if not m.numel() or bool(m.amin() >= tiny):
         return None
-    lost = torch.where(m < tiny, edge - edge_max, -torch.inf).amax((-1, -2))
-    return lost if bool(lost.amax() > -torch.inf) else None
+    lost = torch.where(m < tiny, edge - edge_max, -torch.inf)
+    rows = lost.amax(-1)
+    return (rows, lost.amax(-2)) if bool(rows.amax() > -torch.inf) else None
 
 
-def _lost_edge(alpha: Tensor, p: Tensor, beta: Tensor, v: Tensor, z: Tensor, m_lost: Tensor | None,
+def _lost_edge(alpha: Tensor, p: Tensor, beta: Tensor, v: Tensor, z: Tensor, m_lost: tuple[Tensor, Tensor] | None,
                transitions: Callable[[Tensor], tuple[Tensor, Tensor]], mask: Tensor) -> Tensor:
     """[B]: whether a fast-path edge marginal ``xi_t(i, j) = (alpha_t(i) / z_t) v_{t+1}(j) M_t(i, j)`` rests on a
     factor that underflowed while its value, estimated in log space, is a normal number: a subnormal ``alpha``, a
@@ -372,15 +375,23 @@ def _lost_edge(alpha: Tensor, p: Tensor, beta: Tensor, v: Tensor, z: Tensor, m_l
     read as 0 (forbidden, to the solvers) or lose digits, while every node marginal is right.
 
     ``alpha`` [N-1, B, C] holds positions 0..N-2; ``p``, ``beta`` and ``v`` positions 1..N-1; ``z`` [N-1, B] is
-    ``s_{t+1} d_{t+1}``; ``m_lost`` the log of each table's largest underflowed factor ([], [B] or [N-1, B],
-    ``None`` for none); ``transitions(k)`` gives ``M`` and ``log M`` of the examples ``k``, broadcastable to
-    [N-1, len(k), C, C]; ``mask`` [N-1, B] the positions to check.  (The caller skips it where no factor can be
-    below ``tiny``.)  A bound that takes every other factor as 1 (the most it can be) picks the examples to check
-    entry by entry."""
+    ``s_{t+1} d_{t+1}``; ``m_lost`` the logs of each table's largest underflowed factors by row and by column
+    ([C], [B, C] or [N-1, B, C] each, ``None`` for none); ``transitions(k)`` gives ``M`` and ``log M`` of the
+    examples ``k``, broadcastable to [N-1, len(k), C, C]; ``mask`` [N-1, B] the positions to check.  (The caller
+    skips it where no factor can be below ``tiny``.)  Bounds pick the examples to check entry by entry: for a lost
+    ``M(i, j)``, ``alpha_t(i)`` with the row's largest lost factor and the largest ``v_{t+1}``, or the largest
+    ``alpha_t`` and ``v_{t+1}(j)`` with the column's (O(C) per position; estimating every entry of the [C, C]
+    tables took ten times the recursion's time for the bird migration's 1,024 cells); for a lost ``alpha`` or
+    ``v``, every other factor taken as 1 (the most it can be)."""
     tiny = torch.finfo(alpha.dtype).tiny
     lost = torch.zeros(alpha.shape[1], dtype=torch.bool, device=alpha.device)
     fa = fv = None
-    bounds = [] if m_lost is None else [m_lost]                  # per position: the log of the largest factor lost
+    bounds = []                                   # per position: the log of the largest marginal on a lost factor
+    if m_lost is not None:
+        rows, cols = m_lost
+        log_a, log_v = torch.log(alpha), torch.log(v)
+        bounds.append(torch.minimum((log_a + rows).amax(-1) + log_v.amax(-1),
+                                    log_a.amax(-1) + (log_v + cols).amax(-1)))
     if not bool(alpha.amin() >= tiny):                            # ``>=``: NaN (in padding) takes the long way
         fa = (alpha > 0) & (alpha < tiny)
         if bool(fa.any()):
