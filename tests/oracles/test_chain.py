@@ -402,3 +402,32 @@ def test_an_edge_marginal_on_an_underflowed_factor_is_recomputed(make, dtype, g,
     if layout == "shared":
         assert torch.allclose(mu.edge_sum(torch.ones(1, dtype=dtype)).double(), ref.edge.sum((0, 1)), rtol=rtol,
                               atol=tiny)
+
+
+@pytest.mark.parametrize("layout", ["shared", "per-example", "per-position"])
+def test_underflowed_factors_that_cannot_matter_are_ruled_out_without_estimating_the_tables(monkeypatch, layout):
+    # M(2, 1) = e^-710 is below float64's tiny, but the edge marginal through it is ~e^-731 (alpha(2) ~ e^-41): the
+    # bound by row (alpha(2) with row 2's lost factor) rules it out, as the bound with the lost factor alone did not
+    # (1 / z_t ~ e^20 here): every call then estimated every entry of the [C, C] tables, ten times the recursion's
+    # work for the bird migration's 1,024 cells (8.5 s against 0.8 s at s = 1,048,576)
+    import betheproj.oracles.chain as chain_module
+
+    estimated = []
+    lost_edge = chain_module._lost_edge
+
+    def spy(alpha, p, beta, v, z, m_lost, transitions, mask):
+        def recorded(k):
+            estimated.append(k.tolist())
+            return transitions(k)
+        return lost_edge(alpha, p, beta, v, z, m_lost, recorded, mask)
+
+    monkeypatch.setattr(chain_module, "_lost_edge", spy)
+    node = torch.tensor([[[0.0, 0.0, -40.0], [-30.0, 0.0, -30.0]]], dtype=DT)
+    edge = torch.tensor([[0.0, -20.0, 0.0], [0.0, -20.0, 0.0], [0.0, -710.0, 0.0]], dtype=DT)
+    edges = {"shared": edge, "per-example": edge[None, None].expand(1, 1, 3, 3),
+             "per-position": edge[None, None].clone()}[layout]
+    mu = bp.LinearChain().marginals(bp.ChainPotentials(node, edges))
+    ref = bp.BruteForce().marginals(bp.ChainPotentials(node, edge))
+    assert torch.allclose(mu.node, ref.node, rtol=1e-13, atol=0)
+    assert torch.allclose(mu.edge, ref.edge, rtol=1e-13, atol=0)
+    assert estimated == []
