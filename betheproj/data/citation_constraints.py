@@ -74,12 +74,15 @@ class Constraints:
 def _label_ids(labels: Sequence[str]) -> tuple[dict[str, int], int]:
     """Label -> id, and the id of ``O`` (which labels outside the list count as).  ``labels`` must hold ``O`` and
     only BIO labels (``O``, ``B-<path>``, ``I-<path>``: :func:`~betheproj.data.citations.bio_segments`' check), each
-    once (one id, one column of the counts)."""
+    once (one id, one column of the counts), their paths without empty parts (the groups of the order templates)."""
     if isinstance(labels, str) or not isinstance(labels, Sequence) or "O" not in labels:
         raise ValueError("labels must be a list of labels holding 'O' (labels outside the list count as O)")
     bio_segments(list(labels))
     ids: dict[str, int] = {}
     for i, label in enumerate(labels):
+        if label != "O" and "" in label[2:].split("/"):
+            raise ValueError(f"labels[{i}] = {label!r} has an empty part in its path: expected 'B-<a>/<b>/...' with "
+                             f"non-empty parts")
         if label in ids:
             raise ValueError(f"labels must name each label once: labels[{i}] = {label!r} repeats labels[{ids[label]}]")
         ids[label] = i

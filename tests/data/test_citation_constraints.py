@@ -183,14 +183,17 @@ def test_a_label_list_without_o_is_refused(cites):
 
 def test_label_lists_with_repeated_or_non_bio_labels_are_refused(cites):
     """A repeated label kept only its last id (the first one's column never counted), and a label that is not BIO
-    was read as a field ('X-title' as title in the order groups, 'title' as the field 'tle'), both silently."""
+    was read as a field ('X-title' as title in the order groups, 'title' as the field 'tle'), both silently; a path
+    with an empty part ('B-authors//person-last') made an order-template group named ''."""
     labels = labels_of(cites)
     title = labels.index("B-title")
     cases = [([*labels, "B-title"], rf"labels\[{len(labels)}\] = 'B-title' repeats labels\[{title}\]"),
              (["O", *labels], rf"labels\[{labels.index('O') + 1}\] = 'O' repeats labels\[0\]"),
              ([*labels, "X-title"], r"labels\[\d+\] = 'X-title' is not a BIO label"),
              ([*labels, "title"], r"labels\[\d+\] = 'title' is not a BIO label"),
-             ([*labels, "B-"], r"labels\[\d+\] = 'B-' is not a BIO label")]
+             ([*labels, "B-"], r"labels\[\d+\] = 'B-' is not a BIO label"),
+             ([*labels, "B-authors//person-last"], r"labels\[\d+\] = 'B-authors//person-last' has an empty part"),
+             ([*labels, "I-title/"], r"labels\[\d+\] = 'I-title/' has an empty part")]
     for make in (citation_constraints, order_constraints, bigram_exclusions, encode_labels):
         for bad, message in cases:
             with pytest.raises(ValueError, match=message):
