@@ -479,20 +479,35 @@ def _log_edge_marginals(state: tuple) -> Tensor:
 def _viterbi(pot: PairwisePotentials) -> Tensor:
     # max-product on max-shifted scores, the running score re-centred at its maximum after every position: a
     # running sum of raw scores (1e4 per position in float32) would absorb the O(1) differences between labels
+    # (a running score is at most 0, so its maximum is finite or -inf: ``clamp_min(lowest)`` is _finite_max's
+    # shift in one kernel, not three, every position.)  Per-position tables are shifted one position at a time
+    # (the same values, without a copy of all [B, N-1, C, C]); stride-0 ones once per example, kept a view.
     node, _ = _valid_node(pot)
     node = node - _finite_max(node, -1)
-    edge = pot.edge - _finite_max(pot.edge, (-1, -2))
+    edge = pot.edge
     shared = pot.shared_edge
     lengths = pot.lengths
     b, n, c = node.shape
+    per_position = not shared and n > 1
+    if shared:
+        edge = edge - _finite_max(edge, (-1, -2))
+    elif per_position and edge.stride(1) == 0:
+        edge = (edge[:, :1] - _finite_max(edge[:, :1], (-1, -2))).expand(edge.shape)
+    else:
+        edge_max = _finite_max(edge, (-1, -2))
+    lowest = torch.finfo(node.dtype).min
     score = node[:, 0]
     backptr = torch.zeros(b, n, c, dtype=torch.long, device=node.device)
     final = score.clone()
+    work = node.new_empty(b, c, c)                # the [B, C, C] sums of every position, in one buffer
     for t in range(1, n):
-        e = edge if shared else edge[:, t - 1]
-        best, arg = (score[:, :, None] + e).max(dim=1)
+        if shared or edge.stride(1) == 0:
+            torch.add(score[:, :, None], edge if shared else edge[:, t - 1], out=work)
+        else:
+            torch.sub(edge[:, t - 1], edge_max[:, t - 1], out=work).add_(score[:, :, None])
+        best, arg = work.max(dim=1)
         score = best + node[:, t]
-        score = score - _finite_max(score, -1)
+        score = score - score.amax(-1, keepdim=True).clamp_min(lowest)
         backptr[:, t] = arg
         final = torch.where((t == lengths - 1)[:, None], score, final)
     raise_if_not_finite(final.amax(-1))
