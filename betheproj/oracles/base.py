@@ -158,17 +158,21 @@ def _two_sum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return s, ((a - (s - bv)) + (b - bv)).nan_to_num_(0.0)
 
 
-def _max_shifted(pot: PairwisePotentials) -> tuple[PairwisePotentials, Tensor, Tensor, Tensor]:
+def _max_shifted(pot: PairwisePotentials, errors: bool = True) -> tuple[PairwisePotentials, Tensor, Tensor, Tensor]:
     """New potentials (no tensor shared with ``pot``): node scores zeroed past each length, each position's node
     scores and each edge table ([B, N-1, C, C]) shifted by their (finite) maximum; the total shift [B] per
-    example, which only rescales Z; and the rounding errors of the shifted node and edge scores.  Exact
-    recursions run on them so that a huge constant cannot absorb the O(1) scores beside it."""
+    example, which only rescales Z; and the rounding errors of the shifted node and edge scores (``None`` each
+    with ``errors=False``, for max-product, which has no use for them: the same shifted scores, as ``a + (-b)``
+    is ``a - b``, without the TwoSum passes over every [C, C] table).  Exact recursions run on them so that a
+    huge constant cannot absorb the O(1) scores beside it."""
     node, _ = _valid_node(pot)
     edge = pot.full_edge()
     zero = torch.zeros((), dtype=node.dtype, device=node.device)
     node_max, edge_max = _finite_max(node, -1), _finite_max(edge, (-1, -2))
     edge_valid = torch.arange(edge.shape[1], device=node.device) < (pot.lengths[:, None] - 1)
     shift = node_max[..., 0].sum(-1) + torch.where(edge_valid, edge_max[..., 0, 0], zero).sum(-1)
+    if not errors:
+        return _unchecked(PairwisePotentials, node - node_max, edge - edge_max, pot.lengths.clone()), shift, None, None
     (node, node_err), (edge, edge_err) = _two_sum(node, -node_max), _two_sum(edge, -edge_max)
     return _unchecked(PairwisePotentials, node, edge, pot.lengths.clone()), shift, node_err, edge_err
 

@@ -98,11 +98,11 @@ class Tree:
                              f"{self.num_nodes} nodes")
         return potentials
 
-    def _setup(self, pot: PairwisePotentials):
+    def _setup(self, pot: PairwisePotentials, errors: bool = True):
         """The max-shifted node scores and edge tables and their rounding errors
-        (:func:`~betheproj.oracles.base._max_shifted`), the valid positions, parents, levels, rounds and the
-        shift [B] to add back to ``log Z``."""
-        shifted, shift, node_err, edge_err = _max_shifted(pot)
+        (:func:`~betheproj.oracles.base._max_shifted`; ``None`` with ``errors=False``), the valid positions,
+        parents, levels, rounds and the shift [B] to add back to ``log Z``."""
+        shifted, shift, node_err, edge_err = _max_shifted(pot, errors)
         node = shifted.node
         valid = torch.arange(node.shape[1], device=node.device) < pot.lengths[:, None]
         parents = self.parents.to(node.device)
@@ -187,7 +187,7 @@ class Tree:
         """Max-product MAP: labels [B, N], ``-1`` past each length."""
         pot = self._check(potentials)
         with torch.no_grad():
-            node, _, edge, _, valid, parents, levels, _, _ = self._setup(pot)
+            node, _, edge, _, valid, parents, levels, _, _ = self._setup(pot, errors=False)   # max-product: no TwoSum
             best = node.clone()
             back = torch.zeros(node.shape, dtype=torch.long, device=node.device)
             for lv in reversed(levels):

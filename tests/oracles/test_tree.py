@@ -134,3 +134,26 @@ def test_o1_scores_beside_huge_penalties(parents, dtype, big):
     # still round them (not checked here)
     for seed in range(10):
         assert_exact(bp.Tree(parents), penalised(5, 2 + seed % 2, big, dtype, seed), parents, map_too=False)
+
+
+def test_max_product_shifts_the_scores_without_their_rounding_errors(monkeypatch):
+    # MAP shifts node scores and edge tables by their maxima as the sum-product recursions do, but has no use for
+    # the TwoSum errors of the shifts, two more passes over every [C, C] table (1.7x the MAP at N = 60, C = 20)
+    import betheproj.oracles.base as base_module
+
+    calls = []
+    two_sum = base_module._two_sum
+
+    def spy(a, b):
+        calls.append(tuple(a.shape))
+        return two_sum(a, b)
+
+    monkeypatch.setattr(base_module, "_two_sum", spy)
+    gen = torch.Generator().manual_seed(0)
+    parents = [-1, 0, 0, 1, 1, 2]
+    node = 1e4 * torch.randn(2, 6, 3, generator=gen, dtype=torch.float64)
+    edge = 1e4 * torch.randn(2, 5, 3, 3, generator=gen, dtype=torch.float64)
+    pot = bp.PairwisePotentials(node, edge, torch.tensor([6, 4]))
+    labels = bp.Tree(parents).map(pot)
+    assert calls == []
+    assert torch.equal(labels, bp.BruteForce(parents).map(pot))
