@@ -8,6 +8,7 @@ import torch
 import betheproj as bp
 from betheproj.energies import LinearMeasurements, Poisson
 
+from ._spy import record_shapes
 from .test_brute_force import HUGE, TOL, assert_exact, penalised
 
 DT = torch.float64
@@ -440,14 +441,7 @@ def test_viterbi_shifts_each_table_once_and_recentres_without_a_maximum_per_posi
     # _finite_max at every position (three kernels each, 1.3x at C = 5); the same labels either way
     import betheproj.oracles.chain as chain_module
 
-    shapes = []
-    finite_max = chain_module._finite_max
-
-    def spy(x, dim):
-        shapes.append(tuple(x.shape))
-        return finite_max(x, dim)
-
-    monkeypatch.setattr(chain_module, "_finite_max", spy)
+    shapes = record_shapes(monkeypatch, chain_module, "_finite_max")
     gen = torch.Generator().manual_seed(0)
     b, n, c = 3, 7, 4
     node = 1e4 * torch.randn(b, n, c, generator=gen, dtype=DT)

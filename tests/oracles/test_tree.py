@@ -7,6 +7,7 @@ import torch
 
 import betheproj as bp
 
+from ._spy import record_shapes
 from .test_brute_force import HUGE, TOL, assert_exact, penalised
 
 DT = torch.float64
@@ -141,14 +142,7 @@ def test_max_product_shifts_the_scores_without_their_rounding_errors(monkeypatch
     # the TwoSum errors of the shifts, two more passes over every [C, C] table (1.7x the MAP at N = 60, C = 20)
     import betheproj.oracles.base as base_module
 
-    calls = []
-    two_sum = base_module._two_sum
-
-    def spy(a, b):
-        calls.append(tuple(a.shape))
-        return two_sum(a, b)
-
-    monkeypatch.setattr(base_module, "_two_sum", spy)
+    calls = record_shapes(monkeypatch, base_module, "_two_sum")
     gen = torch.Generator().manual_seed(0)
     parents = [-1, 0, 0, 1, 1, 2]
     node = 1e4 * torch.randn(2, 6, 3, generator=gen, dtype=torch.float64)
