@@ -162,6 +162,8 @@ def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool |
             raise ValueError(f"{type(energy).__name__}.value must return a tensor of shape [B]="
                              f"({marginals.node.shape[0]},), got "
                              f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}")
+        if value.is_complex():
+            raise TypeError(f"{type(energy).__name__}.value must return a real tensor, got {value.dtype}")
         inputs = [node] + ([leaves["edge"]] if "edge" in leaves else [])
         if not value.requires_grad:
             return Gradient(torch.zeros_like(node), None)

@@ -431,6 +431,8 @@ def test_energy_algebra_and_wrappers_check_their_arguments():
         _NoValue().value(mu)
     with pytest.raises(ValueError, match=r"value must return a tensor of shape \[B\]=\(3,\)"):
         autograd_gradient(FunctionEnergy(lambda m: m.node.sum()), mu)
+    with pytest.raises(TypeError, match=r"FunctionEnergy.value must return a real tensor, got torch.complex128"):
+        autograd_gradient(FunctionEnergy(lambda m: m.node.sum((1, 2)) * (1 + 1j)), mu)   # was autograd's RuntimeError
     constant = autograd_gradient(FunctionEnergy(lambda m: torch.ones(3, dtype=DT)), mu)
     assert torch.equal(constant.node, torch.zeros_like(mu.node)) and constant.edge is None
     scaled = torch.tensor(2.0, dtype=DT) * e                  # a 0-d weight broadcasts over the batch
