@@ -488,10 +488,10 @@ def _viterbi(pot: PairwisePotentials) -> Tensor:
     shared = pot.shared_edge
     lengths = pot.lengths
     b, n, c = node.shape
-    per_position = not shared and n > 1
+    edge_max = None                               # per-position tables' maxima, taken off position by position
     if shared:
         edge = edge - _finite_max(edge, (-1, -2))
-    elif per_position and edge.stride(1) == 0:
+    elif n > 1 and edge.stride(1) == 0:
         edge = (edge[:, :1] - _finite_max(edge[:, :1], (-1, -2))).expand(edge.shape)
     else:
         edge_max = _finite_max(edge, (-1, -2))
@@ -501,7 +501,7 @@ def _viterbi(pot: PairwisePotentials) -> Tensor:
     final = score.clone()
     work = node.new_empty(b, c, c)                # the [B, C, C] sums of every position, in one buffer
     for t in range(1, n):
-        if shared or edge.stride(1) == 0:
+        if edge_max is None:
             torch.add(score[:, :, None], edge if shared else edge[:, t - 1], out=work)
         else:
             torch.sub(edge[:, t - 1], edge_max[:, t - 1], out=work).add_(score[:, :, None])
