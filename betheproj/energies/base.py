@@ -130,6 +130,15 @@ class Energy:
     __rmul__ = __mul__
 
 
+def check_value_shape(energy: Energy, value: object, b: int) -> Tensor:
+    """``value``, ``energy``'s value on a batch of ``b`` examples, which must be a tensor [B] (a [B, 1] or scalar
+    value would broadcast against the [B] objective)."""
+    if not isinstance(value, Tensor) or value.shape != (b,):
+        got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+        raise ValueError(f"{type(energy).__name__}.value must return a tensor of shape [B]=({b},), got {got}")
+    return value
+
+
 def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool | None = None) -> Gradient:
     """Gradient of ``energy.value`` w.r.t. the node marginals and, if ``value`` reads them, the edge marginals
     (for marginals that carry only edge totals, the gradient in the totals, the same at every valid position).
@@ -157,11 +166,7 @@ def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool |
             probe = Marginals(node, None, marginals.log_partition, marginals.lengths, edge_total=total_leaf)
         else:
             probe = Marginals(node, edge_leaf, marginals.log_partition, marginals.lengths)
-        value = energy.value(probe)
-        if not isinstance(value, Tensor) or value.shape != (marginals.node.shape[0],):
-            raise ValueError(f"{type(energy).__name__}.value must return a tensor of shape [B]="
-                             f"({marginals.node.shape[0]},), got "
-                             f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}")
+        value = check_value_shape(energy, energy.value(probe), marginals.node.shape[0])
         if value.is_complex():
             raise TypeError(f"{type(energy).__name__}.value must return a real tensor, got {value.dtype}")
         inputs = [node] + ([leaves["edge"]] if "edge" in leaves else [])

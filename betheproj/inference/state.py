@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..energies.base import Energy, Gradient
+from ..energies.base import Energy, Gradient, check_value_shape
 from ..oracles.base import (
     Marginals,
     Oracle,
@@ -98,12 +98,9 @@ def _check_gradient(energy: Energy, g: Gradient, mu: Marginals, edge_shape: tupl
 
 
 def _check_value(energy: Energy, value: object, node: Tensor) -> Tensor:
-    """``value``, the energy's value at marginals with node marginals ``node``: a tensor [B] in their dtype (a
-    [B, 1] or scalar value would broadcast against the [B] objective)."""
-    b = node.shape[0]
-    if not isinstance(value, Tensor) or value.shape != (b,):
-        got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-        raise ValueError(f"{type(energy).__name__}.value must return a tensor of shape [B]=({b},), got {got}")
+    """``value``, the energy's value at marginals with node marginals ``node``: a tensor [B]
+    (:func:`~betheproj.energies.base.check_value_shape`) in their dtype."""
+    value = check_value_shape(energy, value, node.shape[0])
     if value.dtype != node.dtype:
         raise TypeError(f"energy.value returned {value.dtype} for {node.dtype} marginals: build the energy's tensors "
                         f"in the potentials' dtype")
