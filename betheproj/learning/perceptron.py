@@ -277,6 +277,8 @@ def oracle_map(oracle: Any, parents: Sequence[int] | None = None) -> MapFn:
         raise TypeError(f"oracle must have a map(PairwisePotentials) method, got {type(oracle).__name__}")
     if parents is None and hasattr(oracle, "parents"):
         parents = [int(p) for p in oracle.parents]
+    elif parents is not None and not isinstance(parents, str | np.ndarray):
+        parents = list(parents)                             # run() reads it once per example
 
     def run(x: LinearPairwiseMRF, w: np.ndarray) -> np.ndarray:
         if not isinstance(x, LinearPairwiseMRF):

@@ -296,6 +296,10 @@ class PairwiseMRF:
         """Check that the graph is the tree ``parents`` (default: the chain ``0 - 1 - ... - N-1``) in the numbering
         of :class:`~betheproj.oracles.Tree` (``parents[0] = -1``, ``0 <= parents[i] < i``); returns, for every node
         ``i >= 1``, the id of the edge joining it to its parent (as an array indexed ``i - 1``)."""
+        return self._tree(parents)[1]
+
+    def _tree(self, parents: Sequence[int] | None) -> tuple[list[int], np.ndarray]:
+        """:meth:`tree_parents`' checks: ``parents`` as a list of ints (read once) and the edge ids."""
         n = self.num_nodes
         if parents is None:
             parents = [-1] + list(range(n - 1))
@@ -316,7 +320,7 @@ class PairwiseMRF:
             if k is None:
                 raise ValueError(f"the graph has no edge between node {i} and its parent {p[i]}")
             out[i - 1] = k
-        return out
+        return p, out
 
     def to_pairwise_potentials(self, parents: Sequence[int] | None = None, dtype: object = None
                                ) -> PairwisePotentials:
@@ -329,9 +333,8 @@ class PairwiseMRF:
         from ..oracles.base import PairwisePotentials
 
         dtype = torch.float64 if dtype is None else dtype
-        eids = self.tree_parents(parents)
+        p, eids = self._tree(parents)                        # a generator is read once, here
         n, c = self.num_nodes, max(self._cards)
-        p = [-1] + list(range(n - 1)) if parents is None else [int(v) for v in parents]
         node = np.full((1, n, c), -np.inf)
         for i, u in enumerate(self._node):
             node[0, i, : u.size] = u

@@ -68,6 +68,10 @@ def test_perceptron_with_the_tree_oracle_and_per_node_label_sets():
     model = LinearPairwiseMRF([3, 2, 3], [(0, 1), (1, 2)], [np.ones((3, 1)), np.array([[0.0], [5.0]]),
                                                            np.ones((3, 1))])
     assert oracle_map(bp.LinearChain())(model, np.ones(1)).tolist()[1] == 1
+    # parents given as a generator: read once, not once per example (the second call saw it exhausted and
+    # failed with 'parents must have length 6 ..., got []')
+    once = oracle_map(bp.Tree(parents), parents=(v for v in parents))
+    assert all(np.array_equal(once(x, res.last), tree(x, res.last)) for x, _ in data[:3])
 
 
 def test_fractional_lp_prediction_updates_with_expected_features():

@@ -86,6 +86,9 @@ def test_chain_and_tree_oracle_conversion_match_enumeration():
     tree = random_mrf(rng, (2, 3, 3, 2, 3, 1), [(1, 3), (0, 1), (0, 2), (4, 1), (2, 5)])
     labels = bp.Tree(parents).map(tree.to_pairwise_potentials(parents))[0].numpy()
     assert np.array_equal(labels, exact_map(tree).labels)
+    pot = tree.to_pairwise_potentials(v for v in parents)           # a generator, read once (an IndexError)
+    assert torch.equal(pot.node, tree.to_pairwise_potentials(parents).node)
+    assert torch.equal(pot.edge, tree.to_pairwise_potentials(parents).edge)
     with pytest.raises(ValueError, match="no edge between node 2 and its parent 1"):
         tree.to_pairwise_potentials()
     with pytest.raises(ValueError, match="a tree on 3 nodes has 2"):
