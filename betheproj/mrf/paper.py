@@ -49,10 +49,11 @@ def triangle_model(x: Sequence[float]) -> LinearPairwiseMRF:
 def triangle_correct(x: Sequence[float], prediction: MAPResult | LocalMarginals | Sequence[int],
                      tol: float = 1e-6) -> bool:
     """Section 3.2's zero-loss rule: with ``i*j* = argmax_ij x_ij``, a labelling has loss 0 iff nodes ``i*`` and
-    ``j*`` take the same label.  A fractional prediction (``mu`` not integral) always has positive loss."""
+    ``j*`` take the same label.  A fractional prediction (``mu`` not integral) always has positive loss.  A
+    prediction that is not a labelling or point of the triangle's local polytope is a ``ValueError``."""
     model = triangle_model(x)
     if isinstance(prediction, (MAPResult, LocalMarginals)):
-        mu = prediction.marginals if isinstance(prediction, MAPResult) else prediction
+        mu = model.structure.check_marginals(prediction, "prediction")
         if not mu.is_integral(tol):
             return False
         y = mu.argmax()

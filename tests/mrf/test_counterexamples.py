@@ -12,6 +12,8 @@ import pytest
 from betheproj.learning.perceptron import lp_mistake_bound, mrf_map, structured_perceptron
 from betheproj.mrf import (
     TRIANGLE_INPUTS,
+    LocalMarginals,
+    PairwiseMRF,
     exact_map,
     figure2_mrf,
     figure3_dataset,
@@ -54,6 +56,19 @@ def test_triangle_lp_returns_one_half_whenever_w_separates_exactly():
                 assert np.allclose(np.sort(mu.reshape(-1)), [0, 0, 0.5, 0.5], atol=1e-9)
             lam = w * np.asarray(x)
             assert res.objective == pytest.approx(lam.sum() / 2)
+
+
+def test_triangle_correct_refuses_points_of_other_models():
+    x = TRIANGLE_INPUTS[0]
+    other = exact_map(PairwiseMRF([2, 2], [(0, 1)]))                # a 2-node model's labelling: was False
+    nodes_only = LocalMarginals([np.array([0.0, 1.0])] * 2, [])      # was False
+    three_labels = LocalMarginals([np.array([0.0, 0.0, 1.0])] * 3, [np.zeros((3, 3))] * 3)   # was an IndexError
+    nan = triangle_model(x).structure.one_hot([1, 0, 0])
+    nan.node[2] = np.array([np.nan, 1.0])                          # was False
+    for bad in (other, nodes_only, three_labels, nan):
+        with pytest.raises(ValueError, match="prediction"):
+            triangle_correct(x, bad)
+    assert triangle_correct(x, triangle_model(x).structure.one_hot([1, 0, 0]))     # B = B on edge 12
 
 
 def test_no_positive_w_lets_the_lp_label_all_three_inputs():
