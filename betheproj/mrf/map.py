@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from .._checks import check_count, check_nonnegative, check_real
 from ..factor_graphs import belief_propagation
 from ..factor_graphs import lp_map as _fg_lp_map
-from .pairwise import MAX_CONFIGURATIONS, LocalMarginals, MAPResult, PairwiseMRF
+from .pairwise import MAX_CONFIGURATIONS, LocalMarginals, MAPResult, PairwiseMRF, _overflow
 
 __all__ = ["exact_map", "lp_map", "lbp_map"]
 
@@ -51,9 +51,13 @@ def lp_map(mrf: PairwiseMRF, *, tol: float = 1e-6) -> MAPResult:
     """LP-relaxed MAP over the local polytope (section 3.1; eq. 6 ``argmax_{z in Z'(x)} w . Phi(x, z)``).
 
     Solved by :func:`betheproj.factor_graphs.lp_map` (HiGHS, a vertex of the polytope).  ``marginals`` holds the
-    possibly fractional ``mu_i`` and ``mu_e``; entries within ``tol`` of 0 or 1 count as integral."""
+    possibly fractional ``mu_i`` and ``mu_e``; entries within ``tol`` of 0 or 1 count as integral.  ``ValueError``
+    where the objective overflows float64 (finite potentials summing past ``1.8e308``), as in :func:`exact_map`."""
     mrf = _check_mrf(mrf)
-    res = _fg_lp_map(mrf.to_factor_graph(), tol=tol)
+    with np.errstate(over="ignore"):                     # the objective's rescaling overflows: named below
+        res = _fg_lp_map(mrf.to_factor_graph(), tol=tol)
+    if not np.isfinite(res.objective):
+        raise _overflow()
     mu = LocalMarginals([m.copy() for m in res.variable_marginals], [m.copy() for m in res.factor_marginals])
     integral = mu.is_integral(tol)
     labels = mu.argmax()
@@ -76,7 +80,8 @@ def lbp_map(mrf: PairwiseMRF, *, damping: float = 0.0, tol: float = 1e-9, max_it
     ``normalize="max"`` (the same iterates, slower on small graphs).
 
     ``marginals`` is the one-hot point of the decoded labelling (LBP proposes that labelling); ``beliefs`` holds the
-    max-marginal beliefs scaled to max 1; ``ties`` lists nodes whose two best beliefs are within ``1e-9``."""
+    max-marginal beliefs scaled to max 1; ``ties`` lists nodes whose two best beliefs are within ``1e-9``;
+    ``objective`` is that labelling's score (``ValueError`` where it overflows float64, as in :func:`exact_map`)."""
     mrf = _check_mrf(mrf)
     damping = check_real("damping", damping, 0.0, 1.0, high_open=True)
     tol, max_iter = check_nonnegative("tol", tol), check_count("max_iter", max_iter)

@@ -209,17 +209,34 @@ class PairwiseMRF:
 
     # --- scores -------------------------------------------------------------------------------------------------
     def score(self, labelling: Sequence[int] | np.ndarray) -> float:
-        """``sum_i theta_i(y_i) + sum_e theta_e(y_i, y_j)`` (``-inf`` for a forbidden labelling)."""
+        """``sum_i theta_i(y_i) + sum_e theta_e(y_i, y_j)`` (``-inf`` for a forbidden labelling).  ``ValueError``
+        where finite potentials sum past float64's range, as in :meth:`all_scores`."""
         y = self.check_labelling(labelling)
-        s = float(sum(self._node[i][y[i]] for i in range(self.num_nodes)))
-        return s + float(sum(t[y[i], y[j]] for t, (i, j) in zip(self._edge, self._edges, strict=True)))
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = float(sum(self._node[i][y[i]] for i in range(self.num_nodes)))
+            s = s + float(sum(t[y[i], y[j]] for t, (i, j) in zip(self._edge, self._edges, strict=True)))
+        if not np.isfinite(s):
+            if any(np.isneginf(self._node[i][y[i]]) for i in range(self.num_nodes)) or any(
+                    np.isneginf(t[y[i], y[j]]) for t, (i, j) in zip(self._edge, self._edges, strict=True)):
+                return -np.inf                               # a forbidden part, whatever the other sums
+            raise _overflow()
+        return s
 
     def expected_score(self, marginals: LocalMarginals) -> float:
-        """``<theta, mu>`` for a point ``mu`` of the local polytope (the LP objective of section 3.1)."""
+        """``<theta, mu>`` for a point ``mu`` of the local polytope (the LP objective of section 3.1); ``-inf``
+        where ``mu`` puts mass on a forbidden label or pair, ``ValueError`` where finite terms sum past float64's
+        range."""
         mu = self.check_marginals(marginals)
-        s = 0.0
-        for th, m in itertools.chain(zip(self._node, mu.node, strict=True), zip(self._edge, mu.edge, strict=True)):
-            s += float(np.sum(np.where(m > 0, th, 0.0) * m))
+        s, forbidden = 0.0, False
+        with np.errstate(over="ignore", invalid="ignore"):
+            for th, m in itertools.chain(zip(self._node, mu.node, strict=True),
+                                         zip(self._edge, mu.edge, strict=True)):
+                s += float(np.sum(np.where(m > 0, th, 0.0) * m))
+                forbidden = forbidden or bool(np.any(np.isneginf(th) & (m > 0)))
+        if forbidden:
+            return -np.inf
+        if not np.isfinite(s):
+            raise _overflow()
         return s
 
     def all_scores(self, max_configurations: int = MAX_CONFIGURATIONS) -> np.ndarray:
@@ -243,8 +260,7 @@ class PairwiseMRF:
             for t, shape in terms:
                 forbidden = forbidden | np.isneginf(t).reshape(shape)
             if (infinite & ~forbidden).any():
-                raise ValueError("the potentials' sums overflow float64 for some labellings (finite scores past "
-                                 "+-1.8e308): rescale the potentials")
+                raise _overflow()
         return total
 
     def check_marginals(self, marginals: object, name: str = "marginals") -> LocalMarginals:
@@ -398,6 +414,11 @@ def _check_structure(labels: object, edges: object) -> tuple[tuple[tuple[Hashabl
         seen.add(key)
         out_edges.append((i, j))
     return tuple(out_labels), tuple(out_edges)
+
+
+def _overflow() -> ValueError:
+    return ValueError("the potentials' sums overflow float64 for some labellings (finite scores past +-1.8e308): "
+                      "rescale the potentials")
 
 
 def _check_enumerable(cards: Sequence[int], max_configurations: int) -> None:

@@ -185,3 +185,24 @@ def test_lbp_names_message_scores_below_float64():
     for mrf in (row, entry):
         with pytest.raises(ValueError, match="overflow float64 in a message"):
             lbp_map(mrf)
+
+
+def test_lp_lbp_and_scores_name_sums_beyond_float64_as_exact_map_does(recwarn):
+    """Two nodes of score 1e308: exact_map named the overflow, while lbp_map and lp_map returned objective inf,
+    score([1, 1]) and expected_score of its one-hot point inf, and score([0, 0]) of two -1e308 nodes -inf (read as
+    forbidden), all with overflow warnings."""
+    big = 1e308
+    above = PairwiseMRF([2, 2], [(0, 1)], [np.array([0.0, big])] * 2)
+    below = PairwiseMRF([2, 2], [(0, 1)], [np.array([-big, 0.0])] * 2)
+    calls = (lambda: lbp_map(above), lambda: lbp_map(above, backend="factor_graphs"), lambda: lp_map(above),
+             lambda: above.score([1, 1]), lambda: above.expected_score(above.one_hot([1, 1])),
+             lambda: below.score([0, 0]), lambda: below.expected_score(below.one_hot([0, 0])))
+    for call in calls:
+        with pytest.raises(ValueError, match="the potentials' sums overflow float64"):
+            call()
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning) and "mrf" in w.filename]
+    # a forbidden part stays -inf whatever the other terms sum to; sums in range are unchanged
+    forbid = above.with_potentials(None, [np.array([[0.0, 0.0], [0.0, -np.inf]])])
+    assert forbid.score([1, 1]) == -np.inf and forbid.expected_score(forbid.one_hot([1, 1])) == -np.inf
+    assert above.score([0, 1]) == big and lp_map(above.with_potentials([np.array([0.0, big]), np.zeros(2)])
+                                                 ).objective == big
