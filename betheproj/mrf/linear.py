@@ -20,6 +20,15 @@ from .pairwise import (
 __all__ = ["LinearPairwiseMRF"]
 
 
+def _check_list(name: str, value: object, count: int, what: str) -> None:
+    """``value`` holds ``count`` entries: a list, tuple or array stacked along its first axis."""
+    is_array = isinstance(value, np.ndarray) or type(value).__module__.startswith("torch")
+    if not (isinstance(value, (list, tuple)) or is_array) or getattr(value, "ndim", 1) == 0:
+        raise TypeError(f"{name} must be a list with {what}, got {type(value).__name__}")
+    if len(value) != count:  # type: ignore[arg-type]
+        raise ValueError(f"{name} must hold {what} ({count}), got {len(value)}")  # type: ignore[arg-type]
+
+
 class LinearPairwiseMRF:
     """An input ``x`` of a pairwise MRF with log-linear potentials: the feature map ``Phi(x, z)`` of section 5.
 
@@ -40,8 +49,7 @@ class LinearPairwiseMRF:
         self._nf: list[np.ndarray | None] = [None] * len(cards)
         self._ef: list[np.ndarray | None] = [None] * len(edges_)
         if node_features is not None:
-            if not isinstance(node_features, (list, tuple)) or len(node_features) != len(cards):
-                raise ValueError(f"node_features must be a list with one (c_i, d) array per node ({len(cards)})")
+            _check_list("node_features", node_features, len(cards), "one (c_i, d) array (or None) per node")
             for i, f in enumerate(node_features):
                 if f is None:
                     continue
@@ -51,9 +59,7 @@ class LinearPairwiseMRF:
                 d = self._same_d(d, arr.shape[1], f"node_features[{i}]")
                 self._nf[i] = arr
         if edge_features is not None:
-            if not isinstance(edge_features, (list, tuple)) or len(edge_features) != len(edges_):
-                raise ValueError(f"edge_features must be a list with one (c_i, c_j, d) array (or None) per edge "
-                                 f"({len(edges_)})")
+            _check_list("edge_features", edge_features, len(edges_), "one (c_i, c_j, d) array (or None) per edge")
             for e, f in enumerate(edge_features):
                 if f is None:
                     continue

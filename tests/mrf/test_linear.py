@@ -37,6 +37,24 @@ def test_feature_model_errors():
         m.structure.label_index(["x"])
 
 
+def test_feature_lists_may_be_stacked_arrays_and_other_types_are_named():
+    # a stacked (n, c, d) array was a ValueError 'must be a list with one (c_i, d) array per node (2)' although
+    # it held 2; PairwiseMRF takes stacked node potentials
+    nf, ef = np.arange(12.0).reshape(2, 2, 3), np.ones((1, 2, 2, 3))
+    ref = LinearPairwiseMRF([2, 2], [(0, 1)], list(nf), list(ef))
+    for node, edge in ((nf, ef), (torch.tensor(nf), torch.tensor(ef))):
+        model = LinearPairwiseMRF([2, 2], [(0, 1)], node, edge)
+        assert np.array_equal(model.feature_matrix(), ref.feature_matrix())
+    with pytest.raises(ValueError, match=r"node_features must hold one \(c_i, d\) array \(or None\) per node \(2\), "
+                                         "got 3"):
+        LinearPairwiseMRF([2, 2], [(0, 1)], np.ones((3, 2, 3)))
+    for bad in (5, "ab", np.float64(1.0), {0: np.ones((2, 3))}):
+        with pytest.raises(TypeError, match="node_features must be a list with one"):
+            LinearPairwiseMRF([2, 2], [(0, 1)], bad)
+    with pytest.raises(TypeError, match="edge_features must be a list with one"):
+        LinearPairwiseMRF([2, 2], [(0, 1)], None, {0: ef[0]})
+
+
 def test_features_are_linear_in_w_and_in_mu():
     rng = np.random.default_rng(4)
     model = _random_model(rng, (2, 3, 2), [(0, 1), (1, 2), (2, 0)], offsets=True)
