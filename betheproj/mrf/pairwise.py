@@ -41,8 +41,12 @@ MAX_CONFIGURATIONS = 1 << 22
 # ------------------------------------------------------------------------------------------------------------------
 # validation helpers
 # ------------------------------------------------------------------------------------------------------------------
+def _is_tensor(x: object) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
 def _as_float_array(name: str, x: object, ndim: int | None = None, allow_neg_inf: bool = True) -> np.ndarray:
-    if type(x).__module__.startswith("torch"):
+    if _is_tensor(x):
         x = x.detach().cpu().numpy()  # type: ignore[attr-defined]
     if x is None or isinstance(x, (str, bytes)):
         raise TypeError(f"{name} must be an array of floats, got {type(x).__name__}")
@@ -83,8 +87,9 @@ class PairwiseMRF:
     hashable label names (label sets may differ between nodes, as in Figure 1).  Labellings are always given as
     label *indices* into these sets (see :meth:`label_index` / :meth:`label_names`).  ``edges[e] = (i, j)``,
     ``i != j``, no edge twice.  ``node_potentials[i]``: ``theta_i`` of shape ``(c_i,)``; ``edge_potentials[e]``:
-    ``theta_e`` of shape ``(c_i, c_j)`` (rows: node ``i``), or one 2-D table shared by all edges.  Log-potentials
-    are finite or ``-inf`` (a forbidden label or pair); both default to zero.
+    ``theta_e`` of shape ``(c_i, c_j)`` (rows: node ``i``), or one 2-D table shared by all edges (lists, or arrays
+    or tensors stacked along their first axis).  Log-potentials are finite or ``-inf`` (a forbidden label or pair);
+    both default to zero.
     """
 
     def __init__(self, labels: Sequence[int | Sequence[Hashable]], edges: Sequence[tuple[int, int]],
@@ -96,7 +101,9 @@ class PairwiseMRF:
         if node_potentials is None:
             self._node = [np.zeros(c) for c in self._cards]
         else:
-            if not isinstance(node_potentials, (Sequence, np.ndarray)) or isinstance(node_potentials, str):
+            stacked = isinstance(node_potentials, np.ndarray) or _is_tensor(node_potentials)
+            if (not (isinstance(node_potentials, Sequence) or stacked) or isinstance(node_potentials, str)
+                    or getattr(node_potentials, "ndim", 1) == 0):
                 raise TypeError("node_potentials must be a sequence of 1-D arrays, got "
                                 f"{type(node_potentials).__name__}")
             if len(node_potentials) != n:
@@ -114,10 +121,12 @@ class PairwiseMRF:
             shared = None
             if not isinstance(edge_potentials, (list, tuple)):
                 shared = _as_float_array("edge_potentials", edge_potentials)
-                if shared.ndim != 2:
+                if shared.ndim == 3:                         # one table per edge, stacked
+                    edge_potentials, shared = list(shared), None
+                elif shared.ndim != 2:
                     raise ValueError("edge_potentials must be a list of 2-D tables or one shared 2-D table, got "
                                      f"shape {shared.shape}")
-            elif len(edge_potentials) != m:
+            if shared is None and len(edge_potentials) != m:
                 raise ValueError(f"edge_potentials must hold one table per edge ({m}), got {len(edge_potentials)}")
             self._edge = []
             for e, (i, j) in enumerate(self._edges):

@@ -102,6 +102,18 @@ def test_potential_and_marginal_arguments_are_named():
         PairwiseMRF([2, 2], [], [np.zeros(2)])
     with pytest.raises(ValueError, match="one shared 2-D table"):
         PairwiseMRF([2, 2], [(0, 1)], None, np.zeros(2))
+    # stacked potentials: a NumPy (n, c) stack was taken, a tensor one a TypeError; an (m, c, c) edge stack a
+    # ValueError 'must be a list of 2-D tables or one shared 2-D table'
+    node, edge = np.arange(4.0).reshape(2, 2), np.arange(4.0).reshape(1, 2, 2)
+    ref = PairwiseMRF([2, 2], [(0, 1)], list(node), list(edge))
+    for stack in (lambda a: a, torch.tensor):
+        mrf = PairwiseMRF([2, 2], [(0, 1)], stack(node), stack(edge))
+        assert np.array_equal(mrf.all_scores(), ref.all_scores())
+    with pytest.raises(ValueError, match=r"edge_potentials must hold one table per edge \(1\), got 2"):
+        PairwiseMRF([2, 2], [(0, 1)], None, np.zeros((2, 2, 2)))
+    for bad in (np.array(1.0), torch.tensor(1.0)):                 # 0-d: was 'len() of unsized object'
+        with pytest.raises(TypeError, match="node_potentials must be a sequence of 1-D arrays"):
+            PairwiseMRF([2], [], bad)
     with pytest.raises(TypeError, match=r"node_potentials\[0\] must be an array of floats, got str"):
         PairwiseMRF([2], [], ["ab"])
     with pytest.raises(TypeError, match="must be an array of real numbers"):
