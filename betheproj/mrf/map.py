@@ -30,8 +30,9 @@ def _check_mrf(mrf: object) -> PairwiseMRF:
 def exact_map(mrf: PairwiseMRF, *, max_configurations: int = MAX_CONFIGURATIONS) -> MAPResult:
     """Exact MAP, eq. (1) ``argmax_y score(y)``, by enumerating all ``prod_i c_i`` labellings.
 
-    Ties are broken towards the lexicographically smallest labelling (``num_ties`` counts the other optima within
-    ``1e-9`` times the largest finite ``|score|``, a count that does not change with the potentials' scale).
+    Ties are broken towards the lexicographically smallest labelling (``num_ties`` counts the other labellings
+    ``y`` whose score is within ``1e-9 * max(|y*|, |y|)`` of the best, ``|y|`` the sum of the absolute values of
+    ``y``'s finite terms: a rounding-level tie, at any scale of the potentials and whatever other labellings score).
     Raises ``ValueError`` above ``max_configurations`` labellings or when every labelling is forbidden (score
     ``-inf``)."""
     mrf = _check_mrf(mrf)
@@ -41,10 +42,23 @@ def exact_map(mrf: PairwiseMRF, *, max_configurations: int = MAX_CONFIGURATIONS)
     best = float(flat[k])
     if best == -np.inf:
         raise ValueError("every labelling of the MRF has score -inf (contradictory potentials)")
-    finite = flat[np.isfinite(flat)]
-    ties = int(np.sum(flat >= best - 1e-9 * float(np.max(np.abs(finite))))) - 1
     y = np.array(np.unravel_index(k, mrf.cardinalities), dtype=np.int64).reshape(-1)
+    parts = mrf.num_nodes + mrf.num_edges
+    top = max(float(np.max(np.abs(t[np.isfinite(t)]), initial=0.0)) for t in (*mrf._node, *mrf._edge))
+    near = flat >= best - 1e-9 * parts * top                  # |y| <= parts * top: every possible tie
+    ties = 0
+    if np.count_nonzero(near) > 1:                            # |y| / parts for every labelling (never overflows)
+        size = _mean_magnitudes(mrf).all_scores(max_configurations).reshape(-1)
+        ties = int(np.sum(flat[near] >= best - (1e-9 * parts) * np.maximum(size[near], size[k]))) - 1
     return MAPResult("exact", y, mrf.one_hot(y), best, True, num_ties=ties)
+
+
+def _mean_magnitudes(mrf: PairwiseMRF) -> PairwiseMRF:
+    """The MRF whose score of ``y`` is ``|y| / (N + E)``, ``|y|`` the sum of the absolute values of ``y``'s finite
+    terms (the scale of its score's rounding); a mean, so that it never overflows."""
+    parts = mrf.num_nodes + mrf.num_edges
+    mean = [np.where(np.isfinite(t), np.abs(t) / parts, 0.0) for t in (*mrf._node, *mrf._edge)]
+    return PairwiseMRF._trusted(mrf, mean[: mrf.num_nodes], mean[mrf.num_nodes:])
 
 
 def lp_map(mrf: PairwiseMRF, *, tol: float = 1e-6) -> MAPResult:
@@ -80,7 +94,9 @@ def lbp_map(mrf: PairwiseMRF, *, damping: float = 0.0, tol: float = 1e-9, max_it
     ``normalize="max"`` (the same iterates, slower on small graphs).
 
     ``marginals`` is the one-hot point of the decoded labelling (LBP proposes that labelling); ``beliefs`` holds the
-    max-marginal beliefs scaled to max 1; ``ties`` lists nodes whose two best beliefs are within ``1e-9``;
+    max-marginal beliefs scaled to max 1; ``ties`` lists nodes whose two best log-beliefs are within
+    ``1e-9 * |y|``, ``|y|`` the sum of the absolute values of the decoded labelling's finite terms (as in
+    :func:`exact_map`: a rounding-level tie at any scale of the potentials);
     ``objective`` is that labelling's score (``ValueError`` where it overflows float64, as in :func:`exact_map`)."""
     mrf = _check_mrf(mrf)
     damping = check_real("damping", damping, 0.0, 1.0, high_open=True)
@@ -94,12 +110,9 @@ def lbp_map(mrf: PairwiseMRF, *, damping: float = 0.0, tol: float = 1e-9, max_it
     else:
         raise ValueError(f"backend must be 'numpy' or 'factor_graphs', got {backend!r}")
     labels = np.array([int(np.argmax(b)) for b in beliefs], dtype=np.int64)
-    ties = []
-    for i, b in enumerate(beliefs):
-        if b.size > 1:
-            top2 = np.sort(b)[-2:]
-            if top2[1] - top2[0] <= 1e-9 * max(top2[1], 1e-300):
-                ties.append(i)
+    tol = (1e-9 * (mrf.num_nodes + mrf.num_edges)) * _mean_magnitudes(mrf).score(labels)   # 1e-9 |y|
+    with np.errstate(divide="ignore"):
+        ties = [i for i, b in enumerate(beliefs) if b.size > 1 and -np.log(np.sort(b)[-2]) <= tol]
     return MAPResult("lbp", labels, mrf.one_hot(labels), mrf.score(labels), True, converged=converged,
                      iterations=iterations, max_change=history[-1] if history else 0.0, history=history,
                      ties=ties, beliefs=beliefs)

@@ -83,6 +83,31 @@ def test_exact_map_counts_ties_at_any_scale():
         distinct = PairwiseMRF([2, 2], [(0, 1)], [np.zeros(2), np.zeros(2)], [np.array([[0, 1], [2, 3]]) * scale])
         tied = PairwiseMRF([2, 2], [(0, 1)], [np.zeros(2), np.zeros(2)], [np.array([[3, 1], [2, 3]]) * scale])
         assert exact_map(distinct).num_ties == 0 and exact_map(tied).num_ties == 1
+    # a large finite penalty for disagreeing (a stand-in for -inf) made the tolerance 1e-9 * 1e12 = 1000: the
+    # labelling scoring 0 counted as a tie of the best, scoring 10
+    penalty = PairwiseMRF([2, 2], [(0, 1)], [np.array([0.0, 5.0])] * 2, [np.array([[0.0, -1e12], [-1e12, 0.0]])])
+    res = exact_map(penalty)
+    assert res.labels.tolist() == [1, 1] and res.objective == 10.0 and res.num_ties == 0
+    assert exact_map(penalty.with_potentials([np.array([0.0, 5.0])] * 2, [np.array([[10.0, -1e12], [-1e12, 0.0]])])
+                     ).num_ties == 1
+    # a tie is judged at the scale of the tied labellings' own terms: 1e12 - (1e12 - 0.3) is 0.3 to 1.2e-4 only
+    big = PairwiseMRF([2, 2], [(0, 1)], [np.array([0.3, 1e12]), np.array([0.0, 0.3 - 1e12])],
+                      [np.array([[0.0, -np.inf], [-np.inf, 0.0]])])
+    assert big.score([1, 1]) != big.score([0, 0]) and exact_map(big).num_ties == 1
+
+
+@pytest.mark.parametrize("backend", ["numpy", "factor_graphs"])
+def test_lbp_ties_at_any_scale(backend):
+    # ties were two best beliefs within an absolute 1e-9: at scale 1e-12 every node of the distinct model was a
+    # tie, and a rounding-level tie at scale 1e12 (beliefs 1 and 0.99995) was none
+    for scale in (1e-12, 1.0, 1e12):
+        distinct = PairwiseMRF([2, 2], [(0, 1)], [np.zeros(2), np.zeros(2)], [np.array([[0, 1], [2, 3]]) * scale])
+        tied = PairwiseMRF([2, 2], [(0, 1)], [np.zeros(2), np.zeros(2)], [np.array([[3, 1], [2, 3]]) * scale])
+        assert lbp_map(distinct, backend=backend).ties == [] and lbp_map(tied, backend=backend).ties == [0, 1]
+    big = PairwiseMRF([2, 2], [(0, 1)], [np.array([0.3, 1e12]), np.array([0.0, 0.3 - 1e12])],
+                      [np.array([[0.0, -np.inf], [-np.inf, 0.0]])])
+    res = lbp_map(big, backend=backend)
+    assert 0 < 1.0 - res.beliefs[0].min() < 1e-3 and res.ties == [0, 1]
 
 
 def test_lbp_is_exact_on_trees_and_matches_the_factor_graph_backend():
