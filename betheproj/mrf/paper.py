@@ -187,6 +187,9 @@ def random_grid_dataset(num_instances: int, rows: int = 3, cols: int = 3, *, nod
     if w_true.shape != (d,):
         raise ValueError(f"w_true must have shape ({d},), got {w_true.shape}")
     w_true = _unit_vector(w_true, "w_true")
+    if labeller is not None and not callable(labeller):
+        raise TypeError(f"labeller must be a MAP routine PairwiseMRF -> MAPResult (e.g. lp_map), got "
+                        f"{type(labeller).__name__}")
     labeller = labeller or lp_map
     edges = grid_edges(rows, cols)
     n = rows * cols
@@ -206,6 +209,8 @@ def random_grid_dataset(num_instances: int, rows: int = 3, cols: int = 3, *, nod
             ef.append(g)
         model = LinearPairwiseMRF([2] * n, edges, nf, ef)
         res = labeller(model.potentials(w_true))
+        if not isinstance(res, MAPResult):
+            raise TypeError(f"labeller must return a MAPResult (as lp_map does), got {type(res).__name__}")
         if not res.integral:
             continue
         lower, _ = lp_margin_bounds(model, res.labels, w_true)

@@ -227,6 +227,8 @@ def test_lbp_decision_boundary_stops_at_adjacent_floats():
     ({"node_dim": 0}, "node_dim must be"),                 # ran max_tries and named none of these
     ({"edge_dim": 1.5}, "edge_dim must be"),
     ({"max_tries": 0}, "max_tries must be"),
+    ({"labeller": "lp"}, "labeller must be a MAP routine"),         # "'str' object is not callable"
+    ({"labeller": lambda m: lp_map(m).labels}, "labeller must return a MAPResult"),   # an AttributeError
 ])
 def test_random_grid_dataset_checks_its_settings(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
