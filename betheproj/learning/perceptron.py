@@ -242,9 +242,16 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
 
 def predict(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, w: np.ndarray) -> list[bool]:
     """Whether ``map_fn(x, w)`` returns exactly the gold labelling, per example (fractional = wrong)."""
+    data = _check_examples(examples)
+    if not callable(map_fn):
+        raise TypeError(f"map_fn must be callable (x, w) -> prediction, got {type(map_fn).__name__}")
+    try:
+        w = np.array(_as_array(w), dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"w must be a vector of weights, got {type(w).__name__}") from err
     out = []
-    for k, (x, gold) in enumerate(_check_examples(examples)):
-        labels = _as_labels(map_fn(x, np.asarray(w, dtype=np.float64)))
+    for k, (x, gold) in enumerate(data):
+        labels = _as_labels(map_fn(x, w.copy()))
         g = _gold_labels(k, x, gold)
         out.append(labels is not None and labels.shape == g.shape and bool(np.all(labels == g)))
     return out

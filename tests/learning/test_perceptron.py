@@ -151,6 +151,11 @@ def test_bad_inputs():
         with pytest.raises(ValueError, match="followed only by the oracles' -1 padding"):
             predict(ok, lambda x, w, z=bad: z, np.zeros(3))
     assert predict(ok, lambda x, w: np.array([1, 0, 0, -1, -1]), np.zeros(3)) == [True]   # trailing padding
+    with pytest.raises(TypeError, match="map_fn must be callable"):   # "'str' object is not callable"
+        predict(ok, "exact", np.zeros(3))
+    with pytest.raises(TypeError, match="w must be a vector of weights, got str"):    # "could not convert string"
+        predict(ok, run, "abc")
+    assert predict(ok, run, torch.tensor([1.0, 0.0, 0.0])) == [True]
     with pytest.raises(ValueError, match=r"examples\[0\]: the gold labelling must hold labels >= 0"):
         predict([(model, np.array([-1, 0, 0]))], run, np.zeros(3))     # predict reads gold as training does
 
