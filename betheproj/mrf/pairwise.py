@@ -310,7 +310,8 @@ class PairwiseMRF:
     # --- conversions --------------------------------------------------------------------------------------------
     def with_potentials(self, node_potentials: Sequence[object] | None = None,
                         edge_potentials: Sequence[object] | object | None = None) -> PairwiseMRF:
-        """The same graph and label sets with new potentials."""
+        """The same graph and label sets with new potentials (``None`` is zero, as in the constructor: pass
+        :attr:`node_potentials` or :attr:`edge_potentials` to keep either)."""
         return PairwiseMRF(self._labels, self._edges, node_potentials, edge_potentials)
 
     def to_factor_graph(self) -> FactorGraph:

@@ -227,7 +227,7 @@ def test_lp_lbp_and_scores_name_sums_beyond_float64_as_exact_map_does(recwarn):
             call()
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning) and "mrf" in w.filename]
     # a forbidden part stays -inf whatever the other terms sum to; sums in range are unchanged
-    forbid = above.with_potentials(None, [np.array([[0.0, 0.0], [0.0, -np.inf]])])
+    forbid = above.with_potentials(above.node_potentials, [np.array([[0.0, 0.0], [0.0, -np.inf]])])
     assert forbid.score([1, 1]) == -np.inf and forbid.expected_score(forbid.one_hot([1, 1])) == -np.inf
     assert above.score([0, 1]) == big and lp_map(above.with_potentials([np.array([0.0, big]), np.zeros(2)])
                                                  ).objective == big
