@@ -17,6 +17,7 @@ from ..oracles.base import (
     edge_row_ends,
     has_pairwise_factors,
     keeps_width,
+    log_partition,
     tree_parents,
 )
 from ..oracles.tree import check_parents
@@ -179,13 +180,16 @@ def _check_gold_batch(potentials_of: Callable[[Tensor, int], PairwisePotentials]
 
 def crf_nll(oracle: Oracle, potentials: PairwisePotentials, labels: Tensor) -> Tensor:
     """Negative log-likelihood [B], differentiable in the potentials (its gradient is ``mu - S(y)``). Labels on a
-    forbidden part (a ``-inf`` potential) are a ``ValueError``, as in :func:`~.losses.structured_loss`."""
+    forbidden part (a ``-inf`` potential) are a ``ValueError``, as in :func:`~.losses.structured_loss`.  ``log Z``
+    is the oracle's ``log_partition`` where it has one, else its marginals' (the :class:`Oracle` protocol needs
+    no ``log_partition``)."""
     _check_potentials(potentials)
     score = sequence_score(potentials, labels, tree_parents(oracle, potentials.node.shape[1]),
                            pairwise_factors=has_pairwise_factors(oracle))
     _check_gold(oracle, potentials.lengths, labels, "labels")
     _check_gold_score(score.detach())
-    return oracle.log_partition(potentials) - score
+    own = getattr(oracle, "log_partition", None)
+    return (own(potentials) if callable(own) else log_partition(oracle, potentials)) - score
 
 
 class LinearChainCRF(nn.Module):

@@ -366,3 +366,40 @@ def test_fit_crf_over_dependency_trees_keeps_each_chunks_full_width():
     chunked = fit_crf(LinearChainCRF(3, 6).double(), x, heads, lengths, oracle=bp.NonProjective(), max_iter=3,
                       chunk_size=2)
     assert chunked == pytest.approx(whole, rel=1e-12)
+
+
+class _ProtocolOnly:
+    """An oracle with just the methods of the Oracle protocol (marginals, map, entropy, degree): no log_partition."""
+
+    def __init__(self):
+        self.inner = bp.LinearChain()
+
+    def marginals(self, potentials):
+        return self.inner.marginals(potentials)
+
+    def map(self, potentials):
+        return self.inner.map(potentials)
+
+    def entropy(self, marginals):
+        return self.inner.entropy(marginals)
+
+    def degree(self, lengths, n):
+        return self.inner.degree(lengths, n)
+
+
+def test_the_likelihood_needs_only_the_oracle_protocol():
+    # crf_nll called oracle.log_partition, which the protocol does not ask for: AttributeError in crf_nll, fit_crf
+    # and every NonLocalCRF.fit (the surrogate likelihood is a crf_nll), where structured_loss worked
+    gen = torch.Generator().manual_seed(0)
+    node = torch.randn(3, 4, 3, dtype=DT, generator=gen, requires_grad=True)
+    edge = torch.randn(3, 3, dtype=DT, generator=gen, requires_grad=True)
+    lengths = torch.tensor([4, 2, 1])
+    labels = torch.tensor([[0, 2, 1, 1], [2, 2, -1, -1], [1, -1, -1, -1]])
+    pot = bp.ChainPotentials(node, edge, lengths)
+    got, want = crf_nll(_ProtocolOnly(), pot, labels), crf_nll(bp.LinearChain(), pot, labels)
+    assert torch.allclose(got, want)
+    assert all(torch.allclose(a, b) for a, b in zip(torch.autograd.grad(got.sum(), (node, edge)),
+                                                      torch.autograd.grad(want.sum(), (node, edge)), strict=True))
+    x, y = torch.randn(3, 4, 2, dtype=DT, generator=gen), labels.clamp_min(0)
+    history = fit_crf(LinearChainCRF(2, 3).double(), x, y, lengths, oracle=_ProtocolOnly(), max_iter=3)
+    assert history == fit_crf(LinearChainCRF(2, 3).double(), x, y, lengths, max_iter=3)
