@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_bool, check_count, check_nonnegative
+from ..inference.solve import check_oracle
 from ..oracles import LinearChain
 from ..oracles.base import (
     Marginals,
@@ -288,7 +289,8 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     if loss == "crf" and gamma not in (None, 0, 0.0):
         raise ValueError(f"gamma applies to loss='softmax_margin' only, got gamma={gamma} with loss='crf'")
     _, gamma = resolve_loss(loss, gamma=gamma)        # the preset's gamma (1) by default; checks it
-    oracle = oracle or LinearChain()
+    oracle = LinearChain() if oracle is None else oracle
+    check_oracle(oracle, ("marginals",))
     _check_gold_batch(lambda idx, n: model(features[idx, :n], lengths[idx]), oracle, labels, lengths, chunk_size)
     full = features.shape[1] if keeps_width(oracle, features.shape[1]) else None
 

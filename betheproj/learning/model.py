@@ -13,7 +13,7 @@ from .._files import torch_load, torch_save
 from ..energies.base import Energy
 from ..inference.decode import decode
 from ..inference.pieces import solve_global
-from ..inference.solve import METHODS, Solution, solve
+from ..inference.solve import METHODS, Solution, check_oracle, solve
 from ..oracles import LinearChain
 from ..oracles.base import Marginals, Oracle, PairwisePotentials, has_pairwise_factors, tree_parents
 from ._checks import check_lengths_like
@@ -91,9 +91,8 @@ class NonLocalCRF(nn.Module):
         max_iter = check_count("max_iter", max_iter)
         if tol is not None:
             tol = check_nonnegative("tol", tol)
-        if oracle is not None and not all(callable(getattr(oracle, f, None)) for f in ("marginals", "map", "entropy")):
-            raise TypeError(f"oracle must provide marginals(), map() and entropy() (an Oracle such as LinearChain), "
-                            f"got {type(oracle).__name__}")
+        if oracle is not None:                # an instance: the class LinearChain has the methods too, unbound
+            check_oracle(oracle, ("marginals", "map", "entropy"))
         from .psi import ConstantPsi
 
         self.theta = theta

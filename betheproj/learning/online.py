@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_count, check_float_dtype, check_positive, check_seed
+from ..inference.solve import check_oracle
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
 from .losses import CostFn, loss_and_gradient, resolve_loss
@@ -191,8 +192,12 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     every epoch (e.g. to evaluate on held-out data).  Returns the averaged weights (line 10, over the weights after
     each step: see the module docstring); the weights live on the device of the examples' ``ids``."""
     beta, gamma = resolve_loss(loss, beta, gamma)
+    check_oracle(oracle, ("map",) if math.isinf(beta) else ("marginals",))
     num_features = check_count("num_features", num_features)
     check_float_dtype("dtype", dtype)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a function (epoch, averaged_weights, mean_loss) -> None, got "
+                        f"{type(callback).__name__}")
     epochs = check_count("epochs", epochs)
     lam = check_positive("lam (lambda)", lam)
     seed = check_seed("seed", seed)

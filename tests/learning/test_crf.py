@@ -403,3 +403,13 @@ def test_the_likelihood_needs_only_the_oracle_protocol():
     x, y = torch.randn(3, 4, 2, dtype=DT, generator=gen), labels.clamp_min(0)
     history = fit_crf(LinearChainCRF(2, 3).double(), x, y, lengths, oracle=_ProtocolOnly(), max_iter=3)
     assert history == fit_crf(LinearChainCRF(2, 3).double(), x, y, lengths, max_iter=3)
+
+
+def test_fit_crf_names_an_oracle_that_is_a_class_or_no_oracle():
+    # the class failed in the first evaluation ("log_partition() missing 1 required positional argument"), a
+    # string with "AttributeError: 'str' object has no attribute 'log_partition'"
+    x, y, n = torch.randn(2, 3, 2, dtype=DT), torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 2])
+    with pytest.raises(TypeError, match=r"oracle must be an instance such as LinearChain\(\.\.\.\)"):
+        fit_crf(LinearChainCRF(2, 2).double(), x, y, n, oracle=bp.LinearChain)
+    with pytest.raises(TypeError, match=r"oracle must provide marginals\(\); got str"):
+        fit_crf(LinearChainCRF(2, 2).double(), x, y, n, oracle="chain")

@@ -278,6 +278,8 @@ def test_bad_arguments_are_named():
         NonLocalCRF(LinearChainCRF(2, 2), tol=-1.0)
     with pytest.raises(TypeError, match="oracle must provide"):
         NonLocalCRF(LinearChainCRF(2, 2), oracle=3)
+    with pytest.raises(TypeError, match=r"oracle must be an instance such as LinearChain\(\.\.\.\)"):
+        NonLocalCRF(LinearChainCRF(2, 2), oracle=bp.LinearChain)      # was accepted; failed in fit or predict
     with pytest.raises(ValueError, match=r"lengths must be a \[B\]"):
         model.predict(x, None)
     with pytest.raises(TypeError, match="seed must be an int"):

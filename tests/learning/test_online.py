@@ -280,3 +280,15 @@ def test_a_transition_block_over_dependency_trees_stays_at_zero():
     without = fit_online(bp.NonProjective(), examples, 20, loss="svm", epochs=2, record_steps=True)
     assert with_block.etas == without.etas and with_block.updates > 0
     assert torch.equal(with_block.weights[:21], without.weights) and not with_block.weights[21:].any()
+
+
+def test_an_oracle_class_a_non_oracle_or_a_callback_that_is_not_a_function_is_named_before_any_step():
+    # the class bp.LinearChain failed at the first step ("marginals() missing 1 required positional argument"),
+    # None with an AttributeError, and callback=5 with "'int' object is not callable" after a whole epoch
+    examples = _data(3)
+    with pytest.raises(TypeError, match=r"oracle must be an instance such as LinearChain\(\.\.\.\)"):
+        fit_online(bp.LinearChain, examples, D, transitions=C)
+    with pytest.raises(TypeError, match=r"oracle must provide map\(\); got NoneType"):
+        fit_online(None, examples, D, loss="svm", transitions=C)
+    with pytest.raises(TypeError, match="callback must be a function .* got int"):
+        fit_online(bp.LinearChain(), examples, D, transitions=C, callback=5)
