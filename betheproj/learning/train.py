@@ -170,6 +170,30 @@ def _check_gold_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, len
                       lengths, batch_size)
 
 
+def _keeps_width(model: NonLocalCRF, features: Tensor, lengths: Tensor) -> bool:
+    """Whether Algorithm 3 must keep every minibatch at the full width ``N`` rather than trim it to its longest
+    member: the oracle's structure needs it (:func:`~betheproj.oracles.base.keeps_width`), or the energy does
+    (e.g. per-position measurement vectors of ``N`` positions), probed once on the shortest example trimmed to its
+    length: an energy that refuses it would stop training at the first minibatch without a full-length example."""
+    n = features.shape[1]
+    if keeps_width(model.oracle, n):
+        return True
+    i = int(torch.argmin(lengths))
+    short = int(lengths[i])
+    if model.energy_fn is None or short == n:
+        return False
+    x, m = features[i:i + 1, :short], lengths[i:i + 1]
+    with torch.no_grad():
+        energy = model.energy(x, m)
+        try:
+            mu = model.oracle.marginals(model.potentials(x, m))
+            energy.validate(mu)
+            energy.value(mu)
+        except (ValueError, RuntimeError, IndexError):    # the full width raises the real error, if any
+            return True
+    return False
+
+
 def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor, epochs: int = 1,
                           batch_size: int = 32, optimizer: str = "adam", lr: float = 1e-2,
                           psi_lr: float | None = None, l2: float = 0.0, psi_l2: float = 0.0,
@@ -191,6 +215,9 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     ``average=True`` returns the mean of the iterates after every step (Polyak-Ruppert averaging) instead of the
     last one, and validation evaluates that mean: with a few noisy steps, e.g. on a psi linear in many random
     features, the last iterate depends on the last minibatches, the mean much less.
+
+    On a chain every minibatch is trimmed to its longest member (less padding), unless the energy refuses a
+    shorter width (per-position measurement vectors of ``N`` positions): then minibatches keep the width ``N``.
     """
     check_sequences(features, labels, lengths, training=True)
     batch_size = check_count("batch_size", batch_size)
@@ -211,7 +238,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     eval_every = eval_every or per_epoch
     bar = progress_bar(epochs * per_epoch, progress, "Algorithm 3")
     start = time.perf_counter()
-    full = features.shape[1] if keeps_width(model.oracle, features.shape[1]) else None
+    full = features.shape[1] if _keeps_width(model, features, lengths) else None
     for _ in range(epochs):
         for idx in _batches(features.shape[0], batch_size, gen):
             x, y, n = features[idx], labels[idx], lengths[idx]

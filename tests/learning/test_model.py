@@ -684,3 +684,20 @@ def test_algorithm_3_over_dependency_trees_keeps_each_minibatchs_full_width():
     assert model.history_.steps == 2
     predicted = model.predict(x, lengths)
     assert predicted.shape == (4, 5) and (predicted[:, 2:] == -1).all()
+
+
+def test_algorithm_3_keeps_the_full_width_for_an_energy_of_n_positions():
+    # per-position measurement vectors [J, N, C]: a chain minibatch trimmed to its longest member (3 < N = 4) stopped
+    # fit with "node measurement vectors have 4 positions, marginals have N=3", where predict, loss and Algorithm 2
+    # took the same data
+    gen = torch.Generator().manual_seed(0)
+    b, n, c, f = 8, 4, 3, 5
+    x = torch.randn(b, n, f, generator=gen, dtype=DT)
+    lengths = torch.tensor([4, 1, 2, 3, 4, 1, 1, 2])
+    labels = torch.randint(0, c, (b, n), generator=gen)
+    first = torch.zeros(1, n, c, dtype=DT)
+    first[0, 0, 1] = 1.0                                   # "the first label is 1"
+    model = NonLocalCRF(LinearChainCRF(f, c).double(),
+                        lambda psi: LinearMeasurements(node=first, offset=1.0, loss="squared", psi=psi))
+    model.fit(x, labels, lengths, epochs=2, batch_size=3)
+    assert len(model.history_.loss) == 6 and all(v == v for v in model.history_.loss)
