@@ -283,6 +283,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     l2 = check_nonnegative("l2", l2)
     max_iter = check_count("max_iter", max_iter)
     tolerance = check_nonnegative("tolerance", tolerance)
+    progress = check_bool("progress", progress)
     check_sequences(features, labels, lengths, features_dim=None, training=True)
     if loss not in ("crf", "softmax_margin"):
         raise ValueError(f"loss must be 'crf' or 'softmax_margin' (L-BFGS needs a smooth loss), got {loss!r}")

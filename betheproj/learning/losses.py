@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._checks import check_nonnegative, check_real
+from .._checks import check_bool, check_nonnegative, check_real
 from ..oracles.base import Oracle, PairwisePotentials, _unchecked, has_pairwise_factors, log_partition, tree_parents
 from .crf import (
     _check_gold,
@@ -211,6 +211,7 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
     if loss is None and beta is None and gamma is None:
         raise ValueError("give a loss name (crf, svm, softmax_margin, perceptron) or beta and gamma")
     beta, gamma = resolve_loss(loss, beta, gamma)
+    edge = check_bool("edge", edge)
     _check_potentials(potentials)
     y = _check_labels(potentials, gold)
     parents = tree_parents(oracle, potentials.node.shape[1])

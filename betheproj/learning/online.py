@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._checks import check_count, check_float_dtype, check_positive, check_seed
+from .._checks import check_bool, check_count, check_float_dtype, check_positive, check_seed
 from ..inference.solve import check_oracle
 from ..oracles.base import Oracle, PairwisePotentials
 from ..progress import progress_bar
@@ -201,6 +201,7 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     epochs = check_count("epochs", epochs)
     lam = check_positive("lam (lambda)", lam)
     seed = check_seed("seed", seed)
+    record_steps, progress = check_bool("record_steps", record_steps), check_bool("progress", progress)
     m = len(examples)
     if m == 0:
         raise ValueError("no training examples")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_count, check_nonnegative, check_positive, check_seed
+from .._checks import check_bool, check_count, check_nonnegative, check_positive, check_seed
 from ..oracles.base import Marginals, keeps_width
 from ..progress import progress_bar
 from ._checks import check_lengths_like, check_sequences
@@ -221,6 +221,8 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     """
     check_sequences(features, labels, lengths, training=True)
     batch_size = check_count("batch_size", batch_size)
+    learn_theta, learn_psi = check_bool("learn_theta", learn_theta), check_bool("learn_psi", learn_psi)
+    average, progress = check_bool("average", average), check_bool("progress", progress)
     _check_gold_labels(model, features, labels, lengths, batch_size)
     check_count("epochs", epochs)
     seed = check_seed("seed", seed)
@@ -283,6 +285,8 @@ def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, len
     :func:`fit_doubly_stochastic`, evaluated after each round."""
     check_sequences(features, labels, lengths, training=True)
     batch_size = check_count("batch_size", batch_size)
+    learn_theta, learn_psi = check_bool("learn_theta", learn_theta), check_bool("learn_psi", learn_psi)
+    progress = check_bool("progress", progress)
     _check_gold_labels(model, features, labels, lengths, batch_size)
     check_count("rounds", rounds)
     check_count("m_steps", m_steps)

@@ -413,3 +413,9 @@ def test_fit_crf_names_an_oracle_that_is_a_class_or_no_oracle():
         fit_crf(LinearChainCRF(2, 2).double(), x, y, n, oracle=bp.LinearChain)
     with pytest.raises(TypeError, match=r"oracle must provide marginals\(\); got str"):
         fit_crf(LinearChainCRF(2, 2).double(), x, y, n, oracle="chain")
+
+
+def test_fit_crf_progress_must_be_a_bool():
+    x, y, n = torch.randn(2, 3, 2, dtype=DT), torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 2])
+    with pytest.raises(TypeError, match="progress must be a bool, got str 'no'"):      # was truthy: a bar
+        fit_crf(LinearChainCRF(2, 2).double(), x, y, n, progress="no")

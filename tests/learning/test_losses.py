@@ -332,3 +332,10 @@ def test_a_loss_past_the_dtypes_range_is_refused(dtype, beta):
         loss_and_gradient(bp.LinearChain(), pot, gold, beta=beta, gamma=0.0)
     big = structured_loss(bp.LinearChain(), pot, gold, beta=1e-30, gamma=0.0)   # in range: (1/beta) log |Y| and up
     assert bool(torch.isfinite(big).all()) and float(big.min()) >= 1e30 * math.log(3 ** 4) * (1 - 1e-6)
+
+
+def test_the_edge_flag_of_loss_and_gradient_must_be_a_bool():
+    # edge="no" was truthy: the edge gradient was computed and returned
+    pot = bp.ChainPotentials(torch.randn(1, 3, 2, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.float64))
+    with pytest.raises(TypeError, match="edge must be a bool, got str 'no'"):
+        loss_and_gradient(bp.LinearChain(), pot, torch.zeros(1, 3, dtype=torch.long), loss="crf", edge="no")

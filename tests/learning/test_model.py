@@ -381,6 +381,18 @@ def test_learning_rates_must_be_finite_and_positive(algorithm, name, value):
     assert all(torch.isfinite(p).all() and not p.any() for p in model.theta.parameters())   # untouched
 
 
+@pytest.mark.parametrize("algorithm,name", [(a, n) for a in ("doubly_stochastic", "em")
+                                            for n in ("learn_theta", "learn_psi", "average", "progress")
+                                            if (a, n) != ("em", "average")])
+def test_flags_must_be_bools(algorithm, name):
+    # learn_theta="False" (a string from a config) was truthy: theta was learned; average="no" averaged
+    x, labels, lengths = _ocr_like(b=8)
+    model = NonLocalCRF(LinearChainCRF(6, 4), _quadratic, ConstantPsi(0.5))
+    with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'False'"):
+        model.fit(x, labels, lengths, algorithm=algorithm, **{name: "False"})
+    assert all(not p.any() for p in model.theta.parameters())                               # untouched
+
+
 @pytest.mark.parametrize("algorithm", ["doubly_stochastic", "em"])
 def test_empty_training_data_is_refused(algorithm):
     x, labels, lengths = _ocr_like(b=8)

@@ -292,3 +292,10 @@ def test_an_oracle_class_a_non_oracle_or_a_callback_that_is_not_a_function_is_na
         fit_online(None, examples, D, loss="svm", transitions=C)
     with pytest.raises(TypeError, match="callback must be a function .* got int"):
         fit_online(bp.LinearChain(), examples, D, transitions=C, callback=5)
+
+
+@pytest.mark.parametrize("name", ["record_steps", "progress"])
+def test_flag_arguments_must_be_bools(name):
+    # record_steps="no" was truthy (steps recorded), progress="no" showed a bar
+    with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'no'"):
+        fit_online(bp.LinearChain(), _data(2), D, transitions=C, **{name: "no"})
