@@ -208,9 +208,9 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     single-example version; without an energy this is minibatch maximum likelihood for the CRF.
 
     ``l2`` / ``psi_l2`` add ``l2/2 ||params||^2`` for theta / psi.  With ``valid = (features, labels, lengths)``
-    the model is evaluated by ``metric`` (higher is better) every ``eval_every`` steps (default: each epoch);
-    the best parameters are restored at the end, and training stops after ``patience`` evaluations without
-    improvement.
+    the model is evaluated by ``metric`` (higher is better) every ``eval_every`` steps (default: each epoch) and
+    after the last step; the best parameters are restored at the end, and training stops after ``patience``
+    evaluations without improvement.
 
     ``average=True`` returns the mean of the iterates after every step (Polyak-Ruppert averaging) instead of the
     last one, and validation evaluates that mean: with a few noisy steps, e.g. on a psi linear in many random
@@ -264,6 +264,9 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
                     break
         if history.stopped_early:
             break
+    if not history.stopped_early and history.steps % eval_every:     # the steps since the last evaluation count
+        with averager.applied() if averager is not None else nullcontext():
+            validator(history.steps)
     bar.close()
     if averager is not None:
         averager.apply()
