@@ -279,7 +279,13 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     ``progress`` shows a bar over the objective evaluations (L-BFGS's budget of ``1.25 max_iter``; torch checks it
     between line searches, so the last line search can run a few evaluations past it)."""
     from .losses import resolve_loss, structured_loss  # losses builds on this module
+    from .model import NonLocalCRF
 
+    if isinstance(model, NonLocalCRF) or not isinstance(model, nn.Module):
+        hint = (" (train a NonLocalCRF with its fit, or its base potentials with fit_crf(model.theta, ...))"
+                if isinstance(model, NonLocalCRF) else "")
+        raise TypeError(f"model must be a torch.nn.Module (features, lengths) -> PairwisePotentials such as "
+                        f"LinearChainCRF, got {type(model).__name__}{hint}")
     l2 = check_nonnegative("l2", l2)
     max_iter = check_count("max_iter", max_iter)
     tolerance = check_nonnegative("tolerance", tolerance)

@@ -161,6 +161,12 @@ def _batches(num: int, batch_size: int, generator: torch.Generator) -> Iterator[
         yield order[start:start + batch_size]
 
 
+def _check_model(model: object) -> None:
+    if not isinstance(model, NonLocalCRF):
+        hint = " (a base CRF such as LinearChainCRF trains with fit_crf)" if isinstance(model, nn.Module) else ""
+        raise TypeError(f"model must be a NonLocalCRF, got {type(model).__name__}{hint}")
+
+
 def _check_gold_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor,
                        batch_size: int) -> None:
     """Every label in range (on dependency oracles, every example's heads a tree) and no gold labelling on a
@@ -219,6 +225,7 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     On a chain every minibatch is trimmed to its longest member (less padding), unless the energy refuses a
     shorter width (per-position measurement vectors of ``N`` positions): then minibatches keep the width ``N``.
     """
+    _check_model(model)
     check_sequences(features, labels, lengths, training=True)
     batch_size = check_count("batch_size", batch_size)
     learn_theta, learn_psi = check_bool("learn_theta", learn_theta), check_bool("learn_psi", learn_psi)
@@ -286,6 +293,7 @@ def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, len
     takes ``m_steps`` passes of optimiser steps (one per ``batch_size`` chunk) on theta and psi for the
     surrogate likelihood (12) at the fixed ``M``.  Validation and early stopping as in
     :func:`fit_doubly_stochastic`, evaluated after each round."""
+    _check_model(model)
     check_sequences(features, labels, lengths, training=True)
     batch_size = check_count("batch_size", batch_size)
     learn_theta, learn_psi = check_bool("learn_theta", learn_theta), check_bool("learn_psi", learn_psi)

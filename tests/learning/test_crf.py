@@ -419,3 +419,13 @@ def test_fit_crf_progress_must_be_a_bool():
     x, y, n = torch.randn(2, 3, 2, dtype=DT), torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 2])
     with pytest.raises(TypeError, match="progress must be a bool, got str 'no'"):      # was truthy: a bar
         fit_crf(LinearChainCRF(2, 2).double(), x, y, n, progress="no")
+
+
+def test_fit_crf_names_a_model_that_is_not_a_module_or_is_a_non_local_crf():
+    # a function failed with AttributeError 'parameters', a NonLocalCRF with "missing the required forward"
+    x, y, n = torch.randn(2, 3, 2, dtype=DT), torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 2])
+    crf = LinearChainCRF(2, 2).double()
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module .* got function"):
+        fit_crf(lambda f, m: crf(f, m), x, y, n)
+    with pytest.raises(TypeError, match=r"got NonLocalCRF .*fit_crf\(model.theta"):
+        fit_crf(bp.learning.NonLocalCRF(crf), x, y, n)

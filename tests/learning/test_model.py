@@ -732,3 +732,14 @@ def test_validation_also_scores_the_steps_after_the_last_evaluation():
     history = NonLocalCRF(LinearChainCRF(6, 4)).fit(x, y, n, epochs=1, batch_size=4, lr=0.5, valid=(x, y, n),
                                                      eval_every=5).history_
     assert len(history.valid) == 1 and history.best_step == 3
+
+
+@pytest.mark.parametrize("algorithm", ["doubly_stochastic", "em"])
+def test_learners_name_a_model_that_is_not_a_non_local_crf(algorithm):
+    # the base CRF passed as the model failed with AttributeError: 'LinearChainCRF' object has no attribute 'oracle'
+    from betheproj.learning import fit_doubly_stochastic, fit_variational_em
+
+    fit = {"doubly_stochastic": fit_doubly_stochastic, "em": fit_variational_em}[algorithm]
+    x, labels, lengths = _ocr_like(b=8)
+    with pytest.raises(TypeError, match="model must be a NonLocalCRF, got LinearChainCRF .*fit_crf"):
+        fit(LinearChainCRF(6, 4), x, labels, lengths)
