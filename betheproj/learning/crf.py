@@ -253,6 +253,13 @@ class SparseChainCRF(nn.Module):
         return PairwisePotentials(node, self.transitions, lengths)
 
 
+def _squared_norm(params: Sequence[Tensor]) -> Tensor:
+    """``||params||^2`` over their finite entries: a ``-inf`` entry (a forbidden transition) has no penalty and a
+    zero gradient, so it stays ``-inf``, rather than making the L2 penalty infinite (``NaN`` times ``l2 = 0``) and
+    the parameters ``NaN`` after one step."""
+    return sum((q * q).sum() for q in (torch.where(torch.isfinite(p), p, 0.0) for p in params))
+
+
 def length_chunks(lengths: Tensor, chunk_size: int | None) -> list[tuple[Tensor, int]]:
     """Split a batch into chunks of similar length: ``(indices, max length)`` pairs, sorted by length, so
     padding (and memory) stays small.  ``None`` keeps the whole batch as one chunk."""
@@ -322,7 +329,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
             part = objective(model(features[idx, :n], lengths[idx]), labels[idx, :n]).sum() / total
             part.backward()
             value += part.item()
-        penalty = 0.5 * l2 * sum((p * p).sum() for p in params)
+        penalty = 0.5 * l2 * _squared_norm(params)
         penalty.backward()
         history.append(value + penalty.item())
         bar.update()

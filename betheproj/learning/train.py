@@ -16,7 +16,7 @@ from .._checks import check_bool, check_count, check_nonnegative, check_positive
 from ..oracles.base import Marginals, keeps_width
 from ..progress import progress_bar
 from ._checks import check_lengths_like, check_sequences
-from .crf import _check_gold_batch, _check_label_range
+from .crf import _check_gold_batch, _check_label_range, _squared_norm
 from .model import NonLocalCRF
 
 __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]
@@ -71,7 +71,7 @@ def _optimizer(model: NonLocalCRF, name: str, lr: float, psi_lr: float | None, l
 def _penalty(module: nn.Module | None, l2: float) -> Tensor | float:
     if module is None or l2 == 0:
         return 0.0
-    return 0.5 * l2 * sum((p * p).sum() for p in module.parameters() if p.requires_grad)
+    return 0.5 * l2 * _squared_norm([p for p in module.parameters() if p.requires_grad])
 
 
 def _check_valid_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor) -> None:

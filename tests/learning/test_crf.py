@@ -429,3 +429,20 @@ def test_fit_crf_names_a_model_that_is_not_a_module_or_is_a_non_local_crf():
         fit_crf(lambda f, m: crf(f, m), x, y, n)
     with pytest.raises(TypeError, match=r"got NonLocalCRF .*fit_crf\(model.theta"):
         fit_crf(bp.learning.NonLocalCRF(crf), x, y, n)
+
+
+@pytest.mark.parametrize("l2", [0.0, 1e-3])
+def test_a_forbidden_transition_parameter_stays_forbidden_through_training(l2):
+    # transitions[2, 2] = -inf: the penalty 0.5 l2 ||p||^2 was inf (NaN for l2 = 0), its gradient NaN, and L-BFGS
+    # stopped with "edge contains NaN"; now the entry stays -inf and the others train
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 5, 3, generator=gen, dtype=DT)
+    lengths = torch.randint(1, 6, (20,), generator=gen)
+    labels = torch.randint(0, 2, (20, 5), generator=gen)          # never 2 -> 2
+    model = LinearChainCRF(3, 3).double()
+    with torch.no_grad():
+        model.transitions[2, 2] = -math.inf
+    history = fit_crf(model, x, labels, lengths, l2=l2, max_iter=20)
+    assert all(math.isfinite(v) for v in history) and history[-1] < history[0]
+    assert model.transitions[2, 2] == -math.inf
+    assert torch.isfinite(model.transitions.flatten()[:-1]).all() and model.transitions.flatten()[:-1].any()

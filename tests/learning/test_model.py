@@ -743,3 +743,17 @@ def test_learners_name_a_model_that_is_not_a_non_local_crf(algorithm):
     x, labels, lengths = _ocr_like(b=8)
     with pytest.raises(TypeError, match="model must be a NonLocalCRF, got LinearChainCRF .*fit_crf"):
         fit(LinearChainCRF(6, 4), x, labels, lengths)
+
+
+@pytest.mark.parametrize("algorithm", ["doubly_stochastic", "em"])
+def test_a_forbidden_transition_parameter_stays_forbidden_under_l2(algorithm):
+    # the penalty on a -inf transition was inf, its gradient -inf and Adam's step NaN: "edge contains NaN"
+    x, labels, lengths = _ocr_like(b=16)
+    labels = labels.clamp(-1, 2)                                    # label 3 never follows label 3
+    model = NonLocalCRF(LinearChainCRF(6, 4), _quadratic, ConstantPsi(0.5))
+    with torch.no_grad():
+        model.theta.transitions[3, 3] = -float("inf")
+    options = dict(rounds=1, m_steps=2) if algorithm == "em" else dict(train_iter=2)
+    model.fit(x, labels, lengths, algorithm=algorithm, l2=1e-2, psi_l2=1e-2, batch_size=8, **options)
+    t = model.theta.transitions.detach().flatten()
+    assert t[-1] == -float("inf") and torch.isfinite(t[:-1]).all() and t[:-1].any()
