@@ -133,7 +133,9 @@ class _Average:
     def update(self) -> None:
         self.count += 1
         for m, p in zip(self.mean, self.params, strict=True):
-            m.add_(p - m, alpha=1.0 / self.count)
+            step = p - m
+            step[p == m] = 0.0          # an entry that stays -inf (a forbidden transition): not -inf - -inf = NaN
+            m.add_(step, alpha=1.0 / self.count)
 
     @torch.no_grad()
     def _load(self, values: list[Tensor]) -> None:

@@ -757,3 +757,16 @@ def test_a_forbidden_transition_parameter_stays_forbidden_under_l2(algorithm):
     model.fit(x, labels, lengths, algorithm=algorithm, l2=1e-2, psi_l2=1e-2, batch_size=8, **options)
     t = model.theta.transitions.detach().flatten()
     assert t[-1] == -float("inf") and torch.isfinite(t[:-1]).all() and t[:-1].any()
+
+
+def test_averaging_keeps_a_forbidden_transition_forbidden():
+    # the running mean m += (p - m) / k took -inf - -inf = NaN: the averaged model's edge table held NaN
+    x, labels, lengths = _ocr_like(b=16)
+    labels = labels.clamp(-1, 2)
+    model = NonLocalCRF(LinearChainCRF(6, 4))
+    with torch.no_grad():
+        model.theta.transitions[3, 3] = -float("inf")
+    model.fit(x, labels, lengths, batch_size=8, average=True)
+    t = model.theta.transitions.detach().flatten()
+    assert t[-1] == -float("inf") and torch.isfinite(t[:-1]).all()
+    assert (model.predict(x, lengths) >= -1).all()
