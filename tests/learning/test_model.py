@@ -770,3 +770,23 @@ def test_averaging_keeps_a_forbidden_transition_forbidden():
     t = model.theta.transitions.detach().flatten()
     assert t[-1] == -float("inf") and torch.isfinite(t[:-1]).all()
     assert (model.predict(x, lengths) >= -1).all()
+
+
+class _FlatPsi(torch.nn.Module):
+    """A psi that reads the whole padded sequence (features flattened over N positions)."""
+
+    def __init__(self, n, f):
+        super().__init__()
+        self.linear = torch.nn.Linear(n * f, 1)
+
+    def forward(self, features, lengths):
+        return self.linear(features.flatten(1)).squeeze(-1)
+
+
+def test_algorithm_3_keeps_the_full_width_for_a_psi_of_n_positions():
+    # psi linear in the flattened [N, F] features: a minibatch trimmed below N failed in psi (a shape mismatch)
+    x, labels, lengths = _ocr_like(b=12, n=5, f=6)
+    lengths[0] = 2                                         # the shortest example, below every minibatch's width
+    model = NonLocalCRF(LinearChainCRF(6, 4), _quadratic, _FlatPsi(5, 6))
+    model.fit(x, labels.masked_fill(torch.arange(5) >= lengths[:, None], -1), lengths, batch_size=4, train_iter=2)
+    assert len(model.history_.loss) == 3
