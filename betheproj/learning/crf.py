@@ -162,12 +162,14 @@ def _check_gold_score(gold_score: Tensor) -> None:
 
 
 def _check_gold_batch(potentials_of: Callable[[Tensor, int], PairwisePotentials], oracle: Oracle, labels: Tensor,
-                      lengths: Tensor, chunk_size: int | None) -> None:
+                      lengths: Tensor, chunk_size: int | None, full_width: bool | None = None) -> None:
     """Before training on a batch: every gold labelling in range, a configuration of ``oracle`` and on no forbidden
     part, the examples named by their index in the whole batch (the loss of a length-sorted chunk or a minibatch
     names its own rows).  ``potentials_of(idx, width)`` gives the potentials of the examples ``idx`` trimmed to
-    ``width``; they are taken without autograd, ``chunk_size`` examples at a time."""
-    width = labels.shape[1] if keeps_width(oracle, labels.shape[1]) else None
+    ``width`` (the full width where ``full_width``, by default where :func:`keeps_width`); they are taken without
+    autograd, ``chunk_size`` examples at a time."""
+    full_width = keeps_width(oracle, labels.shape[1]) if full_width is None else full_width
+    width = labels.shape[1] if full_width else None
     parents, pairwise = tree_parents(oracle, labels.shape[1]), has_pairwise_factors(oracle)
     scores = torch.zeros(len(lengths), dtype=torch.float64, device=lengths.device)
     with torch.no_grad():

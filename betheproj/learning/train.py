@@ -170,33 +170,35 @@ def _check_model(model: object) -> None:
 
 
 def _check_gold_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor,
-                       batch_size: int) -> None:
+                       batch_size: int, full_width: bool) -> None:
     """Every label in range (on dependency oracles, every example's heads a tree) and no gold labelling on a
     forbidden part, before the first step and named by the example's index in the whole batch: a bad label met in
     a later minibatch stopped training with the model half-trained, and named by its row in the minibatch."""
     _check_gold_batch(lambda idx, n: model.potentials(features[idx, :n], lengths[idx]), model.oracle, labels,
-                      lengths, batch_size)
+                      lengths, batch_size, full_width)
 
 
 def _keeps_width(model: NonLocalCRF, features: Tensor, lengths: Tensor) -> bool:
     """Whether Algorithm 3 must keep every minibatch at the full width ``N`` rather than trim it to its longest
-    member: the oracle's structure needs it (:func:`~betheproj.oracles.base.keeps_width`), or the energy does
-    (e.g. per-position measurement vectors of ``N`` positions), probed once on the shortest example trimmed to its
-    length: an energy that refuses it would stop training at the first minibatch without a full-length example."""
+    member: the oracle's structure needs it (:func:`~betheproj.oracles.base.keeps_width`), or the model does
+    (theta, psi or the energy reads ``N`` positions, e.g. per-position measurement vectors), probed once on the
+    shortest example trimmed to its length: a model that refuses it would stop training at the first minibatch
+    without a full-length example."""
     n = features.shape[1]
     if keeps_width(model.oracle, n):
         return True
     i = int(torch.argmin(lengths))
     short = int(lengths[i])
-    if model.energy_fn is None or short == n:
+    if short == n:
         return False
     x, m = features[i:i + 1, :short], lengths[i:i + 1]
     with torch.no_grad():
         try:
-            energy = model.energy(x, m)
             mu = model.oracle.marginals(model.potentials(x, m))
-            energy.validate(mu)
-            energy.value(mu)
+            energy = model.energy(x, m)
+            if energy is not None:
+                energy.validate(mu)
+                energy.value(mu)
         except Exception:           # keeping the full width costs only time; training raises the real error, if any
             return True
     return False
@@ -224,15 +226,16 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     last one, and validation evaluates that mean: with a few noisy steps, e.g. on a psi linear in many random
     features, the last iterate depends on the last minibatches, the mean much less.
 
-    On a chain every minibatch is trimmed to its longest member (less padding), unless the energy refuses a
-    shorter width (per-position measurement vectors of ``N`` positions): then minibatches keep the width ``N``.
+    On a chain every minibatch is trimmed to its longest member (less padding), unless the model refuses a
+    shorter width (theta, psi or the energy reads ``N`` positions): then minibatches keep the width ``N``.
     """
     _check_model(model)
     check_sequences(features, labels, lengths, training=True)
     batch_size = check_count("batch_size", batch_size)
     learn_theta, learn_psi = check_bool("learn_theta", learn_theta), check_bool("learn_psi", learn_psi)
     average, progress = check_bool("average", average), check_bool("progress", progress)
-    _check_gold_labels(model, features, labels, lengths, batch_size)
+    full = features.shape[1] if _keeps_width(model, features, lengths) else None
+    _check_gold_labels(model, features, labels, lengths, batch_size, full is not None)
     check_count("epochs", epochs)
     seed = check_seed("seed", seed)
     if train_iter is not None:
@@ -249,7 +252,6 @@ def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, 
     eval_every = eval_every or per_epoch
     bar = progress_bar(epochs * per_epoch, progress, "Algorithm 3")
     start = time.perf_counter()
-    full = features.shape[1] if _keeps_width(model, features, lengths) else None
     for _ in range(epochs):
         for idx in _batches(features.shape[0], batch_size, gen):
             x, y, n = features[idx], labels[idx], lengths[idx]
@@ -300,7 +302,7 @@ def fit_variational_em(model: NonLocalCRF, features: Tensor, labels: Tensor, len
     batch_size = check_count("batch_size", batch_size)
     learn_theta, learn_psi = check_bool("learn_theta", learn_theta), check_bool("learn_psi", learn_psi)
     progress = check_bool("progress", progress)
-    _check_gold_labels(model, features, labels, lengths, batch_size)
+    _check_gold_labels(model, features, labels, lengths, batch_size, _keeps_width(model, features, lengths))
     check_count("rounds", rounds)
     check_count("m_steps", m_steps)
     l2, psi_l2 = check_nonnegative("l2", l2), check_nonnegative("psi_l2", psi_l2)

@@ -790,3 +790,30 @@ def test_algorithm_3_keeps_the_full_width_for_a_psi_of_n_positions():
     model = NonLocalCRF(LinearChainCRF(6, 4), _quadratic, _FlatPsi(5, 6))
     model.fit(x, labels.masked_fill(torch.arange(5) >= lengths[:, None], -1), lengths, batch_size=4, train_iter=2)
     assert len(model.history_.loss) == 3
+
+
+class _FlatTheta(torch.nn.Module):
+    """Node scores linear in the whole padded sequence (features flattened over N positions)."""
+
+    def __init__(self, n, f, c):
+        super().__init__()
+        self.n, self.c = n, c
+        self.linear = torch.nn.Linear(n * f, n * c)
+        self.transitions = torch.nn.Parameter(torch.zeros(c, c))
+
+    def forward(self, features, lengths):
+        node = self.linear(features.flatten(1)).reshape(-1, self.n, self.c)
+        return bp.ChainPotentials(node, self.transitions, lengths)
+
+
+@pytest.mark.parametrize("algorithm", ["doubly_stochastic", "em"])
+def test_learners_keep_the_full_width_for_a_theta_of_n_positions(algorithm):
+    # a plain CRF (no energy) whose theta reads all N positions failed in the check of the gold labels (length-sorted
+    # chunks trimmed to their longest member) and, for Algorithm 3, on the first minibatch trimmed below N
+    x, labels, lengths = _ocr_like(b=12, n=5, f=6)
+    lengths[0] = 2
+    model = NonLocalCRF(_FlatTheta(5, 6, 4))
+    options = dict(rounds=1, m_steps=1) if algorithm == "em" else {}
+    model.fit(x, labels.masked_fill(torch.arange(5) >= lengths[:, None], -1), lengths, algorithm=algorithm,
+              batch_size=4, **options)
+    assert len(model.history_.loss) == (1 if algorithm == "em" else 3)
