@@ -257,8 +257,8 @@ class SparseChainCRF(nn.Module):
 
 def _squared_norm(params: Sequence[Tensor]) -> Tensor:
     """``||params||^2`` over their finite entries: a ``-inf`` entry (a forbidden transition) has no penalty and a
-    zero gradient, so it stays ``-inf``, rather than making the L2 penalty infinite (``NaN`` times ``l2 = 0``) and
-    the parameters ``NaN`` after one step."""
+    zero gradient, so it stays ``-inf``, rather than making the L2 penalty infinite (``NaN`` at ``l2 = 0``) and the
+    parameters ``NaN`` after one step."""
     return sum((q * q).sum() for q in (torch.where(torch.isfinite(p), p, 0.0) for p in params))
 
 

@@ -179,11 +179,11 @@ def _check_gold_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, len
 
 
 def _keeps_width(model: NonLocalCRF, features: Tensor, lengths: Tensor) -> bool:
-    """Whether Algorithm 3 must keep every minibatch at the full width ``N`` rather than trim it to its longest
-    member: the oracle's structure needs it (:func:`~betheproj.oracles.base.keeps_width`), or the model does
-    (theta, psi or the energy reads ``N`` positions, e.g. per-position measurement vectors), probed once on the
-    shortest example trimmed to its length: a model that refuses it would stop training at the first minibatch
-    without a full-length example."""
+    """Whether the learners must keep every minibatch (and chunk of the label check) at the full width ``N`` rather
+    than trim it to its longest member: the oracle's structure needs it (:func:`~betheproj.oracles.base.keeps_width`),
+    or the model does (theta, psi or the energy reads ``N`` positions, e.g. per-position measurement vectors),
+    probed once on the shortest example trimmed to its length: a model that refuses it would stop training at the
+    first minibatch without a full-length example."""
     n = features.shape[1]
     if keeps_width(model.oracle, n):
         return True
