@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from betheproj import LinearChain
 from betheproj._checks import SEED_MAX, check_seed
 from betheproj.learning import RandomFourierFeatures, fit_online
 from betheproj.learning.perceptron import structured_perceptron
@@ -22,7 +23,7 @@ def test_check_seed_bounds():
 
 @pytest.mark.parametrize("call", [
     lambda: RandomFourierFeatures(3, 4, seed=-1),                     # torch wrapped -1 around to 2**64 - 1
-    lambda: fit_online(None, [], num_features=4, seed=-1),
+    lambda: fit_online(LinearChain(), [], num_features=4, seed=-1),
     lambda: structured_perceptron([(None, [0])], lambda x, w: [0], num_features=2, seed=-1),
     lambda: random_grid_dataset(1, seed=-1),
 ])
