@@ -289,19 +289,28 @@ def load_conllu(path: str | Path) -> list[Sentence]:
     return read_conllu(p)
 
 
+def _placed(s: Sentence, number: int) -> list[tuple[int, list[str]]]:
+    """The multi-word token / empty node lines of ``s`` (sentence ``number``) in order of position (stable: lines
+    of one position keep their order); ``ValueError`` for a position outside ``0..len(s)``."""
+    for k, cols in s.extra:
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k <= len(s.words):
+            raise ValueError(f"sentence {number}: the line {cols[ID] if cols else ''!r} has position {k!r}, not in "
+                             f"0..{len(s.words)} (it is written before word position + 1)")
+    return sorted(s.extra, key=lambda e: int(e[0]))
+
+
 def format_conllu(sentences: Iterable[Sentence]) -> str:
-    """CoNLL-U text: every sentence followed by a blank line."""
+    """CoNLL-U text: every sentence followed by a blank line, its multi-word token / empty node lines ``(k,
+    columns)`` before word ``k + 1`` (``ValueError`` for a ``k`` outside ``0..len(words)``)."""
     out: list[str] = []
-    for s in sentences:
+    for number, s in enumerate(sentences, 1):
         out.extend(s.comments)
-        extra = iter(s.extra)
-        pending = next(extra, None)
-        for i in range(len(s.words) + 1):
-            while pending is not None and pending[0] == i:
-                out.append("\t".join(pending[1]))
-                pending = next(extra, None)
-            if i < len(s.words):
-                out.append("\t".join(s.words[i]))
+        done = 0
+        for k, cols in _placed(s, number):
+            out.extend("\t".join(w) for w in s.words[done:k])
+            out.append("\t".join(cols))
+            done = k
+        out.extend("\t".join(w) for w in s.words[done:])
         out.append("")
     return "\n".join(out) + ("\n" if out else "")
 

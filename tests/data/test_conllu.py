@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from betheproj.data.conllu import format_conllu, load_conllu, parse_conllu, read_conllu, write_conllu
+from betheproj.data.conllu import Sentence, format_conllu, load_conllu, parse_conllu, read_conllu, write_conllu
 from betheproj.parsing.metrics import attachment_counts, uas
 
 EWT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ud_english_ewt"
@@ -256,3 +256,15 @@ def test_numbers_of_thousands_of_digits_are_named_like_any_out_of_range_number(l
         parse_conllu(line)
     sentence = parse_conllu("1\ta\ta\tX\t_\t_\t" + "0" * 5000 + "\t_\t_\t_\n")[0]
     assert sentence.heads.tolist() == [0]                        # leading zeros, as in '00', are still read
+
+
+def test_extra_lines_are_written_by_their_position_and_one_past_the_words_is_named():
+    # format_conllu wrote a sentence's multi-word tokens / empty nodes only while they came in order of position:
+    # one listed after a later one, or placed outside 0..len(words), was silently left out of the text
+    s = parse_conllu(SAMPLE)[0]
+    shuffled = Sentence(s.comments, s.words, list(reversed(s.extra)))
+    assert format_conllu([shuffled]) == format_conllu([s])
+    token = s.extra[0][1]
+    for k in (-1, len(s) + 1):
+        with pytest.raises(ValueError, match=rf"^sentence 1: the line '2-3' has position {k}, not in 0\.\.5 "):
+            format_conllu([Sentence(s.comments, s.words, [(k, token)])])
