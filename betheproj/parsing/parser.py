@@ -337,6 +337,7 @@ class DependencyParser:
     def evaluate(self, sentences: Sequence[Sentence], punct: bool = False, batch_size: int = 256) -> float:
         """UAS in percent against the gold heads (punctuation, gold UPOS ``PUNCT``, excluded unless ``punct``);
         ``ValueError`` before any parsing when no word would be scored."""
+        sentences = _sentences(sentences)                # a generator would be used up by the check
         _require_scorable(sentences, punct)
         return uas(sentences, self.predict(sentences, batch_size), punct=punct)
 

@@ -304,6 +304,7 @@ class SecondOrderParser:
                  **options) -> float:
         """UAS in percent (punctuation excluded unless ``punct``), see :func:`.metrics.uas`; ``ValueError``
         before any parsing when no word would be scored."""
+        sentences = _sentences(sentences)                # a generator would be used up by the check
         _require_scorable(sentences, punct)
         return uas(sentences, self.predict(sentences, method, **options), punct=punct)
 

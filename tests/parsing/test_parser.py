@@ -331,3 +331,12 @@ def test_a_word_written_like_the_root_or_a_sentence_end_is_not_hashed_as_one():
     part, _ = SecondOrderFeatures(bits=16).tokens(sentence)
     assert part["w"][0] != part["w"][1] and part["p"][0] != part["p"][1]
     assert part["p"][3] != part["q"][0]                       # the tag "<none>" is not the boundary's
+
+
+def test_evaluate_takes_a_generator_as_parse_and_predict_do():
+    """evaluate() refused a generator with a TypeError naming 'gold', an argument it does not have."""
+    sentences = parse_conllu(_treebank(5))
+    parser = DependencyParser(bits=8).fit(sentences, epochs=1)
+    assert parser.evaluate(s for s in sentences) == parser.evaluate(sentences)
+    with pytest.raises(TypeError, match=r"^sentences must be a list of Sentence .*got str$"):
+        parser.evaluate("w1 w2")

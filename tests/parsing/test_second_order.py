@@ -210,3 +210,12 @@ def test_predict_refuses_options_its_method_does_not_use():
     # first_order as the dev method: fit passes it no iteration count
     parser.fit(sents, epochs=1, max_batch=8, dev=sents[:2], dev_method="first_order")
     assert parser.info["dev_history"]
+
+
+def test_evaluate_takes_a_generator_as_predict_does():
+    """evaluate() refused a generator with a TypeError naming 'gold', an argument it does not have."""
+    train = _grandparent_treebank(1)
+    parser = SecondOrderParser(DependencyParser(bits=8).fit(train, epochs=1), bits=8)
+    assert parser.evaluate((s for s in train), method="loopy_bp") == parser.evaluate(train, method="loopy_bp")
+    with pytest.raises(TypeError, match=r"^sentences must be a list of Sentence .*got str$"):
+        parser.evaluate("w1 w2")
