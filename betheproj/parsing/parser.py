@@ -131,6 +131,31 @@ def check_gold_trees(sentences: Sequence[Sentence], single_root: bool = False, w
             raise ValueError(f"{where}{what} sentence {i + 1}: {problem}")
 
 
+MAX_ARCS = 1 << 19
+"""Most arcs (padded, ``B N (N + 1)``) whose features one batch of :meth:`DependencyParser.predict` or :func:`prune`
+extracts at once: :meth:`ArcFeatures.flat` peaks at ~700 bytes an arc (0.73 GB for the 256 longest EWT training
+sentences in one batch), so a batch of long sentences is cut to stay under ~0.4 GB."""
+
+
+def _length_batches(lengths: Sequence[int], max_batch: int, budget: int, max_arcs: int | None = None
+                    ) -> list[list[int]]:
+    """Indices grouped in length-sorted batches of at most ``max_batch`` sentences with ``B (N+1)^3 <= budget`` and,
+    given ``max_arcs``, ``B N (N+1) <= max_arcs`` (``N`` the batch's longest; a sentence over a budget alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        c = lengths[i] + 1
+        over = (len(cur) + 1) * c ** 3 > budget or (max_arcs is not None and (len(cur) + 1) * c * (c - 1) > max_arcs)
+        if cur and (len(cur) >= max_batch or over):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
 class GreedyFirst:
     """MAP through another oracle, skipping it where the per-word best heads already form a tree.
 
@@ -301,7 +326,8 @@ class DependencyParser:
                 for x in self.features.batch(_sentences(sentences))]
 
     def predict(self, sentences: Sequence[Sentence], batch_size: int = 256, progress: bool = False) -> list[np.ndarray]:
-        """Predicted heads (int64 arrays, 0 = root) of every sentence, decoded in length-sorted batches."""
+        """Predicted heads (int64 arrays, 0 = root) of every sentence, decoded in length-sorted batches of at most
+        ``batch_size`` sentences and :data:`MAX_ARCS` arcs."""
         w = self._require_weights()
         sentences = _sentences(sentences)
         batch_size = check_count("batch_size", batch_size)
@@ -309,11 +335,9 @@ class DependencyParser:
             if len(s) == 0:
                 raise ValueError(f"sentences[{i}] has no words")
         out: list[np.ndarray | None] = [None] * len(sentences)
-        order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
         oracle = self.oracle
         bar = progress_bar(len(sentences), progress, "parse")
-        for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
+        for idx in _length_batches([len(s) for s in sentences], batch_size, 1 << 62, MAX_ARCS):
             ids, sent, mod, head = self.features.flat([sentences[i] for i in idx])
             # all arcs of the batch at once; embedding_bag's fused gather-sum is ~2x faster than w[ids].sum(-1)
             scores = torch.nn.functional.embedding_bag(torch.from_numpy(ids), w[:, None], mode="sum")[:, 0]

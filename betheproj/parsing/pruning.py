@@ -16,7 +16,7 @@ from ..data.conllu import Sentence
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
 from ..oracles.nonprojective import NonProjective
-from .parser import DependencyParser, GreedyFirst, _sentences
+from .parser import MAX_ARCS, DependencyParser, GreedyFirst, _length_batches, _sentences
 
 __all__ = ["Candidates", "prune"]
 
@@ -37,22 +37,6 @@ class Candidates:
 
     def rows(self, i: int) -> slice:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
-
-
-def _length_batches(lengths: Sequence[int], max_batch: int, budget: int) -> list[list[int]]:
-    """Indices grouped in length-sorted batches of at most ``max_batch`` sentences and ``B (N+1)^3 <= budget``."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        c = lengths[i] + 1
-        if cur and (len(cur) >= max_batch or (len(cur) + 1) * c ** 3 > budget):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
 
 
 def _dense(ids: np.ndarray, sent: np.ndarray, mod: np.ndarray, head: np.ndarray, w: Tensor, lengths: Tensor
@@ -105,7 +89,7 @@ def prune(first: DependencyParser, w1: Tensor, sentences: Sequence[Sentence], to
     decoder = GreedyFirst(oracle)
     kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [None] * len(sentences)  # type: ignore[list-item]
     hit = total = 0
-    for idx in _length_batches(lengths.tolist(), batch_size, 1 << 62):
+    for idx in _length_batches(lengths.tolist(), batch_size, 1 << 62, MAX_ARCS):
         batch = [sentences[i] for i in idx]
         ids, sent, mod, head = first.features.flat(batch)
         lens = torch.as_tensor(lengths[idx], device=w1.device)

@@ -48,13 +48,14 @@ from .parser import (
     DependencyParser,
     GreedyFirst,
     _check_saved_weights,
+    _length_batches,
     _sentences,
     _what_failed,
     check_gold_trees,
     read_model,
 )
 from .part_features import SecondOrderFeatures
-from .pruning import Candidates, _dense, _length_batches, prune
+from .pruning import Candidates, _dense, prune
 from .second_order_decoding import loopy_bp_parse, mean_field_parse
 
 __all__ = ["SecondOrderParser"]
