@@ -166,22 +166,28 @@ def _load_first(path: str):
     return first
 
 
-def _check_second_order_memory(data: list, option: str, path: str) -> None:
-    """``ValueError`` naming ``option``, ``path`` and the line of the longest sentence of ``data`` when second-order
-    decoding's dense tables for it cannot fit in this machine's memory."""
+def _check_memory(data: list, option: str, path: str, second_order: bool = False) -> None:
+    """``ValueError`` naming ``option``, ``path`` and the line of the longest sentence of ``data`` when parsing it
+    (its arcs' features; with ``second_order`` the dense part tables of second-order decoding) cannot fit in this
+    machine's memory."""
     from ..cli import _bytes, _physical_memory
 
     have = _physical_memory()
     if not data or have is None:
         return
     longest = max(data, key=len)
-    need = BYTES_PER_CUBE * (len(longest) + 1) ** 3
+    n = len(longest)
+    if second_order:
+        need = BYTES_PER_CUBE * (n + 1) ** 3
+        what = ("second-order decoding (its (n + 1)^3 sibling and grandparent tables)", "split it, or parse with an "
+                "arc-factored model")
+    else:
+        need = BYTES_PER_ARC * n * (n + 1)
+        what = ("arc-factored parsing (the features of its n (n + 1) arcs)", "split it")
     if need > have:
         where = "<stdin>" if path == "-" else path
-        raise ValueError(f"{option} {where}:{longest.line}: a sentence of {len(longest)} words needs about "
-                         f"{_bytes(need)} of memory in second-order decoding (its (n + 1)^3 sibling and grandparent "
-                         f"tables), more than this machine's {_bytes(have)}; split it, or parse with an arc-factored "
-                         "model")
+        raise ValueError(f"{option} {where}:{longest.line}: a sentence of {n} words needs about {_bytes(need)} of "
+                         f"memory in {what[0]}, more than this machine's {_bytes(have)}; {what[1]}")
 
 
 def _heads(parser, data, args: argparse.Namespace) -> list:
@@ -225,10 +231,9 @@ def run(args: argparse.Namespace) -> None:
         dev = load_conllu(args.dev) if args.dev else None
         if dev is not None:
             _require_scorable(dev, "--dev", args.dev)
-        if args.second_order:
-            _check_second_order_memory(train, "--train", args.train)
-            if dev is not None:
-                _check_second_order_memory(dev, "--dev", args.dev)
+        _check_memory(train, "--train", args.train, bool(args.second_order))
+        if dev is not None:
+            _check_memory(dev, "--dev", args.dev, bool(args.second_order))
         single_root = first.single_root if first is not None else bool(args.single_root)
         check_gold_trees(train, single_root, name=args.train)
         log = _log(args.quiet)
@@ -258,8 +263,7 @@ def run(args: argparse.Namespace) -> None:
         parser = _load(args.model)
         data = load_conllu(args.data)
         _require_scorable(data, "--data", args.data, args.punct)
-        if isinstance(parser, SecondOrderParser):
-            _check_second_order_memory(data, "--data", args.data)
+        _check_memory(data, "--data", args.data, isinstance(parser, SecondOrderParser))
         start = time.perf_counter()
         heads = _heads(parser, data, args)
         seconds = time.perf_counter() - start
@@ -282,8 +286,7 @@ def run(args: argparse.Namespace) -> None:
             data = parse_conllu(read_stdin("--input"), "<stdin>")
         else:
             data = load_conllu(args.input)
-        if isinstance(parser, SecondOrderParser):
-            _check_second_order_memory(data, "--input", args.input)
+        _check_memory(data, "--input", args.input, isinstance(parser, SecondOrderParser))
         heads = _heads(parser, data, args)
         if output is not None:
             write_conllu(data, output, heads)
@@ -305,6 +308,11 @@ BYTES_PER_CUBE = 32
 """Peak memory of second-order decoding (or training) per entry of a sentence's ``(n + 1)^3`` tables, measured with
 ``/usr/bin/time`` on one sentence (2026-11-27): 29 to 35 bytes at 150 and 300 words (float64 sibling and grandparent
 tables and the decoders' work)."""
+
+BYTES_PER_ARC = 900
+"""Peak memory of arc-factored parsing (or training) per arc of a sentence's ``n (n + 1)``, measured with
+``getrusage`` on one sentence of 1,000 words (2026-11-27): 750 bytes (:meth:`ArcFeatures.flat`), 880 with the XPOS
+templates."""
 
 BYTES_PER_WEIGHT = 40
 """Peak memory of training per hashed weight, measured with ``/usr/bin/time`` on 30 sentences (2026-11-27):

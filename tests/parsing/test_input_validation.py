@@ -601,3 +601,26 @@ def test_a_sentence_too_long_for_second_order_decoding_in_this_memory_is_named(m
     assert not (tmp_path / "m.pt").exists()
     assert main(["eval", "--model", str(models["first"]), "--data", str(long), "--quiet"]) == 0     # arc-factored
     capsys.readouterr()
+
+
+def test_a_sentence_too_long_for_arc_factored_parsing_in_this_memory_is_named(models, tmp_path, monkeypatch, capsys):
+    """Arc-factored parsing extracts the features of all n (n + 1) arcs of a sentence at once (~750 bytes an arc):
+    a sentence too long for the machine (8,000 words: ~48 GB) ran into its memory, a numpy MemoryError traceback or
+    the out-of-memory killer, where second-order models gave this one-line error."""
+    import betheproj.cli
+
+    monkeypatch.setattr(DependencyParser, "predict", _no_training)
+    monkeypatch.setattr(DependencyParser, "fit", _no_training)
+    monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: 2 ** 30)          # a 1 GB machine
+    long = tmp_path / "long.conllu"
+    long.write_text(_conllu([0, 1], [0] + [1] * 1199))                              # 1,200 words: ~1.3 GB
+    for args, option in ((["eval", "--model", str(models["first"]), "--data", str(long)], "--data"),
+                         (["predict", "--model", str(models["first"]), "--input", str(long)], "--input"),
+                         (["train", "--train", str(long), "--model", str(tmp_path / "m.pt")], "--train"),
+                         (["train", "--train", str(models["train"]), "--dev", str(long), "--model",
+                           str(tmp_path / "m.pt")], "--dev")):
+        assert main([*args, "--quiet"]) == 2, args
+        assert _one_error_line(capsys) == (
+            f"betheproj parse: error: {option} {long}:4: a sentence of 1200 words needs about 1.3 GB of memory in "
+            "arc-factored parsing (the features of its n (n + 1) arcs), more than this machine's 1.1 GB; split it\n")
+    assert not (tmp_path / "m.pt").exists()
