@@ -342,6 +342,9 @@ def write_conllu(sentences: Iterable[Sentence], target: str | Path | TextIO,
                 raise
             # a failed write or close (a full disk) names no file: name it
             raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+    elif isinstance(target, io.BufferedIOBase | io.RawIOBase):      # gzip.open(..., "wb"), sys.stdout.buffer
+        raise TypeError(f"target must be a path or a text stream, got a binary stream {type(target).__name__} (open "
+                        "the file in text mode)")
     elif callable(getattr(target, "write", None)):
         target.write(text)
     else:

@@ -114,6 +114,9 @@ def test_sources_and_heads_of_the_wrong_kind_are_type_errors():
                           (lambda: read_conllu(io.BytesIO(b"1\ta")), "got a stream of bytes"),
                           (lambda: parse_conllu(None), "text must be a str"),
                           (lambda: write_conllu([s], None), "target must be a path .* got NoneType"),
+                          # was "a bytes-like object is required, not 'str'", naming neither target nor the mode
+                          (lambda: write_conllu([s], io.BytesIO()), "target must be a path or a text stream, got "
+                                                                    "a binary stream BytesIO"),
                           (lambda: s.with_heads([0.7]), "heads must be integers, got float64"),
                           (lambda: s.with_heads(["0"]), "heads must be integers")]:
         with pytest.raises(TypeError, match=message):
