@@ -163,6 +163,8 @@ class SecondOrderParser:
         l2, seed = check_nonnegative("l2", l2), check_seed("seed", seed)
         _check_method("dev_method", dev_method)
         dev_iter = check_count("dev_iter", dev_iter, 0)
+        if dev_iter == 0 and dev_method == "loopy_bp":          # mean field's 0 is no iterations; BP runs at least one
+            raise ValueError(f"dev_iter must be an int >= 1 with dev_method='loopy_bp', got {dev_iter}")
         if eval_every is not None:
             eval_every = check_count("eval_every", eval_every)
         if max_seconds is not None:

@@ -244,3 +244,19 @@ def test_prune_extracts_features_for_a_bounded_number_of_arcs_at_once(monkeypatc
     assert arcs == [112] * 4                          # two sentences a batch
     for field in ("offsets", "mod", "head", "ids", "lengths"):
         assert np.array_equal(getattr(got, field), getattr(want, field)), field
+
+
+def test_zero_dev_iterations_of_loopy_bp_are_refused_before_training(monkeypatch):
+    """fit(dev_method="loopy_bp", dev_iter=0) accepted the 0 (mean field's "no iterations"), trained until the first
+    dev evaluation and then failed in loopy_bp: "max_iter must be an int >= 1, got 0"."""
+    import betheproj.parsing.second_order as second_order_module
+
+    train = _grandparent_treebank(1)
+    parser = SecondOrderParser(DependencyParser(bits=8).fit(train, epochs=1), bits=8)
+    monkeypatch.setattr(second_order_module, "solve", _no_training)
+    with pytest.raises(ValueError, match=r"^dev_iter must be an int >= 1 with dev_method='loopy_bp', got 0$"):
+        parser.fit(train, dev=train, dev_method="loopy_bp", dev_iter=0)
+
+
+def _no_training(*args, **kwargs):
+    raise AssertionError("training started although an argument was bad")
