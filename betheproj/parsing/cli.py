@@ -267,11 +267,16 @@ def run(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         heads = _heads(parser, data, args)
         seconds = time.perf_counter() - start
-        from .metrics import attachment_counts
+        from .metrics import PUNCT, attachment_counts
 
         correct, total = attachment_counts(data, heads, punct=args.punct)
         words = sum(len(s) for s in data)
-        scope = "all words" if args.punct else "punctuation excluded"
+        if args.punct:
+            scope = "all words"
+        elif any(PUNCT in s.upos for s in data):
+            scope = "punctuation excluded"
+        else:                                           # CoNLL-X tag sets: PUNC, Punctuation, ...
+            scope = f"no word has UPOS {PUNCT}: none excluded"
         print(f"UAS {100.0 * correct / total:.2f} ({correct}/{total}, {scope}) on {len(data)} sentences; "
               f"parsed {words} words in {seconds:.2f}s ({words / max(seconds, 1e-9):.0f} words/s)")
     elif args.parse_command == "predict":

@@ -491,6 +491,15 @@ def test_eval_scores_punctuation_only_data_with_punct(models, tmp_path, capsys):
     assert "/2, all words)" in capsys.readouterr().out
 
 
+def test_eval_does_not_claim_to_exclude_punctuation_from_data_without_upos_punct(models, tmp_path, capsys):
+    """CoNLL-X data (TurboParser's sample tags punctuation PUNC) had every word scored under "punctuation
+    excluded"."""
+    data = tmp_path / "data.conllu"
+    data.write_text(_conllu([0, 1, 1], upos="PUNC"))
+    assert main(["eval", "--model", str(models["first"]), "--data", str(data), "--quiet"]) == 0
+    assert "/3, no word has UPOS PUNCT: none excluded) on 1 sentences" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------- empty input
 
 def test_second_order_model_on_empty_input(models, tmp_path, capsys):
