@@ -108,15 +108,25 @@ class Sentence:
 
 def head_cycle(heads: Sequence[int] | np.ndarray) -> list[int] | None:
     """The words (1-based) of a cycle of ``heads`` (the HEAD of words ``1..n``, each in ``0..n``), in the order a
-    walk up the heads meets them, or ``None`` when every word's head chain reaches the root 0."""
-    state = [0] * (len(heads) + 1)                       # 0 unseen, 1 on the current walk, 2 reaches the root
+    walk up the heads meets them, or ``None`` when every word's head chain reaches the root 0 (``TypeError`` /
+    ``ValueError`` for heads that are not integers in ``0..n``)."""
+    array = np.asarray(heads)
+    if array.size and array.dtype.kind not in "iu":
+        raise TypeError(f"heads must be integers, got {array.dtype}")
+    if array.ndim != 1:
+        raise ValueError(f"heads must be one head per word (1-D), got shape {array.shape}")
+    n = len(array)
+    if n and (array.min() < 0 or array.max() > n):
+        raise ValueError(f"heads must lie in [0, {n}], got {int(array.min() if array.min() < 0 else array.max())}")
+    parent = array.tolist()
+    state = [0] * (n + 1)                                # 0 unseen, 1 on the current walk, 2 reaches the root
     state[0] = 2
-    for start in range(1, len(heads) + 1):
+    for start in range(1, n + 1):
         walk, w = [], start
         while state[w] == 0:
             state[w] = 1
             walk.append(w)
-            w = int(heads[w - 1])
+            w = parent[w - 1]
         if state[w] == 1:
             return walk[walk.index(w):]
         for v in walk:

@@ -271,3 +271,17 @@ def test_extra_lines_are_written_by_their_position_and_one_past_the_words_is_nam
     for k in (-1, len(s) + 1):
         with pytest.raises(ValueError, match=rf"^sentence 1: the line '2-3' has position {k}, not in 0\.\.5 "):
             format_conllu([Sentence(s.comments, s.words, [(k, token)])])
+
+
+@pytest.mark.parametrize("heads, error, message", [
+    ([-1, 0], ValueError, r"heads must lie in \[0, 2\], got -1"),        # was [-1]: "word -1" on a cycle
+    ([0, 3], ValueError, r"heads must lie in \[0, 2\], got 3"),          # was IndexError: list index out of range
+    ([1.5, 0], TypeError, "heads must be integers, got float64"),        # was [1]: 1.5 read as 1, a self-loop
+    ([[0]], ValueError, r"heads must be one head per word \(1-D\), got shape \(1, 1\)"),
+])
+def test_head_cycle_names_heads_that_are_not_words_or_the_root(heads, error, message):
+    from betheproj.data.conllu import head_cycle
+
+    with pytest.raises(error, match=f"^{message}$"):
+        head_cycle(heads)
+    assert head_cycle([0, 1, 2]) is None and head_cycle([2, 3, 2]) == [2, 3] and head_cycle([]) is None
