@@ -82,10 +82,21 @@ def _check_saved_weights(path: str | Path, name: str, weights: Tensor) -> None:
         raise ValueError(f"{path}: {name} hold NaN or infinite values")
 
 
-def tree_error(heads: np.ndarray, single_root: bool = False) -> str | None:
-    """Why ``heads`` (the HEAD of words ``1..n``, 0 = root) is not a dependency tree rooted at 0 (with
+def _head_array(heads: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``heads`` as a 1-D int64 array: ``TypeError`` unless integers (a float 1.5 would be read as 1),
+    ``ValueError`` for another shape."""
+    array = np.asarray(heads)
+    if array.size and array.dtype.kind not in "iu":
+        raise TypeError(f"heads must be integers, got {array.dtype}")
+    if array.ndim != 1:
+        raise ValueError(f"heads must be one head per word (1-D), got shape {array.shape}")
+    return array.astype(np.int64)
+
+
+def tree_error(heads: Sequence[int] | np.ndarray, single_root: bool = False) -> str | None:
+    """Why ``heads`` (the HEAD of words ``1..n``, 0 = root; integers) is not a dependency tree rooted at 0 (with
     ``single_root``: with exactly one word attached to 0), or ``None`` if it is one."""
-    heads = np.asarray(heads, dtype=np.int64)
+    heads = _head_array(heads)
     n = len(heads)
     if n == 0:
         return "no words"
@@ -108,11 +119,15 @@ def tree_error(heads: np.ndarray, single_root: bool = False) -> str | None:
     return None
 
 
-def is_projective(heads: np.ndarray) -> bool:
+def is_projective(heads: Sequence[int] | np.ndarray) -> bool:
     """Whether the tree ``heads`` (the HEAD of words ``1..n``, 0 = root) has no crossing arcs: no two arcs
     ``h -> m`` whose spans ``[min(h, m), max(h, m)]`` overlap without one containing the other (the root arcs
-    included, so every word lies under its root arc's span or outside it)."""
-    heads = np.asarray(heads, dtype=np.int64)
+    included, so every word lies under its root arc's span or outside it).  ``ValueError`` for a head outside
+    ``0..n``."""
+    heads = _head_array(heads)
+    if len(heads) and (heads.min() < 0 or heads.max() > len(heads)):
+        raise ValueError(f"heads must lie in [0, {len(heads)}], got "
+                         f"{int(heads.min() if heads.min() < 0 else heads.max())}")
     words = np.arange(1, len(heads) + 1)
     lo, hi = np.minimum(heads, words), np.maximum(heads, words)
     # arcs a, b cross iff lo_a < lo_b < hi_a < hi_b

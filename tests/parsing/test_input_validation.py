@@ -353,6 +353,25 @@ def test_tree_error_matches_a_reference_on_random_head_arrays():
     assert "2 words are attached to the root 0" in tree_error(np.array([0, 0]), single_root=True)
 
 
+@pytest.mark.parametrize(("heads", "error", "message"), [
+    ([0.5], TypeError, "heads must be integers, got float64"),            # tree_error was None: a tree
+    (["0"], TypeError, "heads must be integers, got <U1"),                # tree_error was None: a tree
+    ([True], TypeError, "heads must be integers, got bool"),
+    ([[0]], ValueError, r"heads must be one head per word \(1-D\), got shape \(1, 1\)"),   # is_projective: True
+])
+def test_tree_error_and_is_projective_refuse_heads_that_are_not_integers(heads, error, message):
+    for check in (tree_error, is_projective):
+        with pytest.raises(error, match=f"^{message}$"):
+            check(heads)
+
+
+@pytest.mark.parametrize("heads", [[5], [-1, 0]])
+def test_is_projective_refuses_heads_that_are_not_words_or_the_root(heads):
+    # is_projective([5]) was True, is_projective([-1, 0]) False: answers about arcs that are not in any tree
+    with pytest.raises(ValueError, match=rf"^heads must lie in \[0, {len(heads)}\], got {heads[0]}$"):
+        is_projective(heads)
+
+
 @pytest.mark.parametrize(("heads", "single_root", "reason"), [
     ([2, 1, 0], False, "words 1, 2 form a cycle"),
     ([1, 0], False, "word 1 is its own HEAD"),
