@@ -334,11 +334,17 @@ class DependencyParser:
         return self.weights
 
     def arc_scores(self, sentences: Sequence[Sentence]) -> list[Tensor]:
-        """Arc scores ``[N, N+1]`` per sentence (row ``m-1``, column ``h``: score of ``h -> m``)."""
+        """Arc scores ``[N, N+1]`` per sentence (row ``m-1``, column ``h``: score of ``h -> m``; ``-inf`` at
+        ``h = m``, in no tree)."""
         w = self._require_weights()
-        return [torch.nn.functional.embedding_bag(torch.from_numpy(x.reshape(-1, x.shape[-1])), w[:, None],
-                                                  mode="sum").reshape(x.shape[:2])
-                for x in self.features.batch(_sentences(sentences))]
+        out = []
+        for x in self.features.batch(_sentences(sentences)):
+            n = x.shape[0]
+            scores = torch.nn.functional.embedding_bag(torch.from_numpy(x.reshape(-1, x.shape[-1])), w[:, None],
+                                                       mode="sum").reshape(n, n + 1)
+            scores.diagonal(1).fill_(-math.inf)                # h = m: the padding weight's 0 otherwise
+            out.append(scores)
+        return out
 
     def predict(self, sentences: Sequence[Sentence], batch_size: int = 256, progress: bool = False) -> list[np.ndarray]:
         """Predicted heads (int64 arrays, 0 = root) of every sentence, decoded in length-sorted batches of at most

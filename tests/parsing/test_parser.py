@@ -362,3 +362,15 @@ def test_predict_extracts_features_for_a_bounded_number_of_arcs_at_once(monkeypa
     got = parser.predict(sentences)
     assert [h.tolist() for h in got] == [h.tolist() for h in want]
     assert len(arcs) > 1 and max(arcs) <= 1000 and sum(arcs) == sum(len(s) * (len(s) + 1) for s in sentences)
+
+
+def test_arc_scores_of_a_word_as_its_own_head_are_minus_infinity():
+    """arc_scores gave the self-arcs m -> m (no arc of any tree) the score 0, the padding weight's: a per-word argmax
+    over a row picked a word as its own head wherever the real heads all scored below 0."""
+    sentences = parse_conllu(_treebank(5))
+    parser = DependencyParser(bits=8).fit(sentences, epochs=1)
+    for sc, s in zip(parser.arc_scores(sentences), sentences, strict=True):
+        n = len(s)
+        self_arcs = sc[torch.arange(n), torch.arange(1, n + 1)]
+        assert torch.isneginf(self_arcs).all()
+        assert torch.isfinite(sc.masked_fill(torch.eye(n + 1, dtype=torch.bool)[1:], 0.0)).all()
