@@ -293,6 +293,9 @@ class DependencyParser:
                               UserWarning, stacklevel=2)
         if dev is not None and not scorable_words(dev):
             raise ValueError("dev has no words with a gold HEAD to score (punctuation excluded)")
+        for i, s in enumerate(dev or []):                    # predict would refuse it after the first epoch
+            if not len(s):
+                raise ValueError(f"dev[{i}] has no words")
         start = time.perf_counter()
         ids: list = self.features.batch(sentences)
         examples = []

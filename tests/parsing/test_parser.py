@@ -374,3 +374,17 @@ def test_arc_scores_of_a_word_as_its_own_head_are_minus_infinity():
         self_arcs = sc[torch.arange(n), torch.arange(1, n + 1)]
         assert torch.isneginf(self_arcs).all()
         assert torch.isfinite(sc.masked_fill(torch.eye(n + 1, dtype=torch.bool)[1:], 0.0)).all()
+
+
+def test_a_dev_sentence_without_words_is_named_before_training(monkeypatch):
+    """fit(dev=[..., Sentence()]) trained a whole epoch and then failed in the dev evaluation, naming
+    'sentences[5]'."""
+    import betheproj.parsing.parser as parser_module
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("training started although dev was bad")
+
+    sentences = parse_conllu(_treebank(5))
+    monkeypatch.setattr(parser_module, "fit_online", no_training)
+    with pytest.raises(ValueError, match=r"^dev\[5\] has no words$"):
+        DependencyParser(bits=8).fit(sentences, epochs=1, dev=[*sentences, Sentence()])
