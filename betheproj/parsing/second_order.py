@@ -259,6 +259,7 @@ class SecondOrderParser:
             max_iter = check_count("max_iter", max_iter, 0)
         if damping != 0.0 and method != "loopy_bp":
             raise ValueError(f"damping applies to method='loopy_bp' only, got damping={damping!r} with {method!r}")
+        damping = check_real("damping", damping, 0.0, 1.0, high_open=True)    # as loopy_bp, before any pruning
         choices = {"mean_field": ("map", "marginals"), "loopy_bp": ("beliefs", "log_odds"), "first_order": ()}[method]
         if decode_on is not None and decode_on not in choices:
             raise ValueError(f"decode_on must be one of {choices} for method={method!r}, got {decode_on!r}"

@@ -260,3 +260,16 @@ def test_zero_dev_iterations_of_loopy_bp_are_refused_before_training(monkeypatch
 
 def _no_training(*args, **kwargs):
     raise AssertionError("training started although an argument was bad")
+
+
+@pytest.mark.parametrize(("damping", "error"), [(1.0, ValueError), (-0.5, ValueError), ("0.3", TypeError)])
+def test_loopy_bp_damping_is_checked_before_pruning(monkeypatch, damping, error):
+    """predict(method="loopy_bp", damping=1.0) pruned every sentence and built the first batch before loopy_bp
+    refused the damping."""
+    import betheproj.parsing.second_order as second_order_module
+
+    train = _grandparent_treebank(1)
+    parser = SecondOrderParser(DependencyParser(bits=8).fit(train, epochs=1), bits=8)
+    monkeypatch.setattr(second_order_module, "prune", _no_training)
+    with pytest.raises(error, match="^damping must be"):
+        parser.predict(train, method="loopy_bp", damping=damping)
