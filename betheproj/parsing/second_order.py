@@ -257,6 +257,8 @@ class SecondOrderParser:
             if method == "first_order":
                 raise ValueError("max_iter applies to method='mean_field' or 'loopy_bp', not 'first_order'")
             max_iter = check_count("max_iter", max_iter, 0)
+            if max_iter == 0 and method == "loopy_bp":      # mean field's 0 is no iterations; BP runs at least one
+                raise ValueError("max_iter must be an int >= 1 with method='loopy_bp', got 0")
         if damping != 0.0 and method != "loopy_bp":
             raise ValueError(f"damping applies to method='loopy_bp' only, got damping={damping!r} with {method!r}")
         damping = check_real("damping", damping, 0.0, 1.0, high_open=True)    # as loopy_bp, before any pruning

@@ -273,3 +273,15 @@ def test_loopy_bp_damping_is_checked_before_pruning(monkeypatch, damping, error)
     monkeypatch.setattr(second_order_module, "prune", _no_training)
     with pytest.raises(error, match="^damping must be"):
         parser.predict(train, method="loopy_bp", damping=damping)
+
+
+def test_zero_loopy_bp_iterations_are_refused_before_pruning(monkeypatch):
+    """predict(method="loopy_bp", max_iter=0) accepted the 0 (mean field's "no iterations"), pruned every sentence,
+    then loopy_bp refused it: "max_iter must be an int >= 1, got 0"."""
+    import betheproj.parsing.second_order as second_order_module
+
+    train = _grandparent_treebank(1)
+    parser = SecondOrderParser(DependencyParser(bits=8).fit(train, epochs=1), bits=8)
+    monkeypatch.setattr(second_order_module, "prune", _no_training)
+    with pytest.raises(ValueError, match=r"^max_iter must be an int >= 1 with method='loopy_bp', got 0$"):
+        parser.predict(train, method="loopy_bp", max_iter=0)
