@@ -309,18 +309,35 @@ def _placed(s: Sentence, number: int) -> list[tuple[int, list[str]]]:
     return sorted(s.extra, key=lambda e: int(e[0]))
 
 
+def _lines_of(s: Sentence, number: int) -> list[str]:
+    """The lines of sentence ``number``, checked to read back as they are: ``ValueError`` for a comment that does
+    not start with ``#`` or a line of other than 10 tab-separated columns, or either with a line break."""
+    lines = list(s.comments)
+    done = 0
+    for k, cols in _placed(s, number):
+        lines.extend("\t".join(w) for w in s.words[done:k])
+        lines.append("\t".join(cols))
+        done = k
+    lines.extend("\t".join(w) for w in s.words[done:])
+    for j, line in enumerate(lines):
+        if j < len(s.comments):
+            if not line.startswith("#"):
+                raise ValueError(f"sentence {number}: the comment {line!r} does not start with '#'")
+            if "\n" in line:
+                raise ValueError(f"sentence {number}: the comment {line!r} holds a line break")
+        elif line.count("\t") != _COLUMNS - 1 or "\n" in line:
+            raise ValueError(f"sentence {number}: the line {line!r} is not {_COLUMNS} tab-separated columns on one "
+                             "line")
+    return lines
+
+
 def format_conllu(sentences: Iterable[Sentence]) -> str:
     """CoNLL-U text: every sentence followed by a blank line, its multi-word token / empty node lines ``(k,
-    columns)`` before word ``k + 1`` (``ValueError`` for a ``k`` outside ``0..len(words)``)."""
+    columns)`` before word ``k + 1``; ``ValueError`` for a ``k`` outside ``0..len(words)`` and for a line that would
+    not read back (:func:`_lines_of`)."""
     out: list[str] = []
     for number, s in enumerate(sentences, 1):
-        out.extend(s.comments)
-        done = 0
-        for k, cols in _placed(s, number):
-            out.extend("\t".join(w) for w in s.words[done:k])
-            out.append("\t".join(cols))
-            done = k
-        out.extend("\t".join(w) for w in s.words[done:])
+        out.extend(_lines_of(s, number))
         out.append("")
     return "\n".join(out) + ("\n" if out else "")
 

@@ -285,3 +285,19 @@ def test_head_cycle_names_heads_that_are_not_words_or_the_root(heads, error, mes
     with pytest.raises(error, match=f"^{message}$"):
         head_cycle(heads)
     assert head_cycle([0, 1, 2]) is None and head_cycle([2, 3, 2]) == [2, 3] and head_cycle([]) is None
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s.words[1].pop(), r"sentence 1: the line '2\\tdo\\tdo\\tAUX.*' is not 10 tab-separated columns"),
+    (lambda s: s.words[1].__setitem__(1, "do\n\n1"), r"sentence 1: the line '2\\tdo\\n\\n1\\t.*' is not 10 tab-sep"),
+    (lambda s: s.extra[0][1].__setitem__(1, "do\tnot"), r"sentence 1: the line '2-3\\tdo\\tnot.*' is not 10 tab"),
+    (lambda s: s.comments.append("sent_id = x"), r"sentence 1: the comment 'sent_id = x' does not start with '#'"),
+    (lambda s: s.comments.append("# a\n1"), r"sentence 1: the comment '# a\\n1' holds a line break"),
+])
+def test_the_writer_refuses_lines_it_could_not_read_back(edit, message):
+    # format_conllu wrote these silently: a 9-column word or a tab in a field (a file read_conllu rejects), a
+    # newline in a field or comment (a line, or a sentence, split in two), a comment without '#' (read as a word)
+    s = parse_conllu(SAMPLE)[0]
+    edit(s)
+    with pytest.raises(ValueError, match=f"^{message}"):
+        format_conllu([s])
