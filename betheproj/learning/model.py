@@ -84,6 +84,9 @@ class NonLocalCRF(nn.Module):
             raise TypeError("energy must be a callable psi -> Energy, or None")
         if psi is not None and not isinstance(psi, nn.Module):
             raise TypeError(f"psi must be a torch.nn.Module or None, got {type(psi).__name__}")
+        if psi is not None and energy is None:
+            raise ValueError("psi weights the non-local energy, but energy is None (a plain CRF): give energy too, "
+                             "or no psi")
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if search not in ("local", "global"):

@@ -88,6 +88,9 @@ class _Validator:
                  patience: int | None, history: History):
         if patience is not None:
             check_count("patience", patience)
+            if valid is None:
+                raise ValueError("patience stops training after evaluations on valid without improvement: give valid "
+                                 "= (features, labels, lengths) too")
         if not callable(metric):
             raise TypeError(f"metric must be a function (predicted, labels, lengths) -> float, got "
                             f"{type(metric).__name__}")

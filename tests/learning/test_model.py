@@ -439,6 +439,17 @@ def test_counts_are_checked_and_named():
         MeanMapPsi(3, 10, outputs=0)
 
 
+def test_patience_without_valid_and_psi_without_energy_are_refused():
+    # both were accepted and did nothing: no evaluation ever stopped training, and psi was built, optimised and
+    # shrunk by psi_l2 without any energy to weight
+    x, labels, lengths = _ocr_like(b=8)
+    for algorithm in ("doubly_stochastic", "em"):
+        with pytest.raises(ValueError, match="patience .* give valid"):
+            NonLocalCRF(LinearChainCRF(6, 4)).fit(x, labels, lengths, algorithm=algorithm, patience=2)
+    with pytest.raises(ValueError, match="psi weights the non-local energy, but energy is None"):
+        NonLocalCRF(LinearChainCRF(6, 4), psi=ConstantPsi(0.5))
+
+
 def test_surrogate_requires_marginals_of_the_same_batch():
     node, edge, lengths, labels, mu = _problem(b=2)
     pot = bp.ChainPotentials(node, edge, lengths)
