@@ -6,6 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..data.citations import bio_segments
 
 __all__ = ["SegmentScores", "segment_f1"]
@@ -39,11 +41,15 @@ def segment_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
     """Score predicted BIO label sequences against gold ones: a segment counts only when its type, start and
     end all match; an ``I-`` that does not continue its type starts a new segment (the conlleval reading).
     ``gold`` and ``predicted`` hold one sequence of labels per example (not one flat sequence of strings)."""
+    if isinstance(gold, np.ndarray):                    # rows of a 2-D array of labels are its sequences
+        gold = list(gold)
+    if isinstance(predicted, np.ndarray):
+        predicted = list(predicted)
     for name, seqs in (("gold", gold), ("predicted", predicted)):
         if not isinstance(seqs, Sequence) or isinstance(seqs, str) \
                 or any(isinstance(s, str) or not (hasattr(s, "__len__") and hasattr(s, "__getitem__")) for s in seqs):
             raise TypeError(f"{name} must be a sequence of label sequences (e.g. [['B-a', 'O']]), "
-                            f"not a string, a sequence of strings or an iterator")
+                            f"not a string, a sequence of strings or an iterator; got {type(seqs).__name__}")
     if len(gold) != len(predicted):
         raise ValueError(f"gold and predicted must hold as many sequences, got {len(gold)} and {len(predicted)}")
     tp, n_gold, n_pred = Counter(), Counter(), Counter()

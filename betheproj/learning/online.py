@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -179,7 +179,7 @@ def _edge(weights: Tensor, num_features: int, transitions: int | None, c: int) -
     return weights[num_features + 1:].reshape(c, c)
 
 
-def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: int, loss: str | None = "crf",
+def fit_online(oracle: Oracle, examples: Iterable[SparseExample], num_features: int, loss: str | None = "crf",
                beta: float | None = None, gamma: float | None = None, lam: float = 1.0, epochs: int = 10,
                seed: int = 0, transitions: int | None = None, cost: str | CostFn = "hamming",
                dtype: torch.dtype = torch.float64, record_steps: bool = False, progress: bool = False,
@@ -202,6 +202,9 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
     lam = check_positive("lam (lambda)", lam)
     seed = check_seed("seed", seed)
     record_steps, progress = check_bool("record_steps", record_steps), check_bool("progress", progress)
+    if isinstance(examples, SparseExample) or not isinstance(examples, Iterable):
+        raise TypeError(f"examples must be a sequence of SparseExample, got {type(examples).__name__}")
+    examples = list(examples)                               # read once (a generator), shuffled every epoch
     m = len(examples)
     if m == 0:
         raise ValueError("no training examples")
@@ -211,7 +214,7 @@ def fit_online(oracle: Oracle, examples: Sequence[SparseExample], num_features: 
         _check_ids(ex, num_features)
         _check_gold(ex, i)
         if transitions is not None and ex.ids.shape[1] != transitions:
-            raise ValueError(f"an example has C={ex.ids.shape[1]} labels but transitions={transitions}")
+            raise ValueError(f"examples[{i}] has C={ex.ids.shape[1]} labels but transitions={transitions}")
     check = getattr(oracle, "check_labels", None)            # dependency heads must be a tree: before any step
     if check is not None:
         gold = torch.nn.utils.rnn.pad_sequence([ex.gold for ex in examples], batch_first=True)

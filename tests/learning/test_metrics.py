@@ -61,3 +61,15 @@ def test_labels_that_are_not_bio_are_refused():
         segment_f1([["O"], ["O"]], [["O"], ["X-a"]])
     s = segment_f1([["B-book-title", "I-book-title"]], [["B-book-title", "I-book-title"]])
     assert s.per_field == {"book-title": (1.0, 1.0, 1.0, 1)}
+
+
+def test_a_2d_array_of_labels_scores_as_its_rows():
+    # was refused as "not a string, a sequence of strings or an iterator" (an ndarray is not a Sequence)
+    import numpy as np
+
+    gold = np.array([["B-a", "I-a", "O"], ["B-b", "O", "B-a"]])
+    pred = np.array([["B-a", "I-a", "O"], ["B-b", "B-b", "B-a"]])
+    assert segment_f1(gold, pred) == segment_f1(gold.tolist(), pred.tolist())
+    assert segment_f1(gold, pred).f1 == pytest.approx(2 * 0.75 * 1.0 / 1.75)
+    with pytest.raises(TypeError, match="got int"):
+        segment_f1(3, [["O"]])

@@ -299,3 +299,15 @@ def test_flag_arguments_must_be_bools(name):
     # record_steps="no" was truthy (steps recorded), progress="no" showed a bar
     with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'no'"):
         fit_online(bp.LinearChain(), _data(2), D, transitions=C, **{name: "no"})
+
+
+def test_examples_may_be_a_generator_and_a_bad_transition_count_names_the_example():
+    # a generator failed with "object of type 'generator' has no len()"
+    examples = _data(12)
+    from_list = fit_online(bp.LinearChain(), examples, D, loss="svm", epochs=2, transitions=C)
+    from_gen = fit_online(bp.LinearChain(), (ex for ex in examples), D, loss="svm", epochs=2, transitions=C)
+    assert torch.equal(from_list.weights, from_gen.weights)
+    with pytest.raises(TypeError, match="examples must be a sequence of SparseExample, got SparseExample"):
+        fit_online(bp.LinearChain(), examples[0], D)
+    with pytest.raises(ValueError, match=r"examples\[0\] has C=3 labels but transitions=2"):
+        fit_online(bp.LinearChain(), examples, D, transitions=2)
