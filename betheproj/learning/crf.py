@@ -262,6 +262,34 @@ def _squared_norm(params: Sequence[Tensor]) -> Tensor:
     return sum((q * q).sum() for q in (torch.where(torch.isfinite(p), p, 0.0) for p in params))
 
 
+def _needs_full_width(oracle: Oracle, potentials_of: Callable[[Tensor, Tensor], PairwisePotentials], features: Tensor,
+                     lengths: Tensor, energy_of: Callable[[Tensor, Tensor], object] | None = None) -> bool:
+    """Whether training must keep every chunk or minibatch at the full width ``N`` rather than trim it to its
+    longest member: the oracle's structure needs it (:func:`~betheproj.oracles.base.keeps_width`), or the model does
+    (``potentials_of(features, lengths)``, or the energy ``energy_of(features, lengths)``, reads ``N`` positions,
+    e.g. a linear layer over the flattened positions or per-position measurement vectors), probed once on the
+    shortest example trimmed to its length: a model that refuses it would stop training at the first chunk without
+    a full-length example."""
+    n = features.shape[1]
+    if keeps_width(oracle, n):
+        return True
+    i = int(torch.argmin(lengths))
+    short = int(lengths[i])
+    if short == n:
+        return False
+    x, m = features[i:i + 1, :short], lengths[i:i + 1]
+    with torch.no_grad():
+        try:
+            mu = oracle.marginals(potentials_of(x, m))
+            energy = None if energy_of is None else energy_of(x, m)
+            if energy is not None:
+                energy.validate(mu)
+                energy.value(mu)
+        except Exception:           # keeping the full width costs only time; training raises the real error, if any
+            return True
+    return False
+
+
 def length_chunks(lengths: Tensor, chunk_size: int | None) -> list[tuple[Tensor, int]]:
     """Split a batch into chunks of similar length: ``(indices, max length)`` pairs, sorted by length, so
     padding (and memory) stays small.  ``None`` keeps the whole batch as one chunk."""
@@ -283,8 +311,9 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     distance.  The model is still a CRF (decode and take marginals in the plain potentials).
 
     ``chunk_size`` evaluates the (same) objective over length-sorted chunks of that many sequences, each
-    trimmed to its longest member (on a chain; a tree's and a dependency tree's keep the full width, see
-    :func:`~betheproj.oracles.base.keeps_width`), accumulating gradients: the memory of one chunk, little padding.
+    trimmed to its longest member (on a chain; a tree's and a dependency tree's keep the full width, and so do those
+    of a model that refuses a shorter one, see :func:`_needs_full_width`), accumulating gradients: the memory of one
+    chunk, little padding.
     ``progress`` shows a bar over the objective evaluations (L-BFGS's budget of ``1.25 max_iter``; torch checks it
     between line searches, so the last line search can run a few evaluations past it)."""
     from .losses import resolve_loss, structured_loss  # losses builds on this module
@@ -307,8 +336,9 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     _, gamma = resolve_loss(loss, gamma=gamma)        # the preset's gamma (1) by default; checks it
     oracle = LinearChain() if oracle is None else oracle
     check_oracle(oracle, ("marginals",))
-    _check_gold_batch(lambda idx, n: model(features[idx, :n], lengths[idx]), oracle, labels, lengths, chunk_size)
-    full = features.shape[1] if keeps_width(oracle, features.shape[1]) else None
+    full = features.shape[1] if _needs_full_width(oracle, model, features, lengths) else None
+    _check_gold_batch(lambda idx, n: model(features[idx, :n], lengths[idx]), oracle, labels, lengths, chunk_size,
+                      full is not None)
 
     def objective(potentials: PairwisePotentials, gold: Tensor) -> Tensor:
         if loss == "crf":

@@ -13,10 +13,10 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_bool, check_count, check_nonnegative, check_positive, check_seed
-from ..oracles.base import Marginals, keeps_width
+from ..oracles.base import Marginals
 from ..progress import progress_bar
 from ._checks import check_lengths_like, check_sequences
-from .crf import _check_gold_batch, _check_label_range, _squared_norm
+from .crf import _check_gold_batch, _check_label_range, _needs_full_width, _squared_norm
 from .model import NonLocalCRF
 
 __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variational_em"]
@@ -182,29 +182,9 @@ def _check_gold_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, len
 
 
 def _keeps_width(model: NonLocalCRF, features: Tensor, lengths: Tensor) -> bool:
-    """Whether the learners must keep every minibatch (and chunk of the label check) at the full width ``N`` rather
-    than trim it to its longest member: the oracle's structure needs it (:func:`~betheproj.oracles.base.keeps_width`),
-    or the model does (theta, psi or the energy reads ``N`` positions, e.g. per-position measurement vectors),
-    probed once on the shortest example trimmed to its length: a model that refuses it would stop training at the
-    first minibatch without a full-length example."""
-    n = features.shape[1]
-    if keeps_width(model.oracle, n):
-        return True
-    i = int(torch.argmin(lengths))
-    short = int(lengths[i])
-    if short == n:
-        return False
-    x, m = features[i:i + 1, :short], lengths[i:i + 1]
-    with torch.no_grad():
-        try:
-            mu = model.oracle.marginals(model.potentials(x, m))
-            energy = model.energy(x, m)
-            if energy is not None:
-                energy.validate(mu)
-                energy.value(mu)
-        except Exception:           # keeping the full width costs only time; training raises the real error, if any
-            return True
-    return False
+    """Whether the learners must keep every minibatch at the full width ``N`` (:func:`~.crf._needs_full_width`, with
+    theta, psi and the energy of ``model``)."""
+    return _needs_full_width(model.oracle, model.potentials, features, lengths, model.energy)
 
 
 def fit_doubly_stochastic(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor, epochs: int = 1,

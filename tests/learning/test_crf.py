@@ -446,3 +446,28 @@ def test_a_forbidden_transition_parameter_stays_forbidden_through_training(l2):
     assert all(math.isfinite(v) for v in history) and history[-1] < history[0]
     assert model.transitions[2, 2] == -math.inf
     assert torch.isfinite(model.transitions.flatten()[:-1]).all() and model.transitions.flatten()[:-1].any()
+
+
+def test_fit_crf_keeps_the_full_width_for_a_model_that_reads_every_position():
+    # a linear layer over the flattened [N, F] features: the length-sorted chunks were trimmed to their longest
+    # member and the model refused them ('mat1 and mat2 shapes cannot be multiplied'); now they keep N
+    class Flat(torch.nn.Module):
+        def __init__(self, n, f, c):
+            super().__init__()
+            self.n, self.c = n, c
+            self.lin = torch.nn.Linear(n * f, n * c, dtype=torch.float64)
+            self.transitions = torch.nn.Parameter(torch.zeros(c, c, dtype=torch.float64))
+
+        def forward(self, x, lengths):
+            node = self.lin(x.reshape(x.shape[0], -1)).reshape(x.shape[0], self.n, self.c)
+            return bp.ChainPotentials(node, self.transitions, lengths)
+
+    torch.manual_seed(0)
+    b, n, f, c = 6, 5, 3, 2
+    x = torch.randn(b, n, f, dtype=torch.float64)
+    lengths = torch.tensor([5, 3, 4, 2, 5, 1])
+    y = torch.randint(0, c, (b, n))
+    y[torch.arange(n) >= lengths[:, None]] = -1
+    model = Flat(n, f, c)
+    history = fit_crf(model, x, y, lengths, max_iter=5, chunk_size=2)
+    assert all(math.isfinite(v) for v in history) and history[-1] < history[0]
