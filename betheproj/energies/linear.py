@@ -128,6 +128,15 @@ def measurement_offset(offset: float | Tensor, j: int, per_example: bool = False
     return offset
 
 
+def _contract(spec: str, x: Tensor, vectors: Tensor) -> Tensor:
+    """``einsum(spec, x, vectors)`` for measurement vectors with a leading batch dim of 1 (shared by every
+    example: contracted without it, never expanded to ``B`` copies) or ``B`` (per example); ``{}`` in ``spec``
+    stands for that dim's letter ``b``."""
+    if vectors.shape[0] == 1:
+        return torch.einsum(spec.format(""), x, vectors[0])
+    return torch.einsum(spec.format("b"), x, vectors)
+
+
 class MeasurementLoss(Energy):
     """``sum_j psi_j * loss(z_j(mu))`` over ``J`` measurements (eqs. 4-5): a subclass sets ``num_measurements``,
     ``offset``, ``loss`` and ``psi`` and computes ``z = measurement - offset`` [B, J] in :meth:`_z`."""
@@ -254,13 +263,13 @@ class LinearMeasurements(MeasurementLoss):
             if self.node.dim() == 2:
                 z = z + node.sum(1) @ a[0, :, 0].t()
             else:
-                z = z + torch.einsum("bnc,bjnc->bj", node, a.expand(b, *a.shape[1:]))
+                z = z + _contract("bnc,{}jnc->bj", node, a)
         if self.edge is not None and self.edge.dim() == 3:
             z = z + torch.einsum("bij,kij->bk", marginals.edge_total(), self.edge.to(node))
         elif self.edge is not None:
             edge = marginals.edge * marginals.edge_mask()[..., None, None]
             ae = self._edge_vectors(edge.shape, edge)
-            z = z + torch.einsum("bnij,bknij->bk", edge, ae.expand(b, *ae.shape[1:]))
+            z = z + _contract("bnij,{}knij->bk", edge, ae)
         return z
 
     def _z(self, marginals: Marginals) -> Tensor:
@@ -281,7 +290,7 @@ class LinearMeasurements(MeasurementLoss):
         a = self._node_vectors(node)
         if self.node.dim() == 2:
             return (w @ a[0, :, 0])[:, None, :].expand_as(node) * marginals.node_mask()[..., None]
-        g_node = torch.einsum("bj,bjnc->bnc", w, a.expand(node.shape[0], *a.shape[1:]))
+        g_node = _contract("bj,{}jnc->bnc", w, a)
         return g_node * marginals.node_mask()[..., None]
 
     def grad(self, marginals: Marginals) -> Gradient:
@@ -295,7 +304,7 @@ class LinearMeasurements(MeasurementLoss):
                 g_edge = (torch.einsum("bk,kij->bij", w, ae[0, :, 0])[:, None]
                           * marginals.edge_mask()[..., None, None])
             else:
-                g_edge = torch.einsum("bk,bknij->bnij", w, ae.expand(b, *ae.shape[1:]))
+                g_edge = _contract("bk,{}knij->bnij", w, ae)
                 g_edge = g_edge * marginals.edge_mask()[..., None, None]
         return Gradient(g_node, g_edge)
 
