@@ -43,24 +43,25 @@ class MeanField(Energy):
         self.pairs = pairs.long()
         self.weights = weights
 
-    def _parts(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _parts(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, str]:
+        """Node indices ``a``, ``b`` [K]; ``keep`` [B, K, 1], 1 for the pairs inside each example's length, else 0;
+        the pairs' marginals ``keep * mu_a`` and ``mu_b`` [B, K, C]; the weights as given ([K, C, C] is never
+        copied per example) and their einsum letters."""
         mu = marginals.node
         a, b = self.pairs[:, 0].to(mu.device), self.pairs[:, 1].to(mu.device)
+        keep = ((a[None] < marginals.lengths[:, None]) & (b[None] < marginals.lengths[:, None]))[..., None].to(mu.dtype)
         w = self.weights.to(mu)
-        if w.dim() == 3:
-            w = w.expand(mu.shape[0], *w.shape)
-        keep = ((a[None] < marginals.lengths[:, None]) & (b[None] < marginals.lengths[:, None])).to(mu.dtype)
-        return a, b, w * keep[..., None, None], mu
+        return a, b, keep, mu[:, a] * keep, mu[:, b], w, "kij" if w.dim() == 3 else "bkij"
 
     def value(self, marginals: Marginals) -> Tensor:
-        a, b, w, mu = self._parts(marginals)
-        return -torch.einsum("bki,bkij,bkj->b", mu[:, a], w, mu[:, b])
+        _, _, _, mu_a, mu_b, w, sub = self._parts(marginals)
+        return -torch.einsum(f"bki,{sub},bkj->b", mu_a, w, mu_b)
 
     def grad(self, marginals: Marginals) -> Gradient:
-        a, b, w, mu = self._parts(marginals)
-        g = torch.zeros_like(mu)
-        g.index_add_(1, a, -torch.einsum("bkij,bkj->bki", w, mu[:, b]))
-        g.index_add_(1, b, -torch.einsum("bkij,bki->bkj", w, mu[:, a]))
+        a, b, keep, mu_a, mu_b, w, sub = self._parts(marginals)
+        g = torch.zeros_like(marginals.node)
+        g.index_add_(1, a, -torch.einsum(f"{sub},bkj->bki", w, mu_b) * keep)
+        g.index_add_(1, b, -torch.einsum(f"{sub},bki->bkj", w, mu_a))
         return Gradient(g, None)
 
     def validate(self, marginals: Marginals) -> None:

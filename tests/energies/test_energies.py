@@ -507,3 +507,30 @@ def test_shared_per_position_vectors_are_not_copied_per_example(monkeypatch, kin
     torch.testing.assert_close(value, per_example.value(mu))
     want = per_example.grad(mu)
     torch.testing.assert_close(getattr(g, kind), getattr(want, kind))
+
+
+def test_mean_field_shared_weights_are_not_copied_per_example(monkeypatch):
+    """[K, C, C] weights were expanded and masked to [B, K, C, C] (B=128, K=435 pairs of N=30, C=30: value + grad
+    x3 3.3 s and +510 MB, now 0.35 s and +153 MB); pairs past an example's length still count for nothing."""
+    b, n, c = 3, 4, 3
+    mu = _marginals(b, n, c, (4, 2, 1))
+    pairs = torch.tensor([[0, 2], [1, 3], [0, 1], [3, 3]])
+    w = torch.randn(4, c, c, dtype=DT)
+    energy = MeanField(pairs, w)
+    operands: list[int] = []
+    einsum = torch.einsum
+
+    def spy(spec, *args):
+        operands.extend(x.numel() for x in args)
+        return einsum(spec, *args)
+
+    monkeypatch.setattr(torch, "einsum", spy)
+    value, g = energy.value(mu), energy.grad(mu)
+    assert operands and max(operands) <= max(w.numel(), b * len(pairs) * c)        # never B * K * C * C
+    monkeypatch.undo()
+    want = torch.stack([-sum(mu.node[i, p] @ w[k] @ mu.node[i, q] for k, (p, q) in enumerate(pairs.tolist())
+                             if max(p, q) < int(mu.lengths[i])) + torch.zeros((), dtype=DT) for i in range(b)])
+    torch.testing.assert_close(value, want)
+    mask = mu.node_mask()[..., None]
+    torch.testing.assert_close(g.node * mask, autograd_gradient(energy, mu).node * mask)
+    assert (g.node[~mu.node_mask()] == 0).all()
