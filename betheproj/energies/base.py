@@ -109,6 +109,8 @@ class Energy:
         g = self.grad(marginals)
         if g.edge is None or g.edge.dim() == 2:         # a [C, C] table is already the same at every position
             return g
+        if g.edge.shape[1] == 0:                        # N = 1: no edges, nothing on them
+            return Gradient(g.node, g.edge.new_zeros(g.edge.shape[0], *g.edge.shape[2:]))
         return Gradient(g.node, g.edge[:, 0])
 
     def validate(self, marginals: Marginals) -> None:

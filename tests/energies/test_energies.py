@@ -534,3 +534,28 @@ def test_mean_field_shared_weights_are_not_copied_per_example(monkeypatch):
     mask = mu.node_mask()[..., None]
     torch.testing.assert_close(g.node * mask, autograd_gradient(energy, mu).node * mask)
     assert (g.node[~mu.node_mask()] == 0).all()
+
+
+class _SquaredEdgeTotal(bp.energies.Energy):
+    """``<A, sum_t mu_t>^2``, read through the edge totals, its gradient by autograd."""
+
+    edge_totals = True
+
+    def __init__(self, table):
+        self.table = table
+
+    def value(self, mu):
+        return (mu.edge_total() * self.table).sum((-1, -2)) ** 2
+
+
+def test_default_total_grad_of_single_position_marginals():
+    # N = 1 (no edges): the default total_grad read position 0 of the [B, 0, C, C] edge gradient, an IndexError, also
+    # inside a sum with a closed-form term; now a zero [B, C, C]
+    pot = bp.ChainPotentials(torch.randn(2, 1, 3, dtype=DT), torch.randn(3, 3, dtype=DT))
+    mu = bp.LinearChain().marginals(pot)
+    table = torch.randn(3, 3, dtype=DT)
+    g = _SquaredEdgeTotal(table).total_grad(mu)
+    assert g.edge.shape == (2, 3, 3) and (g.edge == 0).all()
+    total = _SquaredEdgeTotal(table) + LinearMeasurements(edge=table[None], loss="squared", offset=1.0)
+    g = total.total_grad(mu)
+    torch.testing.assert_close(g.edge, -table.expand(2, 3, 3))     # the closed form's: slope -1 at z = 0 - 1
