@@ -168,7 +168,10 @@ class PrototypeDistance(Energy):
     def __init__(self, targets: Tensor, psi: float | Tensor = 1.0, statistic: str = "unigram"):
         if statistic not in ("unigram", "word"):
             raise ValueError(f"statistic must be 'unigram' or 'word', got {statistic!r}")
-        if not isinstance(targets, Tensor) or targets.dim() != (2 if statistic == "unigram" else 3):
+        if not isinstance(targets, Tensor) or not targets.is_floating_point():
+            raise TypeError(f"targets must be a floating-point tensor, got "
+                            f"{targets.dtype if isinstance(targets, Tensor) else type(targets).__name__}")
+        if targets.dim() != (2 if statistic == "unigram" else 3):
             raise ValueError("targets must be a [B, C] (unigram) or [B, M, C] (word) tensor")
         if not torch.isfinite(targets).all():
             raise ValueError("targets must be finite")

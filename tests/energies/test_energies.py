@@ -277,6 +277,12 @@ def test_user_energy_by_autograd_uses_edges_only_when_read():
     (lambda: Loss("smoothed_hinge", float("inf")), "width must be a finite number > 0"),
     (lambda: Loss("smoothed_abs", 0.0), "width must be a finite number > 0"),
     (lambda: Loss("smoothed_hinge", "1"), "width must be a real number, got str"),
+    # complex targets lost their imaginary part with a warning, bool/int ones were read as 0/1 counts, a list was
+    # a ValueError; NearestPrototype and Poisson refuse them likewise
+    (lambda: PrototypeDistance(torch.ones(2, 3, dtype=torch.complex128)), "targets must be a floating-point tensor"),
+    (lambda: PrototypeDistance(torch.ones(2, 3, dtype=torch.bool)), "targets must be a floating-point tensor"),
+    (lambda: PrototypeDistance(torch.ones(2, 3, dtype=torch.long)), "targets must be a floating-point tensor"),
+    (lambda: PrototypeDistance([[1.0, 0.0]]), "targets must be a floating-point tensor, got list"),
 ])
 def test_bad_energy_arguments(make, msg):
     with pytest.raises((ValueError, TypeError), match=msg):
