@@ -90,6 +90,7 @@ class Energy:
     """
 
     edge_totals: bool = False
+    __array_ufunc__ = None      # ``ndarray * energy`` defers to __rmul__ (a TypeError), not an array of energies
 
     def value(self, marginals: Marginals) -> Tensor:
         """``L_psi(mu)`` [B], one value per example: the one method a new energy must write."""

@@ -1,5 +1,6 @@
 """Energies: closed-form gradients equal autograd and pass gradcheck; values against hand computations."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -431,6 +432,13 @@ def test_energy_algebra_and_wrappers_check_their_arguments():
         bp.energies.Scaled(3, 2.0)
     with pytest.raises(TypeError, match="weight must be a float or a tensor, got str"):
         2.0 * e * "x"
+    # a NumPy weight vector multiplied element by element: an object array of Scaled energies, refused only later
+    # by solve ("got ndarray"), and e + that array an array of sums
+    with pytest.raises(TypeError, match="weight must be a float or a tensor, got ndarray"):
+        np.array([1.0, 2.0, 3.0]) * e
+    with pytest.raises(TypeError):
+        np.array([1.0]) + e
+    assert isinstance(np.float64(2.0) * e, bp.energies.Scaled)
     with pytest.raises(TypeError, match="fn must be callable"):
         FunctionEnergy(3)
     with pytest.raises(NotImplementedError, match="_NoValue must implement value"):
