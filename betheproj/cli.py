@@ -8,6 +8,7 @@ import errno
 import io
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -343,7 +344,8 @@ class _ClosedStdout(io.TextIOBase):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``betheproj ARGS``; returns the exit status (0, 1 on a closed pipe, 2 on an error, 130 on Ctrl-C)."""
+    """Run ``betheproj ARGS``; returns the exit status (0, 1 on a closed pipe, 2 on an error or running out of
+    memory, 130 on Ctrl-C)."""
     if sys.stdout is None:
         sys.stdout = _ClosedStdout()
     try:
@@ -414,7 +416,30 @@ def _run(args: argparse.Namespace) -> int:
         print(f"betheproj {args.command}: error: {message}", file=sys.stderr)
         _drop_stdout()
         return 2
+    except (MemoryError, RuntimeError) as err:
+        message = memory_text(err)
+        if message is None:                      # any other RuntimeError is a bug: its traceback says where
+            raise
+        print(f"betheproj {args.command}: error: {message}", file=sys.stderr)
+        _drop_stdout()
+        return 2
     return 0
+
+
+def memory_text(err: BaseException) -> str | None:
+    """An allocation failure as one line: Python's or NumPy's ``MemoryError``, or the ``RuntimeError`` of torch's
+    CPU allocator or of CUDA running out of memory (e.g. under ``ulimit -v``); ``None`` for any other error."""
+    text = " ".join(str(err).split())
+    if isinstance(err, MemoryError):
+        detail = text
+    elif any(cls.__name__ == "OutOfMemoryError" for cls in type(err).__mro__):   # torch's CUDA OOM
+        detail = text
+    elif isinstance(err, RuntimeError) and "can't allocate memory" in text:          # torch's CPU allocator
+        size = re.search(r"tried to allocate (\d+) bytes", text)
+        detail = f"could not allocate {_bytes(int(size.group(1)))}" if size else text
+    else:
+        return None
+    return "out of memory" + (f": {detail}" if detail else "")
 
 
 def _drop_stdout() -> None:

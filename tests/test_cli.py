@@ -590,3 +590,50 @@ def test_a_closed_standard_output_is_a_one_line_error(tagger_stubbed, tmp_path, 
     monkeypatch.setattr(sys, "stdout", None)
     assert main(["citations", "--predict", str(source), "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "betheproj citations: error: standard output is closed\n"
+
+
+def _allocate_numpy():
+    import numpy as np
+
+    np.empty(2 ** 58)                                   # 2 EiB: NumPy's MemoryError
+
+
+def _allocate_torch():
+    torch.empty(2 ** 58, dtype=torch.uint8)             # torch's CPU allocator: a RuntimeError
+
+
+def _allocate_python():
+    raise MemoryError
+
+
+def _allocate_cuda():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has a total capacity of 1 GiB")
+
+
+@pytest.mark.parametrize("allocate, want", [
+    (_allocate_numpy, "out of memory: Unable to allocate 2.00 EiB for an array with shape (288230376151711744,) "
+                      "and data type float64"),
+    (_allocate_torch, "out of memory: could not allocate 288,230.4 TB"),
+    (_allocate_python, "out of memory"),
+    (_allocate_cuda, "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                     "1 GiB"),
+], ids=["numpy", "torch", "python", "cuda"])
+def test_running_out_of_memory_is_a_one_line_error(monkeypatch, capsys, allocate, want):
+    """Under ``ulimit -v`` a large --grid failed with a traceback (exit 1) ending in torch's "[enforce fail at
+    alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory" or NumPy's MemoryError."""
+    import betheproj.demo
+
+    monkeypatch.setattr(betheproj.demo, "run_demo", lambda *args, **kwargs: allocate())
+    assert main(["demo"]) == 2
+    assert capsys.readouterr().err == f"betheproj demo: error: {want}\n"
+
+
+def test_other_runtime_errors_keep_their_traceback(monkeypatch):
+    import betheproj.demo
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(betheproj.demo, "run_demo", bug)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        main(["demo"])
