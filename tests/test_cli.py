@@ -637,3 +637,10 @@ def test_other_runtime_errors_keep_their_traceback(monkeypatch):
     monkeypatch.setattr(betheproj.demo, "run_demo", bug)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         main(["demo"])
+
+
+def test_python_dash_m_betheproj_runs_the_command_line(tmp_path):
+    # before: "No module named betheproj.__main__; 'betheproj' is a package and cannot be directly executed", exit 1
+    proc = subprocess.run([sys.executable, "-m", "betheproj", "cgm", "--grid", "0", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("betheproj cgm: error: --grid "), proc.stderr
