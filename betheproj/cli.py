@@ -399,6 +399,10 @@ def _run(args: argparse.Namespace) -> int:
             from .experiments import cgm
 
             _need_matplotlib()
+            if args.compare:
+                from .cgm.interior_point import check_installed
+
+                check_installed()
             _out_folder(args.out, ("results.json", "flows.png"))
             cgm.run(args.grid, args.steps, args.population, args.rate, args.seasons, args.noise, args.seed,
                     args.compare, args.learn, args.out, args.schedule or "quasi_newton", progress=not args.quiet,

@@ -644,3 +644,16 @@ def test_python_dash_m_betheproj_runs_the_command_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "betheproj", "cgm", "--grid", "0", "--out", str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("betheproj cgm: error: --grid "), proc.stderr
+
+
+@pytest.mark.parametrize("missing", ["clarabel", "cvxpy"])
+def test_cgm_compare_without_its_solver_fails_before_the_work(monkeypatch, tmp_path, capsys, missing):
+    """Without cvxpy, the error came after the simulation and the Bethe solve, with --out created; without
+    clarabel, the run ended with exit 0 and "relative objective difference nan"."""
+    monkeypatch.setitem(sys.modules, missing, None)          # as if not installed
+    out = tmp_path / "out"
+    assert main(["cgm", "--grid", "2", "--steps", "2", "--compare", "--out", str(out), "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not out.exists()
+    assert captured.err == ('betheproj cgm: error: the interior-point baseline needs cvxpy and clarabel: '
+                            'pip install "betheproj[cgm]"\n')

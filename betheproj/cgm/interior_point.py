@@ -20,7 +20,7 @@ from .._checks import check_positive
 from ..oracles import ChainPotentials
 from .inference import check_observations
 
-__all__ = ["IPResult", "interior_point"]
+__all__ = ["IPResult", "check_installed", "interior_point"]
 
 
 @dataclass
@@ -73,6 +73,17 @@ def _one(node: np.ndarray, edge: np.ndarray, y: np.ndarray, rate: float, populat
     return value, mu.value, solve_time, problem.status
 
 
+def check_installed() -> None:
+    """``ImportError`` unless cvxpy and clarabel (the ``cgm`` extra) can be imported: without clarabel, CVXPY
+    only fails inside each solve, which would come back as a "solver_error" status and a NaN objective."""
+    try:
+        import clarabel  # noqa: F401
+        import cvxpy  # noqa: F401
+    except ImportError:
+        raise ImportError('the interior-point baseline needs cvxpy and clarabel: pip install "betheproj[cgm]"'
+                          ) from None
+
+
 def interior_point(potentials: ChainPotentials, observed: Tensor, rate: float, population: float,
                    tol: float = 1e-9, scale: float = 0.01) -> IPResult:
     """Solve (23) for each example of the batch with CVXPY + Clarabel (gap and feasibility tolerances ``tol``).
@@ -81,11 +92,7 @@ def interior_point(potentials: ChainPotentials, observed: Tensor, rate: float, p
     (relative) above the optimum at s = 10,000, at a feasible point, and tightening its tolerances to 1e-12
     only made it report "optimal_inaccurate"; scaled by 0.01 it agreed with the Bethe solvers to 5e-9."""
     tol, scale = check_positive("tol", tol), check_positive("scale", scale)
-    try:
-        import cvxpy  # noqa: F401
-    except ImportError:
-        raise ImportError('the interior-point baseline needs cvxpy and clarabel: pip install "betheproj[cgm]"'
-                          ) from None
+    check_installed()
     observed = check_observations(observed, rate, population, potentials)
     node = potentials.node.detach().cpu().double().numpy()
     edge = potentials.full_edge().detach().cpu().double().numpy()

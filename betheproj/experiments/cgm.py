@@ -11,6 +11,7 @@ import torch
 from .._checks import check_bool, check_device
 from .._files import write_json
 from ..cgm import TransitionModel, default_model, fit_hard_em, interior_point, map_counts, simulate
+from ..cgm.interior_point import check_installed
 from ..cgm.learn import check_schedule
 from ..cgm.plot import plot_flows
 from ..oracles import LinearChain
@@ -45,6 +46,8 @@ def run(grid: int = 10, steps: int = 10, population: int = 100_000, rate: float 
     compare, learn = check_bool("compare", compare), check_bool("learn", learn)
     if learn:
         check_schedule(schedule)                        # before the solves, not after them
+    if compare:
+        check_installed()                               # likewise
     model = default_model(grid, steps, seed).to(device)
     inst = simulate(model, population, rate, seasons, noise, seed)
     cells = grid * grid

@@ -1,5 +1,7 @@
 """Collective graphical models: the simulator, MAP counts against the interior-point solver, bad input."""
 
+import sys
+
 import pytest
 import torch
 
@@ -436,3 +438,14 @@ def test_plot_flows_checks_the_shapes_of_counts_and_flows(tmp_path):
     with pytest.raises(TypeError, match="model must be a TransitionModel"):
         plot_flows(None, inst.counts[0], inst.flows[0], path)
     plot_flows(inst.model, inst.counts[0], inst.flows[0], path)
+
+
+@pytest.mark.parametrize("missing", ["clarabel", "cvxpy"])
+def test_interior_point_without_its_solver_is_an_import_error(monkeypatch, missing):
+    """Without clarabel (cvxpy installed) each solve came back as status "solver_error: The solver CLARABEL is not
+    installed." with a NaN objective, and `betheproj cgm --compare` exited 0 with a relative difference of nan."""
+    pytest.importorskip("cvxpy")
+    monkeypatch.setitem(sys.modules, missing, None)          # as if not installed
+    inst = _small_instance()
+    with pytest.raises(ImportError, match=r'needs cvxpy and clarabel: pip install "betheproj\[cgm\]"'):
+        interior_point(inst.potentials, inst.observed, 0.5, 100)
