@@ -51,6 +51,8 @@ def plot_flows(model: TransitionModel, counts: Tensor, flows: Tensor, path: str,
         if not isinstance(truth, tuple | list) or len(truth) != 2:
             raise TypeError("truth must be a pair (counts [T, L], flows [T-1, L, L])")
         _check_shapes("truth[0]", "truth[1]", truth[0], truth[1], model.cells)
+        if truth[0].shape[0] != counts.shape[0]:         # the panels show the same steps of both
+            raise ValueError(f"truth must cover the counts' {counts.shape[0]} steps, got {truth[0].shape[0]}")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

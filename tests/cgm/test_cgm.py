@@ -433,6 +433,13 @@ def test_plot_flows_checks_the_shapes_of_counts_and_flows(tmp_path):
         plot_flows(inst.model, inst.counts[0], inst.flows, path)
     with pytest.raises(ValueError, match=r"truth\[0\] must have shape \[T, L\]"):
         plot_flows(inst.model, inst.counts[0], inst.flows[0], path, truth=(inst.counts[0][:, :-1], inst.flows[0]))
+    # a truth of fewer steps was an IndexError ("index 1 is out of bounds for dimension 0 with size 1"); one of
+    # more steps was drawn at the counts' panels, cut short
+    for steps in (2, t + 1):
+        counts = torch.zeros(steps, cells, dtype=inst.counts.dtype)
+        flows = torch.zeros(steps - 1, cells, cells, dtype=inst.flows.dtype)
+        with pytest.raises(ValueError, match=rf"truth must cover the counts' {t} steps, got {steps}"):
+            plot_flows(inst.model, inst.counts[0], inst.flows[0], path, truth=(counts, flows))
     with pytest.raises(TypeError, match="counts must be a tensor"):
         plot_flows(inst.model, inst.counts[0].tolist(), inst.flows[0], path)
     with pytest.raises(TypeError, match="model must be a TransitionModel"):
