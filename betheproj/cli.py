@@ -149,6 +149,51 @@ def _physical_memory() -> int | None:
         return None
 
 
+def _address_space_left() -> int | None:
+    """Bytes this process may still map under its address-space limit (``ulimit -v``), or ``None`` without one."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, AttributeError, ValueError, OSError):    # no resource module off Unix
+        return None
+    if limit == resource.RLIM_INFINITY or limit < 0:
+        return None
+    try:                                          # what is mapped already (torch alone maps about 0.7 GB)
+        with open("/proc/self/statm") as handle:
+            used = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        used = 0
+    return max(limit - used, 0)
+
+
+_CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")   # v2, v1
+
+
+def _cgroup_limit() -> int | None:
+    """The memory limit of this process's container (cgroup v2 or v1), or ``None`` where none is set or readable."""
+    for path in _CGROUP_FILES:
+        try:
+            with open(path) as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        return int(text) if text.isdigit() else None          # "max": no limit
+    return None
+
+
+def _memory_limit() -> tuple[int, str]:
+    """The most memory a run can use and what sets it, for the error: the machine's memory (64 GB where the OS does
+    not say), or less under an address-space limit (``ulimit -v``) or a container's memory limit."""
+    have = _physical_memory() or 64 * 2 ** 30
+    what = f"this machine's {_bytes(have)}"
+    for limit, name in ((_cgroup_limit(), "memory limit of this container (cgroup)"),
+                        (_address_space_left(), "of address space left under this process's limit (ulimit -v)")):
+        if limit is not None and limit < have:
+            have, what = limit, f"the {_bytes(limit)} {name}"
+    return have, what
+
+
 def _check_cgm_options(args: argparse.Namespace) -> None:
     """The ranges the library checks, named as options (``--rate`` where the library says ``rate``)."""
     from ._checks import check_int, check_nonnegative, check_positive
@@ -185,18 +230,20 @@ def _check_cgm_size(grid: int, steps: int, seasons: int, device: object = None) 
     anything is allocated.
 
     The transition model, the simulated counts and the solver hold about ``6 + 2 x seasons`` float64 arrays of
-    ``(steps - 1) x s`` entries, ``s = G^4`` (measured peak: 5.2 of them at G = 32, T = 10, one season, 392 MB).
+    ``(steps - 1) x s`` entries, ``s = G^4`` (measured peak: 5.2 of them at G = 32, T = 10, one season, 392 MB),
+    which must fit in the machine's memory, in a container's memory limit and in the address space left under
+    ``ulimit -v``.
     With a CUDA ``device`` they must fit in its memory too (the instance is drawn in the machine's)."""
     if grid < 1 or steps < 2 or seasons < 1:
         return                                   # out of range: the library names the argument
     s = grid ** 4
     need = 8 * s * (steps - 1) * (6 + 2 * seasons)
-    have = _physical_memory() or 64 * 2 ** 30
+    have, what = _memory_limit()
     if need > have:
         raise ValueError(f"--grid {grid} --steps {steps} --seasons {seasons}: a {grid} x {grid} grid has "
                          f"s = G^4 = {s:,} pairs of cells per step, and the run needs about {_bytes(need)} of memory "
-                         f"(6 + 2 x seasons arrays of (steps - 1) x s floats), more than this machine's "
-                         f"{_bytes(have)}; use a smaller --grid, --steps or --seasons")
+                         f"(6 + 2 x seasons arrays of (steps - 1) x s floats), more than {what}; use a smaller "
+                         f"--grid, --steps or --seasons")
     if getattr(device, "type", None) == "cuda":
         import torch
 

@@ -341,6 +341,8 @@ def test_a_cgm_grid_too_large_for_memory_is_refused_before_the_work(tmp_path, mo
     from betheproj.experiments import cgm
 
     monkeypatch.setattr(cgm, "run", _no_work)
+    monkeypatch.setattr(betheproj.cli, "_CGROUP_FILES", ())               # the machine's memory alone, whatever
+    monkeypatch.setattr(betheproj.cli, "_address_space_left", lambda: None)   # limits the test runs under
     assert main(["cgm", "--grid", "1000", "--steps", "2", "--out", str(tmp_path / "out")]) == 2   # s = 10^12
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("betheproj cgm: error: --grid 1000 --steps ") and "64.0 TB" in err
@@ -356,6 +358,41 @@ def test_a_cgm_grid_too_large_for_memory_is_refused_before_the_work(tmp_path, mo
     betheproj.cli._check_cgm_size(32, 10, 1, torch.device("cpu"))
     with pytest.raises(ValueError, match="of memory on cuda, more than its 536.9 MB; .* or --device cpu"):
         betheproj.cli._check_cgm_size(32, 10, 1, torch.device("cuda"))
+
+
+def test_a_cgm_grid_beyond_ulimit_or_the_container_is_refused_before_the_work(tmp_path, monkeypatch, capsys):
+    """The check compared with the machine's memory alone: under `ulimit -v 1000000`, `betheproj cgm --grid 40`
+    created --out, simulated, and failed in torch's allocator (a traceback, later "out of memory: could not
+    allocate 20.5 MB"); in a container the kernel's OOM killer would end it without a word."""
+    import resource
+
+    import betheproj.cli
+    from betheproj.experiments import cgm
+
+    monkeypatch.setattr(cgm, "run", _no_work)
+    monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: 2 ** 40)
+    monkeypatch.setattr(betheproj.cli, "_CGROUP_FILES", ())
+    used = 0                                                  # what this process maps already (Linux)
+    if os.path.exists("/proc/self/statm"):
+        with open("/proc/self/statm") as handle:
+            used = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limit = used + 2 ** 30                                    # and 1 GB: G = 32 needs 0.6 GB, G = 40 1.5 GB
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
+    betheproj.cli._check_cgm_size(32, 10, 1)
+    assert main(["cgm", "--grid", "40", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs about 1.5 GB of memory" in err and not (tmp_path / "out").exists()
+    assert "GB of address space left under this process's limit (ulimit -v); use a smaller --grid" in err
+    # a container's limit (cgroup v2's memory.max, v1's memory.limit_in_bytes; "max" is none)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    v2.write_text("max\n")
+    v1.write_text(f"{2 ** 30}\n")
+    monkeypatch.setattr(betheproj.cli, "_CGROUP_FILES", (str(v2), str(v1)))
+    betheproj.cli._check_cgm_size(40, 10, 1)                   # v2 says no limit
+    monkeypatch.setattr(betheproj.cli, "_CGROUP_FILES", (str(tmp_path / "absent"), str(v1)))
+    with pytest.raises(ValueError, match=r"more than the 1.1 GB memory limit of this container \(cgroup\); use"):
+        betheproj.cli._check_cgm_size(40, 10, 1)
 
 
 @pytest.mark.parametrize("command", [["cgm"], ["ocr", "--data", "x"], ["citations"],
