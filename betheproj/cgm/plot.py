@@ -66,14 +66,16 @@ def plot_flows(model: TransitionModel, counts: Tensor, flows: Tensor, path: str,
     vmax = float(max(r[1].max() for r in rows))
     fig, axes = plt.subplots(len(rows), len(chosen), figsize=(2.4 * len(chosen) + 1, 2.5 * len(rows)),
                              squeeze=False)
-    image = None
-    for r, (name, c, f) in enumerate(rows):
-        for k, t in enumerate(chosen):
-            image = _panel(axes[r, k], model, c[t], f[t] if t < steps - 1 else None, vmax)
-            if r == 0:
-                axes[r, k].set_title(f"t = {t + 1}")
-        axes[r, 0].set_ylabel(name)
-    fig.colorbar(image, ax=axes, shrink=0.8, label="individuals per cell")
-    fig.suptitle("Migration: counts per cell and mean move out of each cell (north is up)")
-    save_figure(fig, path, 110)
-    plt.close(fig)
+    try:                                         # closed even when the drawing or the writing fails
+        image = None
+        for r, (name, c, f) in enumerate(rows):
+            for k, t in enumerate(chosen):
+                image = _panel(axes[r, k], model, c[t], f[t] if t < steps - 1 else None, vmax)
+                if r == 0:
+                    axes[r, k].set_title(f"t = {t + 1}")
+            axes[r, 0].set_ylabel(name)
+        fig.colorbar(image, ax=axes, shrink=0.8, label="individuals per cell")
+        fig.suptitle("Migration: counts per cell and mean move out of each cell (north is up)")
+        save_figure(fig, path, 110)
+    finally:
+        plt.close(fig)

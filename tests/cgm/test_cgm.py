@@ -447,6 +447,20 @@ def test_plot_flows_checks_the_shapes_of_counts_and_flows(tmp_path):
     plot_flows(inst.model, inst.counts[0], inst.flows[0], path)
 
 
+def test_plot_flows_closes_its_figure_when_the_file_cannot_be_written(tmp_path):
+    """A path in a missing folder raised the OSError but left the figure open (one more each call; matplotlib warns
+    past 20 and keeps their memory)."""
+    import matplotlib.pyplot as plt
+
+    from betheproj.cgm.plot import plot_flows
+
+    inst = _small_instance()
+    before = plt.get_fignums()
+    with pytest.raises(OSError):
+        plot_flows(inst.model, inst.counts[0], inst.flows[0], str(tmp_path / "missing" / "flows.png"))
+    assert plt.get_fignums() == before
+
+
 @pytest.mark.parametrize("missing", ["clarabel", "cvxpy"])
 def test_interior_point_without_its_solver_is_an_import_error(monkeypatch, missing):
     """Without clarabel (cvxpy installed) each solve came back as status "solver_error: The solver CLARABEL is not
