@@ -1,6 +1,7 @@
 """The nested-tag citation reader: hand-made lines with every repair, BIO spans, and the real files' counts."""
 
 import gzip
+import warnings
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,20 @@ def test_a_byte_order_mark_is_not_a_token(tmp_path):
     for path in (tmp_path / "t.docs", tmp_path / "g.docs"):
         assert [c.tokens for c in read_citations(path)] == [["A", "B"], ["2001"]]
         assert citation_lines(path)[0] == "<title> A B </title>\n"
+
+
+def test_a_file_whose_tags_mostly_do_not_pair_up_is_read_with_a_warning(tmp_path):
+    """Openers with attributes are no tags, their closers are: every author was read as O tokens '<author',
+    'lang="en">', 'J.', 'Smith' and a stray closer, silently (as were files whose closers were all missing)."""
+    line = '<author lang="en"> J. Smith </author> <title> A title </title>\n'
+    (tmp_path / "attrs.docs").write_text(line * 5)
+    with pytest.warns(UserWarning, match=r"attrs.docs: 5 of 5 citations have tags that do not pair up .* is the "
+                                         r"file in the nested-tag format\?"):
+        citations = read_citations(tmp_path / "attrs.docs")
+    assert citations[0].labels[:2] == ["O", "O"]                        # read as before, repairs and all
+    # a few repaired lines, as in the data itself (under 2% of each file): no warning
+    good = "<author> J. Smith </author> <title> A title </title>\n"
+    (tmp_path / "few.docs").write_text(good * 9 + "<title> open at the end\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(read_citations(tmp_path / "few.docs")) == 10
