@@ -83,3 +83,16 @@ def test_count_error_refuses_an_all_zero_truth_and_shapes_that_differ():
         cgm.count_error(torch.zeros(2, 2), torch.zeros(2, 2))
     with pytest.raises(ValueError, match=r"counts must have the truth's shape \(2, 2\), got \(2,\)"):
         cgm.count_error(truth[0], truth)
+
+
+def test_compare_without_clarabel_is_an_import_error_before_the_work(monkeypatch):
+    """run(compare=True) without clarabel returned an interior-point objective of NaN, status "solver_error: The
+    solver CLARABEL is not installed.", and a relative gap of NaN."""
+    import sys
+
+    from betheproj.experiments import cgm
+
+    monkeypatch.setitem(sys.modules, "clarabel", None)
+    monkeypatch.setattr(cgm, "simulate", None)              # the instance is never drawn
+    with pytest.raises(ImportError, match="needs cvxpy and clarabel"):
+        cgm.run(2, 2, 100, compare=True, echo=lambda line: None)
