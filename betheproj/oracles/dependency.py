@@ -280,8 +280,10 @@ class _DependencyOracle:
         return _mask_head_major(scores, potentials.lengths), potentials.lengths
 
     def marginals(self, potentials: PairwisePotentials) -> DependencyMarginals:
-        """Arc marginals [B, N, N+1] (zero at padding rows and invalid heads) and ``log Z`` [B]."""
+        """Arc marginals [B, N, N+1] (zero at padding rows and invalid heads) and ``log Z`` [B], none of them
+        differentiable (as the chain's): :meth:`log_partition` is the differentiable ``log Z``."""
         scores, lengths = self._scores(potentials)
+        scores = scores.detach()          # else log Z and the entropy would carry the column shifts' gradient
         top = _column_max(scores)
         _check_range(scores, top)
         with torch.no_grad():

@@ -220,6 +220,17 @@ def test_log_partition_is_differentiable(cls, single_root):
 
 
 @pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_marginals_carry_no_wrong_gradient(cls, single_root):
+    # the marginals' log Z and the entropy are not differentiable (as the chain's); they carried the gradient of
+    # the column shifts (one-hot at each word's best head), not the marginals, silently
+    oracle = cls(single_root=single_root)
+    node = arc_potentials(_scores(2, 4), torch.tensor([4, 3])).node.clone().requires_grad_(True)
+    mu = oracle.marginals(PairwisePotentials(node, torch.zeros(5, 5, dtype=DT), torch.tensor([4, 3])))
+    assert not mu.log_partition.requires_grad and not mu.node.requires_grad
+    assert not oracle.entropy(mu).requires_grad
+
+
+@pytest.mark.parametrize("cls,single_root", ORACLES)
 def test_entropy_of_plain_marginals_is_the_conjugate(cls, single_root):
     oracle = cls(single_root=single_root)
     lengths = torch.tensor([4, 2, 3])
