@@ -320,7 +320,20 @@ class _DependencyOracle:
         score parts this oracle masks (its raw scores are still there).  Crossing arcs are allowed for
         :class:`Projective` too: training a projective model on non-projective gold trees is common practice (the
         loss then compares the gold tree with the projective ones; the parser warns about it)."""
-        n = labels.shape[1]
+        if (not isinstance(labels, Tensor) or labels.dim() != 2 or labels.is_floating_point() or labels.is_complex()
+                or labels.dtype == torch.bool):
+            raise TypeError(f"labels must be an integer tensor [B, N] of heads, got "
+                            f"{tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__}"
+                            f"{' ' + str(labels.dtype) if isinstance(labels, Tensor) else ''}")
+        b, n = labels.shape
+        if (not isinstance(lengths, Tensor) or lengths.shape != (b,) or lengths.is_floating_point()
+                or lengths.is_complex() or lengths.dtype == torch.bool):
+            raise TypeError(f"lengths must be an integer tensor [B]=({b},), got "
+                            f"{tuple(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__}")
+        if b and (int(lengths.min()) < 0 or int(lengths.max()) > n):
+            raise ValueError(f"lengths must lie in [0, N]=[0, {n}] (labels are [B, N]), got values in "
+                             f"[{int(lengths.min())}, {int(lengths.max())}]")
+        lengths = lengths.to(labels.device)
         pos = torch.arange(1, n + 1, device=labels.device)
         valid = pos <= lengths[:, None]
         h = torch.where(valid, labels.long(), torch.zeros((), dtype=torch.long, device=labels.device))

@@ -577,6 +577,21 @@ def test_check_labels_accepts_exactly_the_trees(cls, single_root):
     oracle.check_labels(torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]))   # no words: nothing to check
 
 
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+def test_check_labels_refuses_labels_that_are_no_head_arrays(cls):
+    # before: heads of 2 words with lengths [3] passed (word 3 had no head), float heads were truncated, 1-D
+    # labels were an IndexError
+    oracle = cls()
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, N\]=\[0, 2\]"):
+        oracle.check_labels(torch.tensor([[0, 1]]), torch.tensor([3]))
+    with pytest.raises(TypeError, match="labels must be an integer tensor"):
+        oracle.check_labels(torch.tensor([[0.0, 1.7]]), torch.tensor([2]))
+    with pytest.raises(TypeError, match="labels must be an integer tensor"):
+        oracle.check_labels(torch.tensor([0, 1]), torch.tensor([2]))
+    with pytest.raises(TypeError, match=r"lengths must be an integer tensor \[B\]"):
+        oracle.check_labels(torch.tensor([[0, 1]]), torch.tensor([2, 2]))
+
+
 def test_second_derivatives_of_the_tree_log_partitions_are_an_error():
     """matrix_tree's and eisner's log Z came out with a Hessian of zeros (their gradient is computed, not traced)."""
     s = torch.randn(1, 4, 4, generator=torch.Generator().manual_seed(1), dtype=DT)
