@@ -31,6 +31,7 @@ from torch import Tensor
 
 from .dependency import (
     _check_range,
+    _column_max,
     _DependencyOracle,
     _differentiable,
     _lse,
@@ -55,9 +56,14 @@ def matrix_tree(scores: Tensor, lengths: Tensor, single_root: bool = False) -> t
     if not isinstance(single_root, bool):
         raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
     masked, lengths = _prepare(scores, lengths)
-    _check_range(masked)
     with torch.no_grad():
-        log_z, marg = _matrix_tree(masked.detach(), lengths, single_root)
+        # shifted by the column maxima as the oracle does: the exact path works on the scores themselves, where
+        # a huge column (1e15) would round away the O(1) differences that decide the marginals
+        top = _column_max(masked)
+        _check_range(masked, top)
+        log_z, marg = _matrix_tree(masked - top, lengths, single_root)
+        log_z = log_z + top[:, 0, 1:].sum(-1)
+        _raise_overflow(log_z)
     return _differentiable(scores, log_z, marg), marg
 
 

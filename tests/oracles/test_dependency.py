@@ -2,6 +2,7 @@
 
 import functools
 import itertools
+import math
 
 import pytest
 import torch
@@ -185,6 +186,31 @@ def test_fast_and_exact_matrix_tree_agree(single_root):
     log_z, marg = matrix_tree(hard, torch.tensor([2]), single_root)
     assert torch.allclose(log_z, torch.tensor([1000.0 + torch.log(torch.tensor(2.0)).item()], dtype=DT))
     assert torch.allclose(marg[0, 0, 1:], torch.tensor([0.5, 0.5], dtype=DT))
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+def test_matrix_tree_exact_path_with_huge_columns(single_root):
+    # strong arcs 1 <-> 2 over weak root arcs (the fast path refuses the Laplacian), in columns offset by +-1e15:
+    # trees 0->1->2 and 0->2->1 score 1000 each, word 3 takes head 0, 1 or 2 (score 0); matrix_tree ran the exact
+    # path on the raw scores, whose O(1) parts the 1e15s rounded (log Z 1001.8486 for 1000 + log 6 = 1001.7918)
+    s = torch.full((1, 4, 4), -INF, dtype=DT)
+    s[0, 0, 1], s[0, 2, 1], s[0, 0, 2], s[0, 1, 2] = 1e15, 1e15 + 1000, -1e15, -1e15 + 1000
+    s[0, :3, 3] = 0.0
+    log_z, marg = matrix_tree(s, torch.tensor([3]), single_root)
+    expected = 1000.0 + math.log(4.0 if single_root else 6.0)
+    assert abs(float(log_z[0]) - expected) < 1e-12
+    word3 = torch.tensor([0.0, 0.5, 0.5] if single_root else [1 / 3] * 3, dtype=DT)
+    assert torch.allclose(marg[0, :3, 3], word3, atol=1e-12, rtol=0)
+    # at 1e300 the exact path on raw scores gave word 3's heads [0.5, 0.25, 0.25] (NaN at 1.5e308 with one root child)
+    for off in (1e300, 1e307):
+        s = torch.full((1, 4, 4), -INF, dtype=DT)
+        s[0, 2, 1] = s[0, 1, 2] = off
+        s[0, 0, 1] = s[0, 0, 2] = off - off / 100
+        s[0, :3, 3] = -off
+        log_z, marg = matrix_tree(s, torch.tensor([3]), single_root)
+        assert torch.allclose(marg[0, :3, 3], word3, atol=1e-12, rtol=0)
+        mu = NonProjective(single_root=single_root).marginals(arc_potentials(s))
+        assert torch.equal(log_z, mu.log_partition) and torch.equal(marg[0, :, 1:].t(), mu.node[0])
 
 
 @pytest.mark.parametrize("single_root", [False, True])
