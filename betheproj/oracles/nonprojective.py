@@ -263,6 +263,21 @@ def _cle(s: np.ndarray) -> np.ndarray | None:
     return out
 
 
+def _root_bounds(terms: np.ndarray, roots: np.ndarray) -> np.ndarray:
+    """An upper bound on the total ``fsum(terms[heads[1:], 1:])`` of every tree whose one root child is ``r``, for
+    each ``r`` of ``roots``: ``terms[0, r]`` plus every other word's best word head, with a margin for the
+    rounding of that sum; ``-inf`` where another word has no word head (it would need the root too)."""
+    word_best = terms[1:, 1:].max(axis=0)                                # [n]
+    finite = np.isfinite(word_best)
+    own = finite[roots - 1]
+    with np.errstate(invalid="ignore", over="ignore"):                   # an overflow: no bound (inf)
+        mag = np.abs(word_best[finite]).sum() + np.abs(terms[0, roots])
+        ub = word_best[finite].sum() - np.where(own, word_best[roots - 1], 0.0) + terms[0, roots]
+        ub = ub + 2 * (len(terms) + 2) * np.finfo(np.float64).eps * mag
+    ub = np.where(np.isnan(ub), np.inf, ub)
+    return np.where((~finite).sum() - ~own > 0, -np.inf, ub)
+
+
 def _best_tree(s: np.ndarray, single_root: bool) -> np.ndarray | None:
     """:func:`chu_liu_edmonds` on a float64 array it may modify: heads [n+1] (``heads[0] = -1``) or ``None``."""
     s[:, 0] = -np.inf
@@ -273,20 +288,26 @@ def _best_tree(s: np.ndarray, single_root: bool) -> np.ndarray | None:
         # the unconstrained optimum has several root children: try each root child (it is optimal otherwise)
         # every tree takes one arc per column, so totals are compared column-shifted by the column maxima: a
         # huge column (1e20 for every head) would absorb the O(1) scores of the others in a raw sum (halves: the
-        # difference of two finite scores cannot overflow)
+        # difference of two finite scores cannot overflow).  Root children are tried best bound first, and
+        # those whose bound is below the best total found are not tried; ties go to the first root child.
         top = s.max(axis=0)
-        half_top = np.where(np.isfinite(top), top, 0.0) / 2
+        terms = s / 2 - np.where(np.isfinite(top), top, 0.0) / 2
         cols = np.arange(1, v)
-        best, best_score = None, -np.inf
-        for r in np.nonzero(np.isfinite(s[0]))[0]:
+        roots = np.nonzero(np.isfinite(s[0]))[0]
+        bound = _root_bounds(terms, roots)
+        best, best_score, best_r = None, -np.inf, v
+        for k in np.argsort(-bound, kind="stable"):
+            if bound[k] < best_score:
+                break
+            r = roots[k]
             sr = s.copy()
             sr[0] = -np.inf
             sr[0, r] = s[0, r]
             heads = _cle(sr)
             if heads is not None:
-                total = math.fsum((s[heads[1:], cols] / 2 - half_top[cols]).tolist())
-                if total > best_score:
-                    best, best_score = heads, total
+                total = math.fsum(terms[heads[1:], cols].tolist())
+                if total > best_score or (total == best_score and r < best_r):
+                    best, best_score, best_r = heads, total, r
     return best
 
 

@@ -21,10 +21,13 @@ from betheproj.oracles import (
     eisner_map,
     heads_to_arcs,
     matrix_tree,
+    nonprojective,
 )
 from betheproj.oracles.dependency import _mask_head_major
 from betheproj.oracles.nonprojective import _exact_matrix_tree, _fast_matrix_tree
 from tests.trees import reaches_root
+
+from ._spy import record_shapes
 
 DT = torch.float64
 INF = float("inf")
@@ -169,6 +172,29 @@ def test_single_root_map_with_a_huge_constant_column(seed):
     heads = NonProjective(single_root=True).map(arc_potentials(huge))[0]
     assert (heads == 0).sum() == 1
     assert abs(float(scores[0, heads, torch.arange(1, 5)].sum() - best)) < 1e-12
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_single_root_map_tries_only_root_children_that_can_win(monkeypatch, seed):
+    # two strong root arcs make the unconstrained optimum take both; the other 8 root children score too low to
+    # win whatever the rest of the tree (before: one Chu-Liu-Edmonds run per root child, 11 runs in all)
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(11, 11, dtype=DT, generator=gen)
+    scores[0] = -30.0
+    scores[0, 3] = scores[0, 7] = 8.0
+    assert (chu_liu_edmonds(scores) == 0).sum() > 1
+    runs = record_shapes(monkeypatch, nonprojective, "_cle")
+    heads = chu_liu_edmonds(scores, single_root=True)
+    assert len(runs) <= 3
+    monkeypatch.undo()
+    cols = torch.arange(1, 11)
+    best = -INF
+    for r in range(1, 11):                      # the reference: every root child, the others' root arcs removed
+        one = scores.clone()
+        one[0] = -INF
+        one[0, r] = scores[0, r]
+        best = max(best, float(scores[chu_liu_edmonds(one), cols].sum()))
+    assert (heads == 0).sum() == 1 and float(scores[heads, cols].sum()) == best
 
 
 @pytest.mark.parametrize("single_root", [False, True])
