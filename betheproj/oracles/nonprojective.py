@@ -316,9 +316,9 @@ def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
 
     ``scores[h, m]`` [n+1, n+1] head-major; column 0 and the diagonal are ignored, ``-inf`` arcs are forbidden.
     Chu-Liu-Edmonds (cycle contraction in place, ``O(n^2)``); with ``single_root``, unless the unconstrained
-    optimum already has one root child, it is run once per allowed root child ``r`` with the other root arcs
-    removed and the best result is kept (``O(n^3)``).  Raises
-    ``ValueError`` if no tree exists.
+    optimum already has one root child, it is run once per allowed root child ``r`` that could still win (an
+    upper bound on its total reaches the best found) with the other root arcs removed, and the best result is
+    kept (``O(n^3)`` at worst; ties go to the first root child).  Raises ``ValueError`` if no tree exists.
     """
     if not isinstance(scores, Tensor) or scores.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"scores must be a float32 or float64 tensor [n+1, n+1], got "
