@@ -395,6 +395,12 @@ class _DependencyOracle:
         valid = _arc_mask(lengths, c)[:, :, 1:].transpose(1, 2)             # node layout [B, N, C]
         support = valid & (mu > 0)
         support &= ~self._structural(support, lengths)[0]                 # arcs in no tree hold rounding only
+        empty = ((torch.arange(n, device=device) < lengths[:, None]) & ~support.any(-1)).any(-1)
+        if bool(empty.any()):
+            raise ValueError(f"marginals.node are not arc marginals of {type(self).__name__}"
+                             f"{'(single_root=True)' if self.single_root else ''}: no tree lies on the arcs they "
+                             f"give mass to (e.g. crossing arcs for Projective) for examples "
+                             f"{empty.nonzero().flatten()[:10].tolist()}")
         theta = torch.where(support, torch.log(mu.clamp_min(torch.finfo(dtype).tiny)), ninf)
         edge = mu.new_zeros(c, c)
 

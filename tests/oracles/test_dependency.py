@@ -321,6 +321,17 @@ def test_conjugate_entropy_of_near_deterministic_marginals():
     assert torch.allclose(conj, oracle.entropy(mu), rtol=1e-6, atol=1e-15)
 
 
+@pytest.mark.parametrize("single_root", [False, True])
+def test_entropy_of_marginals_on_no_tree_of_the_structure_is_named(single_root):
+    # the arcs of a non-projective tree (3 -> 1 and 4 -> 2 cross), given to Projective: before, the Newton start
+    # raised "no valid dependency tree (every tree uses a -inf arc) for examples [0]", about scores never passed
+    heads = torch.tensor([[3, 4, 0, 3], [2, 0, 2, 3]])
+    mu = Marginals(heads_to_arcs(heads), None, None, torch.tensor([4, 4]))
+    with pytest.raises(ValueError, match=r"not arc marginals of Projective.*no tree lies on .* examples \[0\]"):
+        Projective(single_root=single_root).entropy(mu)
+    assert torch.equal(NonProjective(single_root=single_root).entropy(mu), torch.zeros(2, dtype=DT))
+
+
 @pytest.mark.parametrize("cls,single_root", ORACLES)
 def test_entropy_is_never_below_zero(cls, single_root):
     oracle = cls(single_root=single_root)
