@@ -361,8 +361,9 @@ class _DependencyOracle:
         duality), computed by Newton's method with the exact Hessian ``Cov(arcs)``: one batched oracle call with
         every supported arc clamped (``Cov(a, b) = mu_a (mu_b | a) - mu_a mu_b``) per iteration.  That costs
         ``O(B N^2)`` inferences per iteration, so it is meant for short sentences.  Marginals that are not finite,
-        negative, or whose words' heads do not sum to 1 are a ``ValueError``; other points outside the polytope
-        cannot make the iteration converge, and the value returned is then an upper bound.
+        negative, or whose words' heads do not sum to 1 are a ``ValueError``, as are marginals whose support holds
+        no tree of this structure; other points outside the polytope cannot make the iteration converge, and the
+        value returned is then an upper bound.
         """
         if not isinstance(marginals, Marginals):
             raise TypeError(f"marginals must be Marginals, got {type(marginals).__name__}")
