@@ -144,8 +144,13 @@ def _lse(x: Tensor, dim: int) -> Tensor:
                        torch.full((), -torch.inf, dtype=x.dtype, device=x.device))
 
 
-def _raise_no_tree(log_z: Tensor) -> None:
-    raise_if_not_finite(log_z, "no valid dependency tree (every tree uses a -inf arc)")
+def _no_tree(projective: bool = False, single_root: bool = False) -> str:
+    kind = ("projective " if projective else "") + "tree" + (" with one root child" if single_root else "")
+    return f"no valid dependency tree (every {kind} uses a -inf arc)"
+
+
+def _raise_no_tree(log_z: Tensor, projective: bool = False, single_root: bool = False) -> None:
+    raise_if_not_finite(log_z, _no_tree(projective, single_root))
 
 
 def _raise_overflow(log_z: Tensor) -> None:

@@ -36,6 +36,7 @@ from .dependency import (
     _differentiable,
     _lse,
     _mask_head_major,
+    _no_tree,
     _prepare,
     _raise_no_tree,
     _raise_overflow,
@@ -74,7 +75,7 @@ def _matrix_tree(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = T
     if slow.numel():
         lz, mg = _exact_matrix_tree(s[slow], lengths[slow], single_root)
         if strict:
-            _raise_no_tree(log_z.index_put((slow,), lz))
+            _raise_no_tree(log_z.index_put((slow,), lz), single_root=single_root)
         log_z[slow], marg[slow] = lz, mg
     _raise_overflow(log_z)
     return log_z, marg
@@ -332,7 +333,7 @@ def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
     best = _best_tree(scores.detach().to("cpu", torch.float64).numpy().copy(), single_root)
     if best is None:
         _check_range(_mask_head_major(scores.detach()[None], torch.tensor([len(scores) - 1], device=scores.device)))
-        raise ValueError("no valid dependency tree: every tree uses a -inf arc")
+        raise ValueError(_no_tree(single_root=single_root))
     return torch.as_tensor(best[1:], dtype=torch.long, device=scores.device)
 
 
@@ -355,6 +356,6 @@ class NonProjective(_DependencyOracle):
             best = _best_tree(s[i, : n + 1, : n + 1].copy(), self.single_root)
             if best is None:
                 _check_range(scores[i : i + 1])                          # (CLE's gains overflow like the shifts)
-                raise ValueError(f"example {i}: no valid dependency tree: every tree uses a -inf arc")
+                raise ValueError(f"example {i}: {_no_tree(single_root=self.single_root)}")
             out[i, :n] = best[1:]
         return torch.as_tensor(out, device=scores.device)

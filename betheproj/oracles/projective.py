@@ -108,7 +108,7 @@ def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) 
         x = shifted.requires_grad_(True)
         log_z, _, _ = _chart(x, lengths, single_root, maximize=False)
         if strict:
-            _raise_no_tree(log_z)
+            _raise_no_tree(log_z, True, single_root)
         (marg,) = torch.autograd.grad(log_z.sum(), x)
     log_z = log_z.detach() + shift
     _raise_overflow(log_z)
@@ -128,7 +128,7 @@ def eisner_map(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tu
 def _eisner_map(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
     shifted, shift = _column_shifted(s)
     best, (bp_i, bp_cr, bp_cl), root_child = _chart(shifted, lengths, single_root, maximize=True)
-    _raise_no_tree(best)
+    _raise_no_tree(best, True, single_root)
     best = best + shift
     _raise_overflow(best)
     b, c, _ = s.shape

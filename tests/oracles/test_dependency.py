@@ -542,6 +542,19 @@ def test_no_projective_tree_but_a_non_projective_one():
     assert torch.allclose(mu.log_partition, torch.zeros(1, dtype=DT))
     with pytest.raises(ValueError, match="no valid dependency tree"):
         Projective().marginals(arc_potentials(s))
+    # the messages say which trees there are none of (before: "every tree uses a -inf arc" in all four cases)
+    for cls, what in ((Projective, "projective tree"), (NonProjective, "tree")):
+        oracle = cls(single_root=True)
+        two = s.clone()
+        two[0, 0, 1] = 0.0                       # 0 -> 1, 0 -> 2 ...: trees with two root children only
+        two[0, 4, 1] = -INF
+        for call in (oracle.marginals, oracle.map):
+            with pytest.raises(ValueError, match=rf"every {what} with one root child uses a -inf arc"):
+                call(arc_potentials(two))
+    with pytest.raises(ValueError, match=r"every projective tree uses a -inf arc"):
+        Projective().map(arc_potentials(s))
+    with pytest.raises(ValueError, match=r"every tree with one root child uses a -inf arc"):
+        chu_liu_edmonds(two[0], single_root=True)
 
 
 def _mean_field_problem(b=2, n=4, scale=0.3):
