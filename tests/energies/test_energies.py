@@ -29,6 +29,19 @@ def _marginals(b=3, n=4, c=3, lengths=(4, 2, 1)):
     return bp.LinearChain().marginals(pot)
 
 
+def _einsum_operand_sizes(monkeypatch) -> list[int]:
+    """The sizes (numel) of every operand of every ``torch.einsum`` call from now on, appended as they come."""
+    operands: list[int] = []
+    einsum = torch.einsum
+
+    def spy(spec, *args):
+        operands.extend(x.numel() for x in args)
+        return einsum(spec, *args)
+
+    monkeypatch.setattr(torch, "einsum", spy)
+    return operands
+
+
 def _energies(mu):
     b, n, c = mu.node.shape
     protos_w = torch.rand(5, n, c, dtype=DT)
@@ -507,14 +520,7 @@ def test_shared_per_position_vectors_are_not_copied_per_example(monkeypatch, kin
     vectors = torch.randn(*shape, dtype=DT)
     shared = LinearMeasurements(**{kind: vectors}, loss="squared", offset=0.1)
     per_example = LinearMeasurements(**{kind: vectors.expand(b, *shape).clone()}, loss="squared", offset=0.1)
-    operands: list[int] = []
-    einsum = torch.einsum
-
-    def spy(spec, *args):
-        operands.extend(x.numel() for x in args)
-        return einsum(spec, *args)
-
-    monkeypatch.setattr(torch, "einsum", spy)
+    operands = _einsum_operand_sizes(monkeypatch)
     shared.validate(mu)
     value, g = shared.value(mu), shared.grad(mu)
     assert operands and max(operands) <= max(mu.edge.numel(), vectors.numel())      # never B * J * ...
@@ -531,14 +537,7 @@ def test_mean_field_shared_weights_are_not_copied_per_example(monkeypatch):
     pairs = torch.tensor([[0, 2], [1, 3], [0, 1], [3, 3]])
     w = torch.randn(4, c, c, dtype=DT)
     energy = MeanField(pairs, w)
-    operands: list[int] = []
-    einsum = torch.einsum
-
-    def spy(spec, *args):
-        operands.extend(x.numel() for x in args)
-        return einsum(spec, *args)
-
-    monkeypatch.setattr(torch, "einsum", spy)
+    operands = _einsum_operand_sizes(monkeypatch)
     value, g = energy.value(mu), energy.grad(mu)
     assert operands and max(operands) <= max(w.numel(), b * len(pairs) * c)        # never B * K * C * C
     monkeypatch.undo()

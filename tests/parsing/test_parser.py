@@ -13,6 +13,8 @@ from betheproj.parsing.features import ArcFeatures
 from betheproj.parsing.metrics import uas
 from betheproj.parsing.parser import DependencyParser
 
+from ._spy import arcs_per_batch
+
 VOCAB = {"DET": ["the", "a", "every"], "ADJ": ["big", "red", "old", "tiny"], "NOUN": ["dog", "cat", "idea", "car"],
          "VERB": ["sees", "likes", "took"], "ADP": ["with", "near", "of"], "PUNCT": ["."]}
 
@@ -350,14 +352,7 @@ def test_predict_extracts_features_for_a_bounded_number_of_arcs_at_once(monkeypa
     sentences = parse_conllu(_treebank(30))
     parser = DependencyParser(bits=10).fit(sentences, epochs=1)
     want = parser.predict(sentences)
-    arcs: list[int] = []
-    flat = ArcFeatures.flat
-
-    def spy(self, batch):
-        arcs.append(sum(len(s) * (len(s) + 1) for s in batch))
-        return flat(self, batch)
-
-    monkeypatch.setattr(ArcFeatures, "flat", spy)
+    arcs = arcs_per_batch(monkeypatch)
     monkeypatch.setattr(parser_module, "MAX_ARCS", 1000, raising=False)
     got = parser.predict(sentences)
     assert [h.tolist() for h in got] == [h.tolist() for h in want]

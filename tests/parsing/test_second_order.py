@@ -12,6 +12,8 @@ from betheproj.parsing.part_features import SecondOrderFeatures
 from betheproj.parsing.pruning import prune
 from betheproj.parsing.second_order import SecondOrderParser
 
+from ._spy import arcs_per_batch
+
 # ----------------------------------------------------------------------------------------------- helpers
 
 def _sentence(forms: list[str], tags: list[str], heads: list[int]) -> Sentence:
@@ -225,20 +227,12 @@ def test_prune_extracts_features_for_a_bounded_number_of_arcs_at_once(monkeypatc
     """prune extracted the features of a whole batch (256 sentences) at once: the 256 longest EWT training
     sentences (1.0M arcs) took 1.6 GB."""
     import betheproj.parsing.pruning as pruning_module
-    from betheproj.parsing.features import ArcFeatures
 
     sents = _grandparent_treebank(4)                  # 8 sentences of 7 words: 56 arcs each
     first = DependencyParser(bits=10)
     first.weights = torch.randn(1025, generator=torch.Generator().manual_seed(0))
     want = prune(first, first.weights.double(), sents, top_k=2)
-    arcs: list[int] = []
-    flat = ArcFeatures.flat
-
-    def spy(self, batch):
-        arcs.append(sum(len(s) * (len(s) + 1) for s in batch))
-        return flat(self, batch)
-
-    monkeypatch.setattr(ArcFeatures, "flat", spy)
+    arcs = arcs_per_batch(monkeypatch)
     monkeypatch.setattr(pruning_module, "MAX_ARCS", 150, raising=False)
     got = prune(first, first.weights.double(), sents, top_k=2)
     assert arcs == [112] * 4                          # two sentences a batch
