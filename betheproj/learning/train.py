@@ -23,16 +23,19 @@ __all__ = ["character_accuracy", "History", "fit_doubly_stochastic", "fit_variat
 
 
 def character_accuracy(predicted: Tensor, labels: Tensor, lengths: Tensor) -> float:
-    """Fraction of valid positions (``< lengths``) where ``predicted`` equals ``labels`` (both [B, N])."""
+    """Fraction of valid positions (``< lengths``) where ``predicted`` equals ``labels`` (both [B, N]); an empty
+    batch (``B = 0``) is a ``ValueError``."""
     if not isinstance(predicted, Tensor) or not isinstance(labels, Tensor) or predicted.shape != labels.shape:
         raise ValueError(f"predicted and labels must be tensors of the same shape [B, N], got "
                          f"{tuple(getattr(predicted, 'shape', ()))} and {tuple(getattr(labels, 'shape', ()))}")
     if predicted.dim() != 2 or not isinstance(lengths, Tensor) or lengths.shape != labels.shape[:1]:
         raise ValueError(f"predicted and labels must be [B, N] and lengths [B]=({labels.shape[0]},)")
     check_lengths_like(labels, lengths)                  # integers in [1, N]
+    if labels.shape[0] == 0:
+        raise ValueError("no positions to score (B = 0): an accuracy of an empty batch is undefined")
     n = labels.shape[1]
     valid = torch.arange(n, device=labels.device) < lengths[:, None]
-    return int(((predicted == labels) & valid).sum()) / max(int(valid.sum()), 1)      # not a float32 division
+    return int(((predicted == labels) & valid).sum()) / int(valid.sum())      # not a float32 division
 
 
 @dataclass

@@ -473,6 +473,8 @@ def test_character_accuracy_requires_equal_shapes():
     labels = torch.tensor([[0, 1, 2, 3], [1, 1, -1, -1]])
     lengths = torch.tensor([4, 2])
     assert character_accuracy(labels, labels, lengths) == 1.0
+    with pytest.raises(ValueError, match=r"no positions to score \(B = 0\)"):       # was 0.0, a 'wrong' score
+        character_accuracy(labels[:0], labels[:0], lengths[:0])
     with pytest.raises(ValueError, match="same shape"):
         character_accuracy(labels[:, :2], labels, lengths)      # used to score the first two positions only
     with pytest.raises(ValueError, match="same shape"):
