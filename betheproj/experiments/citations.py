@@ -90,27 +90,29 @@ class CitationConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        """Every field checked here, not minutes into a run under an internal argument's name."""
+        """Every field checked here, not minutes into a run under an internal argument's name, and kept as the
+        Python value its check returns (a NumPy or 0-d tensor scalar would make the results no JSON and the saved
+        model one that ``torch.load(weights_only=True)`` refuses)."""
         for name in ("crf_iter", "chunk_size", "min_support", "batch_size", "epochs", "train_iter"):
-            check_count(name, getattr(self, name))
+            setattr(self, name, check_count(name, getattr(self, name)))
         for name in ("crf_l2", "crf_gamma"):
-            check_nonnegative(name, getattr(self, name))
+            setattr(self, name, check_nonnegative(name, getattr(self, name)))
         for name in ("hinge_width", "psi_lr"):
-            check_positive(name, getattr(self, name))
+            setattr(self, name, check_positive(name, getattr(self, name)))
         for name in ("margin", "psi_init"):
-            check_real(name, getattr(self, name))
-        check_real("min_agreement", self.min_agreement, 0.0, 1.0, low_open=True)
+            setattr(self, name, check_real(name, getattr(self, name)))
+        self.min_agreement = check_real("min_agreement", self.min_agreement, 0.0, 1.0, low_open=True)
         for name in ("length_agreement", "order_agreement"):
             if getattr(self, name) is not None:
-                check_real(name, getattr(self, name), 0.0, 1.0, low_open=True)
+                setattr(self, name, check_real(name, getattr(self, name), 0.0, 1.0, low_open=True))
         if self.format_together is not None:
-            check_real("format_together", self.format_together, 0.0, 1.0, high_open=True)
+            self.format_together = check_real("format_together", self.format_together, 0.0, 1.0, high_open=True)
         if self.crf_loss not in ("crf", "softmax_margin"):
             raise ValueError(f"crf_loss must be 'crf' or 'softmax_margin', got {self.crf_loss!r}")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        check_increasing_counts("test_iters", self.test_iters)
-        check_int("seed", self.seed, 0)
+        self.test_iters = check_increasing_counts("test_iters", self.test_iters)
+        self.seed = check_int("seed", self.seed, 0)
 
 
 def _progress_log(log: Callable[[str], None] | None, text: str) -> None:

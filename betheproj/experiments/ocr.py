@@ -86,23 +86,24 @@ class OCRConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        """Every field checked here, not minutes into a fold under an internal argument's name."""
+        """Every field checked here, not minutes into a fold under an internal argument's name, and kept as the
+        Python value its check returns (a NumPy or 0-d tensor scalar would make the results no JSON)."""
         for name in ("crf_iter", "rff_features", "word_batch", "word_train_iter", "unigram_batch",
                      "unigram_train_iter", "epochs", "classifier_iter"):
-            check_count(name, getattr(self, name))
+            setattr(self, name, check_count(name, getattr(self, name)))
         for name in ("crf_l2", "classifier_l2"):
-            check_nonnegative(name, getattr(self, name))
+            setattr(self, name, check_nonnegative(name, getattr(self, name)))
         for name in ("bandwidth_scale", "classifier_bandwidth_scale", "word_lr", "word_psi_lr", "unigram_lr",
                      "unigram_psi_lr"):
-            check_positive(name, getattr(self, name))
-        check_real("psi_init", self.psi_init)
+            setattr(self, name, check_positive(name, getattr(self, name)))
+        self.psi_init = check_real("psi_init", self.psi_init)
         if self.bandwidth is not None:
-            check_positive("bandwidth", self.bandwidth)
-        check_bool("word_average", self.word_average)
-        check_seed("seed", self.seed)
+            self.bandwidth = check_positive("bandwidth", self.bandwidth)
+        self.word_average = check_bool("word_average", self.word_average)
+        self.seed = check_seed("seed", self.seed)
         if self.unigram_search not in ("global", "local"):
             raise ValueError(f"unigram_search must be 'global' or 'local', got {self.unigram_search!r}")
-        check_increasing_counts("test_iters", self.test_iters)
+        self.test_iters = check_increasing_counts("test_iters", self.test_iters)
 
 
 def word_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LABELS) -> tuple[Tensor, Tensor]:

@@ -3,8 +3,10 @@
 import gzip
 import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -229,6 +231,27 @@ def test_every_config_field_is_checked_at_construction(field, value, error):
     with pytest.raises(error, match=field):
         citations.CitationConfig(**{field: value})
     citations.CitationConfig(length_agreement=None, order_agreement=None, format_together=None)
+
+
+def test_config_numpy_and_tensor_scalars_are_kept_as_python_numbers(tmp_path):
+    """CitationConfig(seed=np.int64(0)) kept np.int64: the results failed json.dumps and the saved model could not be
+    loaded ("not a file torch.save wrote, or a damaged one": weights_only loading refuses NumPy scalars)."""
+    from betheproj.data.citation_features import FeatureIndex
+    from betheproj.learning import SparseChainCRF
+
+    config = citations.CitationConfig(seed=np.int64(0), crf_iter=np.int32(5), margin=np.float32(0.5),
+                                      psi_init=torch.tensor(0.0), min_support=np.int64(1), test_iters=[1, 2])
+    settings = asdict(config)
+    assert json.loads(json.dumps(settings)) == {**settings, "test_iters": [1, 2]}
+    assert type(config.seed) is int and type(config.margin) is float and config.test_iters == (1, 2)
+    line = "<authors> <person> <person-last> Smith </person-last> </person> </authors> <title> A title . </title>"
+    cites = [parse_citation(line)] * 3
+    index = FeatureIndex(cites)
+    base = SparseChainCRF(index.num_features, len(index.labels)).double()
+    constraints, order, formats = citations.templates(cites, index.labels, config)
+    model = citations.constraint_model(base, constraints, config, order, formats)
+    citations.save_model(tmp_path / "model.pt", index, model, constraints, config, order, formats)
+    assert citations.load_run(tmp_path / "model.pt")[2] == config
 
 
 def test_histogram_of_no_iterations_is_refused(tmp_path):

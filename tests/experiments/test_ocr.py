@@ -1,6 +1,7 @@
 """The OCR experiment (section 8.2): its pieces on hand-made inputs, and one fold of the real data."""
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -215,6 +216,16 @@ def test_bad_arguments():
 def test_every_config_field_is_checked_at_construction(field, value, error):
     with pytest.raises(error, match=field):
         ocr.OCRConfig(**{field: value})
+
+
+def test_config_keeps_numpy_and_tensor_scalars_as_python_numbers():
+    """OCRConfig(seed=np.int64(0)) was kept as np.int64: run()'s "JSON-ready" results failed json.dumps."""
+    config = ocr.OCRConfig(seed=np.int64(3), crf_iter=np.int32(5), word_lr=np.float32(0.5), psi_init=torch.tensor(2.0),
+                           bandwidth=np.float64(1.5), word_average=np.bool_(False), test_iters=[1, 2])
+    settings = asdict(config)
+    assert json.loads(json.dumps(settings)) == {**settings, "test_iters": [1, 2]}
+    assert type(config.seed) is int and type(config.word_lr) is float and config.word_average is False
+    assert config.test_iters == (1, 2) and config.word_lr == 0.5 and config.psi_init == 2.0
 
 
 def test_mean_map_of_integer_pixels_is_that_of_the_same_pixels_as_floats():
