@@ -431,9 +431,11 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
     return index, model, config
 
 
-def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, max_iter: int = 40) -> list[str]:
+def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, max_iter: int | None = None
+                ) -> list[str]:
     """Tag raw citation strings (split by :func:`~betheproj.data.citations.tokenize_citation`, the data's
-    convention) with the non-local model; nested-tag output."""
+    convention) with the non-local model; nested-tag output.  ``max_iter`` ``None``: the model's own (the last of
+    the ``test_iters`` it was trained with, the iterations its test row was scored with)."""
     if isinstance(lines, str):
         raise TypeError("lines must be a list of citation strings, not one string (wrap it in a list)")
     bad = next((i for i, line in enumerate(lines) if not isinstance(line, str)), None)
@@ -446,6 +448,7 @@ def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, m
     if not keep:
         return out
     enc = index.encode([cites[i] for i in keep])
+    max_iter = model.max_iter if max_iter is None else max_iter
     _, pred = f1_of(nonlocal_predictor(model, max_iter), index, [cites[i] for i in keep], enc)
     for i, labels in zip(keep, pred, strict=True):
         out[i] = to_nested_tags(cites[i].tokens, labels)

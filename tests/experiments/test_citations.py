@@ -254,6 +254,32 @@ def test_config_numpy_and_tensor_scalars_are_kept_as_python_numbers(tmp_path):
     assert citations.load_run(tmp_path / "model.pt")[2] == config
 
 
+def test_tag_strings_solves_with_the_iterations_the_model_was_scored_with(tmp_path, monkeypatch):
+    """tag_strings (and so --predict) ran 40 solver iterations whatever test_iters the model was trained and scored
+    with: a model of test_iters=(1, 80) tagged differently than its test row was measured."""
+    from betheproj.data.citation_features import FeatureIndex
+    from betheproj.learning import NonLocalCRF, SparseChainCRF
+
+    line = "<authors> <person> <person-last> Smith </person-last> </person> </authors> <title> A title . </title>"
+    cites, config = [parse_citation(line)] * 3, citations.CitationConfig(min_support=1, test_iters=(1, 80))
+    index = FeatureIndex(cites)
+    base = SparseChainCRF(index.num_features, len(index.labels)).double()
+    constraints, order, formats = citations.templates(cites, index.labels, config)
+    model = citations.constraint_model(base, constraints, config, order, formats)
+    citations.save_model(tmp_path / "model.pt", index, model, constraints, config, order, formats)
+    index, model = citations.load_model(tmp_path / "model.pt")
+    seen, infer = [], NonLocalCRF.infer
+
+    def spy(self, features, lengths, max_iter=None):
+        seen.append(max_iter)
+        return infer(self, features, lengths, max_iter)
+
+    monkeypatch.setattr(NonLocalCRF, "infer", spy)
+    assert citations.tag_strings(["Smith . A title ."], index, model)[0].startswith("<")
+    citations.tag_strings(["Smith . A title ."], index, model, max_iter=3)
+    assert seen == [80, 3]
+
+
 def test_histogram_of_no_iterations_is_refused(tmp_path):
     # ZeroDivisionError (the percentages of an empty list); run() never gives one, a caller of the plot might
     pytest.importorskip("matplotlib")
