@@ -388,7 +388,17 @@ def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constr
                config: CitationConfig, order: OrderConstraints | None = None,
                formats: BigramExclusions | None = None) -> None:
     """Write everything :func:`load_model` needs to tag new citations (``OSError`` naming ``path`` when it cannot be
-    written)."""
+    written).  ``index``, ``constraints``, ``order`` and ``formats`` must be those ``model`` was built with (its
+    features, labels and one weight per template), or the file would not load: a ValueError here."""
+    templates_ = len(constraints) + len(order or []) + len(formats or [])
+    weights, labels = model.psi.value.shape[-1], model.theta.bias.shape[0]
+    if (model.theta.weights.num_embeddings, labels) != (index.num_features, len(index.labels)):
+        raise ValueError(f"model has {model.theta.weights.num_embeddings} features and {labels} labels, index "
+                         f"{index.num_features} and {len(index.labels)}: save the index the model was trained with")
+    if constraints.a.shape[-1] != labels or weights != templates_:
+        raise ValueError(f"model has {weights} template weights over {labels} labels; constraints, order and formats "
+                         f"give {templates_} over {constraints.a.shape[-1]}: pass the templates the model was built "
+                         "with (order and formats too)")
     state = {"index": index.state(), "model": model.state_dict(), "a": constraints.a, "b": constraints.b,
              "names": constraints.names, "config": asdict(config)}
     if order is not None:

@@ -18,6 +18,19 @@ DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "umass_c
 needs_data = pytest.mark.skipif(not (DATA / "training.docs.gz").is_file(), reason="../shared/data not present")
 
 
+def _small_model(config):
+    """A feature index, an untrained non-local model and its templates on three copies of one citation."""
+    from betheproj.data.citation_features import FeatureIndex
+    from betheproj.learning import SparseChainCRF
+
+    line = "<authors> <person> <person-last> Smith </person-last> </person> </authors> <title> A title . </title>"
+    cites = [parse_citation(line)] * 3
+    index = FeatureIndex(cites)
+    base = SparseChainCRF(index.num_features, len(index.labels)).double()
+    constraints, order, formats = citations.templates(cites, index.labels, config)
+    return index, citations.constraint_model(base, constraints, config, order, formats), constraints, order, formats
+
+
 def test_nested_tags_round_trip():
     line = ("<authors> <person> <first> A. </first> <last> Smith </last> </person> </authors> <title> On "
             "things . </title> <venue> <journal> J. X </journal> , <volume> 3 </volume> </venue>")
@@ -189,15 +202,29 @@ def test_a_model_file_with_weights_that_are_not_finite_is_named(tmp_path, capsys
 
 
 def test_save_model_to_a_path_that_cannot_be_written_is_an_os_error_naming_it(tmp_path):
-    from types import SimpleNamespace
-
-    import torch
-
-    index = SimpleNamespace(state=lambda: {})
-    constraints = SimpleNamespace(a=torch.zeros(1), b=torch.zeros(1), names=["c"])
+    config = citations.CitationConfig(min_support=1)
+    index, model, constraints, order, formats = _small_model(config)
     missing = tmp_path / "missing" / "model.pt"                  # torch.save raises RuntimeError here
     with pytest.raises(OSError, match=f"cannot write {missing}"):
-        citations.save_model(missing, index, torch.nn.Linear(1, 1), constraints, citations.CitationConfig())
+        citations.save_model(missing, index, model, constraints, config, order, formats)
+
+
+def test_save_model_refuses_templates_or_an_index_other_than_the_model_was_built_with(tmp_path):
+    """save_model(path, index, model, constraints, config) of a model with order and name-format templates wrote a
+    file that load_model then refused ("Error(s) in loading state_dict"); so did an index of other labels."""
+    config = citations.CitationConfig(min_support=1)
+    index, model, constraints, order, formats = _small_model(config)
+    assert len(order) > 0
+    with pytest.raises(ValueError, match=r"model has \d+ template weights over 4 labels; constraints, order and "
+                                         r"formats give \d+ over 4: pass the templates the model was built with"):
+        citations.save_model(tmp_path / "model.pt", index, model, constraints, config)
+    other = citations.FeatureIndex([parse_citation("<title> A title . </title>")])
+    with pytest.raises(ValueError, match=r"model has \d+ features and 4 labels, index \d+ and 3: save the index"):
+        citations.save_model(tmp_path / "model.pt", other, model, constraints, config, order, formats)
+    assert not (tmp_path / "model.pt").exists()
+    citations.save_model(tmp_path / "model.pt", index, model, constraints, config, order, formats)
+    assert citations.load_model(tmp_path / "model.pt")[0].labels == index.labels
+
 
 def test_cli_errors(tmp_path, capsys):
     assert main(["citations", "--out", str(tmp_path), "--predict", str(tmp_path / "missing.txt")]) == 2
@@ -236,20 +263,13 @@ def test_every_config_field_is_checked_at_construction(field, value, error):
 def test_config_numpy_and_tensor_scalars_are_kept_as_python_numbers(tmp_path):
     """CitationConfig(seed=np.int64(0)) kept np.int64: the results failed json.dumps and the saved model could not be
     loaded ("not a file torch.save wrote, or a damaged one": weights_only loading refuses NumPy scalars)."""
-    from betheproj.data.citation_features import FeatureIndex
-    from betheproj.learning import SparseChainCRF
 
     config = citations.CitationConfig(seed=np.int64(0), crf_iter=np.int32(5), margin=np.float32(0.5),
                                       psi_init=torch.tensor(0.0), min_support=np.int64(1), test_iters=[1, 2])
     settings = asdict(config)
     assert json.loads(json.dumps(settings)) == {**settings, "test_iters": [1, 2]}
     assert type(config.seed) is int and type(config.margin) is float and config.test_iters == (1, 2)
-    line = "<authors> <person> <person-last> Smith </person-last> </person> </authors> <title> A title . </title>"
-    cites = [parse_citation(line)] * 3
-    index = FeatureIndex(cites)
-    base = SparseChainCRF(index.num_features, len(index.labels)).double()
-    constraints, order, formats = citations.templates(cites, index.labels, config)
-    model = citations.constraint_model(base, constraints, config, order, formats)
+    index, model, constraints, order, formats = _small_model(config)
     citations.save_model(tmp_path / "model.pt", index, model, constraints, config, order, formats)
     assert citations.load_run(tmp_path / "model.pt")[2] == config
 
@@ -257,15 +277,10 @@ def test_config_numpy_and_tensor_scalars_are_kept_as_python_numbers(tmp_path):
 def test_tag_strings_solves_with_the_iterations_the_model_was_scored_with(tmp_path, monkeypatch):
     """tag_strings (and so --predict) ran 40 solver iterations whatever test_iters the model was trained and scored
     with: a model of test_iters=(1, 80) tagged differently than its test row was measured."""
-    from betheproj.data.citation_features import FeatureIndex
-    from betheproj.learning import NonLocalCRF, SparseChainCRF
+    from betheproj.learning import NonLocalCRF
 
-    line = "<authors> <person> <person-last> Smith </person-last> </person> </authors> <title> A title . </title>"
-    cites, config = [parse_citation(line)] * 3, citations.CitationConfig(min_support=1, test_iters=(1, 80))
-    index = FeatureIndex(cites)
-    base = SparseChainCRF(index.num_features, len(index.labels)).double()
-    constraints, order, formats = citations.templates(cites, index.labels, config)
-    model = citations.constraint_model(base, constraints, config, order, formats)
+    config = citations.CitationConfig(min_support=1, test_iters=(1, 80))
+    index, model, constraints, order, formats = _small_model(config)
     citations.save_model(tmp_path / "model.pt", index, model, constraints, config, order, formats)
     index, model = citations.load_model(tmp_path / "model.pt")
     seen, infer = [], NonLocalCRF.infer
