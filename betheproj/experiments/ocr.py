@@ -274,6 +274,22 @@ def _mean_psi(model: NonLocalCRF, pixels: Tensor, lengths: Tensor) -> float:
         return float(model.psi(pixels, lengths).mean())
 
 
+def _check_rows(rows: object) -> list[str]:
+    """``rows``, which must be a sequence of row names of :data:`ROWS`, at least one, each once."""
+    if isinstance(rows, str) or not isinstance(rows, Sequence):
+        raise TypeError(f"rows must be a sequence of row names among {tuple(ROWS)} (e.g. ['2gram']), got "
+                        f"{type(rows).__name__} {rows!r}")
+    unknown = [r for r in rows if not isinstance(r, str) or r not in ROWS]
+    if unknown:
+        raise ValueError(f"rows must be among {tuple(ROWS)}, got {unknown}")
+    if not rows:
+        raise ValueError("rows must name at least one row (with none, each fold trained its base CRF for nothing)")
+    if len(set(rows)) != len(rows):
+        raise ValueError(f"rows must name each row once (a repeated row would be listed twice in the table), got "
+                         f"{list(rows)}")
+    return list(rows)
+
+
 def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config: OCRConfig | None = None,
              progress: bool = False, log: Callable[[str], None] | None = None,
              device: str | torch.device = "cpu") -> FoldResult:
@@ -282,9 +298,7 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     config = _check_config(config)
     device = check_device("device", device)
     fold = check_int("fold", fold)
-    unknown = [r for r in rows if r not in ROWS]
-    if unknown:
-        raise ValueError(f"rows must be among {tuple(ROWS)}, got {unknown}")
+    rows = _check_rows(rows)
     if not bool((data.folds == fold).any()):
         raise ValueError(f"fold {fold} has no words (folds present: {sorted(set(data.folds.tolist()))})")
     check_folds(data, [fold], rows)              # the 55-class row's lengths, before the fold's first row trains
@@ -384,6 +398,7 @@ def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[s
     """Every requested fold (on ``device``); returns a JSON-ready dict with the per-fold results and the means."""
     config = _check_config(config)
     device = check_device("device", device)
+    rows = _check_rows(rows)
     check_folds(data, folds, rows)               # before any training, not after the folds before it
     start = time.perf_counter()
     results = []

@@ -263,7 +263,6 @@ def test_every_config_field_is_checked_at_construction(field, value, error):
 def test_config_numpy_and_tensor_scalars_are_kept_as_python_numbers(tmp_path):
     """CitationConfig(seed=np.int64(0)) kept np.int64: the results failed json.dumps and the saved model could not be
     loaded ("not a file torch.save wrote, or a damaged one": weights_only loading refuses NumPy scalars)."""
-
     config = citations.CitationConfig(seed=np.int64(0), crf_iter=np.int32(5), margin=np.float32(0.5),
                                       psi_init=torch.tensor(0.0), min_support=np.int64(1), test_iters=[1, 2])
     settings = asdict(config)

@@ -137,6 +137,28 @@ def test_training_letters_mostly_identical_are_named_before_the_fold_trains(tmp_
         ocr.run(data, [0], ["2gram", row])
 
 
+@pytest.mark.parametrize("rows, error, message", [
+    ([], ValueError, r"^rows must name at least one row"),
+    (["2gram", "Lu", "2gram"], ValueError, r"^rows must name each row once .*got \['2gram', 'Lu', '2gram'\]"),
+    ("2gram", TypeError, r"^rows must be a sequence of row names .*got str '2gram'"),
+    ([["2gram"]], ValueError, r"^rows must be among .*got \[\['2gram'\]\]"),
+])
+def test_rows_none_repeated_or_one_string_are_refused_before_a_fold_trains(tmp_path, monkeypatch, rows, error,
+                                                                             message):
+    """rows=[] trained each fold's base CRF and returned no row; a repeated row was listed twice in the table; a str
+    was read letter by letter ("got ['2', 'g', ...]"), and a list in it was an unhashable-type TypeError."""
+    def trains(*args, **kwargs):
+        raise AssertionError("the fold was trained")
+
+    write_synthetic_npz(tmp_path / "ocr_letters.npz")
+    data = load_ocr(tmp_path)
+    monkeypatch.setattr(ocr, "fit_crf", trains)
+    with pytest.raises(error, match=message):
+        ocr.run(data, [0], rows)
+    with pytest.raises(error, match=message):
+        ocr.run_fold(data, 0, rows)
+
+
 def test_run_on_synthetic_data_every_row(tmp_path):
     write_synthetic_npz(tmp_path / "ocr_letters.npz")
     data = load_ocr(tmp_path)
