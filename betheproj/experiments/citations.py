@@ -35,7 +35,7 @@ from .._checks import (
     check_positive,
     check_real,
 )
-from .._files import torch_load, torch_save
+from .._files import check_writable, torch_load, torch_save
 from ..data.citation_constraints import (
     BigramExclusions,
     Constraints,
@@ -228,7 +228,8 @@ class _Row:
 def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, progress: bool = False,
         log: Callable[[str], None] | None = None, save: str | Path | None = None) -> dict:
     """The whole experiment on the three splits; returns a JSON-ready dict of rows, curves and settings.
-    ``save`` writes the trained non-local model there (see :func:`load_model`)."""
+    ``save`` writes the trained non-local model there (see :func:`load_model`); a folder, or a path in a folder that
+    takes no new file, is a ValueError before anything trains."""
     if config is None:
         config = CitationConfig()
     if not isinstance(config, CitationConfig):
@@ -240,6 +241,10 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     for split in ("train", "dev", "test"):
         if not data.get(split):
             raise ValueError(f"data must hold a non-empty {split!r} split")
+    if save is not None:                          # before the training, not minutes into it
+        if Path(save).is_dir():
+            raise ValueError(f"save: {save} is a folder: give the model file's path (e.g. {Path(save) / 'model.pt'})")
+        check_writable(Path(save).parent, "save")
     start = time.perf_counter()
     index = FeatureIndex(data["train"])
     enc = {k: index.encode(v) for k, v in data.items()}

@@ -226,6 +226,22 @@ def test_save_model_refuses_templates_or_an_index_other_than_the_model_was_built
     assert citations.load_model(tmp_path / "model.pt")[0].labels == index.labels
 
 
+def test_run_refuses_a_save_path_it_cannot_write_before_training(tmp_path, monkeypatch):
+    """run(data, save=...) with a missing folder or a folder for the file trained the whole experiment (about 4 min
+    on the full data) and only then failed, "cannot write ... (No such file or directory)" / "(Is a directory)"."""
+    def trains(*args, **kwargs):
+        raise AssertionError("the base CRF was trained")
+
+    monkeypatch.setattr(citations, "fit_crf", trains)
+    cite = parse_citation("<title> A title . </title>")
+    data = {"train": [cite], "dev": [cite], "test": [cite]}
+    with pytest.raises(ValueError, match=r"^save: cannot write in the folder .*missing \(No such file or directory\)"):
+        citations.run(data, save=tmp_path / "missing" / "model.pt")
+    with pytest.raises(ValueError, match=r"^save: .* is a folder: give the model file's path \(e\.g\. .*model\.pt\)"):
+        citations.run(data, save=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_errors(tmp_path, capsys):
     assert main(["citations", "--out", str(tmp_path), "--predict", str(tmp_path / "missing.txt")]) == 2
     assert "expected a file of raw citations, one a line, at " in capsys.readouterr().err
