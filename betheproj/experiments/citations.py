@@ -241,6 +241,10 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     for split in ("train", "dev", "test"):
         if not data.get(split):
             raise ValueError(f"data must hold a non-empty {split!r} split")
+        bare = next((i for i, c in enumerate(check_citations(data[split])) if not c.tokens), None)
+        if bare is not None:                      # train: a CRF length error; dev, test: after the training
+            raise ValueError(f"data[{split!r}][{bare}] has no tokens: every citation must hold one (read_citations "
+                             "skips the lines of tags alone)")
     if save is not None:                          # before the training, not minutes into it
         if Path(save).is_dir():
             raise ValueError(f"save: {save} is a folder: give the model file's path (e.g. {Path(save) / 'model.pt'})")

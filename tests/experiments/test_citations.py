@@ -242,6 +242,22 @@ def test_run_refuses_a_save_path_it_cannot_write_before_training(tmp_path, monke
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("split", ["train", "dev", "test"])
+def test_run_refuses_a_citation_without_tokens_before_training(monkeypatch, split):
+    """A tokenless citation (parse_citation of a line of tags alone) in train failed in the CRF as "lengths must lie
+    in [1, N]", naming no citation; in dev or test only after the base CRF had trained, as "citations[20] has no
+    tokens"."""
+    def trains(*args, **kwargs):
+        raise AssertionError("the base CRF was trained")
+
+    monkeypatch.setattr(citations, "fit_crf", trains)
+    cite = parse_citation("<title> A title . </title>")
+    data = {"train": [cite, cite], "dev": [cite, cite], "test": [cite, cite]}
+    data[split] = [cite, parse_citation("<title> </title>")]
+    with pytest.raises(ValueError, match=rf"^data\['{split}'\]\[1\] has no tokens: every citation must hold one"):
+        citations.run(data)
+
+
 def test_cli_errors(tmp_path, capsys):
     assert main(["citations", "--out", str(tmp_path), "--predict", str(tmp_path / "missing.txt")]) == 2
     assert "expected a file of raw citations, one a line, at " in capsys.readouterr().err
