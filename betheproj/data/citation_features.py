@@ -119,6 +119,14 @@ class FeatureIndex:
             obj.lexicon = {w: set(v) for w, v in state["lexicon"].items()}
             if "O" not in obj.labels:                 # encode maps unseen labels to it
                 raise ValueError(f"labels must hold 'O', got {obj.labels[:5]}")
+            if len(set(obj.labels)) != len(obj.labels) or not all(isinstance(y, str) for y in obj.labels):
+                raise ValueError(f"labels must be distinct strings (one id each), got {obj.labels[:5]}...")
+            if sorted(obj.features.values()) != list(range(1, len(obj.features) + 1)):   # the weight table's rows
+                raise ValueError(f"features must number the {len(obj.features)} features 1..{len(obj.features)}, "
+                                 "each once")
+            if not all(isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)
+                       for v in state["lexicon"].values()):
+                raise ValueError("lexicon must map each word to a list of field names")
         except KeyError as err:
             raise ValueError(f"state: a malformed feature index state (it lacks {err})") from None
         except (TypeError, ValueError, AttributeError) as err:

@@ -115,3 +115,19 @@ def test_a_malformed_state_is_a_value_error_naming_the_state():
                        ({**state, "labels": ["B-title"]}, "labels must hold 'O'")):
         with pytest.raises(ValueError, match=f"state: a malformed feature index state .*{match}"):
             FeatureIndex.from_state(bad)
+
+
+def test_a_state_whose_features_labels_or_lexicon_do_not_number_or_name_one_thing_each_is_refused():
+    """A feature id out of 1..F loaded and failed at tagging as "features must be indices in [0, 70)"; two features
+    of one id, a label list naming 'O' twice, and a lexicon entry "title" (read as the fields t, i, l, e) loaded
+    and tagged silently."""
+    good = parse_citation("<title> a b </title> <year> 2001 </year> <title> a </title>")
+    state = FeatureIndex([good], lexicon_count=1).state()
+    first, second = list(state["features"])[:2]
+    for bad, match in (({**state, "features": {**state["features"], first: 10 ** 6}}, r"features must number the"),
+                       ({**state, "features": {**state["features"], second: state["features"][first]}},
+                        r"features must number the \d+ features 1\.\.\d+, each once"),
+                       ({**state, "labels": ["O", *state["labels"]]}, r"labels must be distinct strings"),
+                       ({**state, "lexicon": {**state["lexicon"], "a": "title"}}, r"lexicon must map each word")):
+        with pytest.raises(ValueError, match=f"state: a malformed feature index state .*{match}"):
+            FeatureIndex.from_state(bad)
