@@ -80,7 +80,7 @@ class CitationConfig:
     format_together: float | None = 0.01   # name-format templates: largest share of citations with both bigrams
     hinge_width: float = 1.0        # smoothed hinge width
     margin: float = 0.0             # offset added to every bound b_j
-    psi_init: float = 0.0
+    psi_init: float = 0.0           # initial c (>= 0: a negative c gets no gradient through max(c, 0))
     psi_lr: float = 0.05            # Algorithm 3 on dev: Adam on c, theta fixed
     batch_size: int = 16
     epochs: int = 5
@@ -99,8 +99,11 @@ class CitationConfig:
             setattr(self, name, check_nonnegative(name, getattr(self, name)))
         for name in ("hinge_width", "psi_lr"):
             setattr(self, name, check_positive(name, getattr(self, name)))
-        for name in ("margin", "psi_init"):
-            setattr(self, name, check_real(name, getattr(self, name)))
+        self.margin = check_real("margin", self.margin)
+        self.psi_init = check_real("psi_init", self.psi_init)
+        if self.psi_init < 0:
+            raise ValueError(f"psi_init must be >= 0, got {self.psi_init:g}: the weights c enter as max(c, 0), so from "
+                             "a negative start they get no gradient and the non-local row stays the baseline")
         self.min_agreement = check_real("min_agreement", self.min_agreement, 0.0, 1.0, low_open=True)
         for name in ("length_agreement", "order_agreement"):
             if getattr(self, name) is not None:

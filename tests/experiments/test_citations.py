@@ -279,6 +279,8 @@ def test_cli_errors(tmp_path, capsys):
     ("batch_size", 0, ValueError), ("epochs", True, TypeError), ("train_iter", -1, ValueError),
     ("crf_l2", -1e-3, ValueError), ("crf_gamma", float("nan"), ValueError), ("hinge_width", 0.0, ValueError),
     ("psi_lr", -1.0, ValueError), ("margin", float("inf"), ValueError), ("psi_init", "0", TypeError),
+    # c enters as max(c, 0): from psi_init=-0.5 no weight moved (0 of 317 active), non-local F1 = baseline's
+    ("psi_init", -0.5, ValueError),
     ("min_agreement", 0.0, ValueError), ("min_agreement", 1.5, ValueError), ("length_agreement", 2.0, ValueError),
     ("order_agreement", 0.0, ValueError), ("format_together", -0.1, ValueError), ("format_together", 1.0, ValueError),
     ("crf_loss", "svm", ValueError),
