@@ -52,8 +52,17 @@ def _context(tokens: Sequence[str], lower: Sequence[str], years: Sequence[bool])
     return out
 
 
+def _check_tokens(tokens: object, name: str = "tokens") -> None:
+    if isinstance(tokens, str) or not isinstance(tokens, Sequence):
+        raise TypeError(f"{name} must be a sequence of strings (one a token), got {type(tokens).__name__} {tokens!r}")
+    bad = next((i for i, t in enumerate(tokens) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise TypeError(f"{name}[{bad}] must be a str, got {type(tokens[bad]).__name__} {tokens[bad]!r}")
+
+
 def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = None) -> list[list[str]]:
-    """The feature strings of every token of a citation."""
+    """The feature strings of every token of a citation (``tokens``: a list of strings, not one string)."""
+    _check_tokens(tokens)
     n = len(tokens)
     lower = [t.lower() for t in tokens]
     shape = [_shape(t, 1) for t in tokens]
@@ -93,7 +102,8 @@ class FeatureIndex:
         citations = check_citations(citations, empty=False)
         min_count, lexicon_count = check_count("min_count", min_count), check_count("lexicon_count", lexicon_count)
         leaves: dict[str, Counter] = defaultdict(Counter)
-        for c in citations:
+        for i, c in enumerate(citations):
+            _check_tokens(c.tokens, f"citations[{i}].tokens")
             for tok, path in zip(c.tokens, c.paths, strict=True):
                 if path:
                     leaves[tok.lower()][path[-1]] += 1

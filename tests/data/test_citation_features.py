@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from betheproj.data.citation_features import FeatureIndex, token_features
-from betheproj.data.citations import parse_citation
+from betheproj.data.citations import Citation, parse_citation
 from betheproj.learning import SparseChainCRF, fit_crf
 from betheproj.learning.metrics import segment_f1
 from betheproj.oracles import LinearChain
@@ -78,6 +78,18 @@ def test_inputs_of_the_wrong_kind_are_type_errors():
     assert index.encode([])[2].dtype == torch.long
     with pytest.raises(TypeError, match="line must be a str, got NoneType"):
         parse_citation(None)
+
+
+def test_token_features_of_one_string_or_tokens_that_are_no_strings_are_type_errors():
+    """token_features("Smith") gave the features of five one-letter tokens ("w=S", ...); a citation with an int token
+    failed FeatureIndex as "'int' object has no attribute 'lower'"."""
+    with pytest.raises(TypeError, match=r"tokens must be a sequence of strings \(one a token\), got str 'Smith'"):
+        token_features("Smith")
+    with pytest.raises(TypeError, match=r"tokens\[1\] must be a str, got int 3"):
+        token_features(["a", 3])
+    with pytest.raises(TypeError, match=r"citations\[1\]\.tokens\[0\] must be a str, got int 1"):
+        FeatureIndex([parse_citation("<title> A </title>"), Citation([1], [("title",)], ["B-title"])])
+    assert token_features(("a", "b")) == token_features(["a", "b"])
 
 
 def test_counts_of_the_feature_index_are_checked():
