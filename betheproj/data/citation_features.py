@@ -11,6 +11,7 @@ twice), and three flags of what came before: an ``in`` (venues follow it), a yea
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
@@ -61,8 +62,11 @@ def _check_tokens(tokens: object, name: str = "tokens") -> None:
 
 
 def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = None) -> list[list[str]]:
-    """The feature strings of every token of a citation (``tokens``: a list of strings, not one string)."""
+    """The feature strings of every token of a citation (``tokens``: a list of strings, not one string), read in
+    Unicode NFC: a decomposed ``e`` + combining circumflex (text copied from a PDF) is featurised as the ``ê`` of
+    the data (whose tokens are all NFC)."""
     _check_tokens(tokens)
+    tokens = [unicodedata.normalize("NFC", t) for t in tokens]
     n = len(tokens)
     lower = [t.lower() for t in tokens]
     shape = [_shape(t, 1) for t in tokens]
