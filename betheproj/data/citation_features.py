@@ -110,7 +110,7 @@ class FeatureIndex:
             _check_tokens(c.tokens, f"citations[{i}].tokens")
             for tok, path in zip(c.tokens, c.paths, strict=True):
                 if path:
-                    leaves[tok.lower()][path[-1]] += 1
+                    leaves[unicodedata.normalize("NFC", tok).lower()][path[-1]] += 1     # as token_features reads it
         self.lexicon = {w: {leaf for leaf, k in cnt.items() if k >= lexicon_count} for w, cnt in leaves.items()}
         counts = Counter(f for c in citations for fs in token_features(c.tokens, self.lexicon) for f in fs)
         self.features = {f: i + 1 for i, f in enumerate(sorted(f for f, k in counts.items() if k >= min_count))}

@@ -104,6 +104,10 @@ def test_decomposed_unicode_is_featurised_as_the_composed_form():
     assert cite.tokens == ["Duche\u0302ne"]                       # the token itself is kept as written
     same = parse_citation("<authors> <person> <person-last> Duch\u00eane </person-last> </person> </authors>")
     assert index.encode([cite])[0].tolist() == index.encode([same])[0].tolist()
+    # the lexicon of decomposed training words is looked up by the composed form too
+    index = FeatureIndex([cite, cite])
+    assert index.lexicon == {"duch\u00eane": {"person-last"}}
+    assert index.encode([same])[0].tolist() == index.encode([cite])[0].tolist()
 
 
 def test_counts_of_the_feature_index_are_checked():
