@@ -299,6 +299,8 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     device = check_device("device", device)
     fold = check_int("fold", fold)
     rows = _check_rows(rows)
+    if not isinstance(data, OCRData):
+        raise TypeError(f"data must be an OCRData (as load_ocr returns), got {type(data).__name__}")
     if not bool((data.folds == fold).any()):
         raise ValueError(f"fold {fold} has no words (folds present: {sorted(set(data.folds.tolist()))})")
     check_folds(data, [fold], rows)              # the 55-class row's lengths, before the fold's first row trains
@@ -368,6 +370,8 @@ def check_folds(data: OCRData, folds: Sequence[int], rows: Sequence[str] = ()) -
     leaves some to train on; with the 55-class row among ``rows``, unless each fold's words have lengths its training
     words have (its classes are the training words: a test word of another length has none, an error only met after
     the other rows)."""
+    if not isinstance(data, OCRData):
+        raise TypeError(f"data must be an OCRData (as load_ocr returns), got {type(data).__name__}")
     if isinstance(folds, str) or not isinstance(folds, Sequence):
         raise TypeError(f"folds must be a sequence of fold numbers (e.g. [0, 1]), got {type(folds).__name__} {folds!r}")
     folds = [check_int(f"folds[{i}]", f) for i, f in enumerate(folds)]

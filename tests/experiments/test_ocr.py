@@ -159,6 +159,14 @@ def test_rows_none_repeated_or_one_string_are_refused_before_a_fold_trains(tmp_p
         ocr.run_fold(data, 0, rows)
 
 
+@pytest.mark.parametrize("data", [None, {"pixels": torch.zeros(1)}], ids=["None", "dict"])
+def test_data_of_another_type_is_a_type_error_naming_data(data):
+    """ocr.run(None, [0]), run_fold and check_folds raised "'NoneType' object has no attribute 'folds'"."""
+    for call in (lambda: ocr.run(data, [0]), lambda: ocr.run_fold(data, 0), lambda: ocr.check_folds(data, [0])):
+        with pytest.raises(TypeError, match=r"^data must be an OCRData \(as load_ocr returns\), got "):
+            call()
+
+
 def test_run_on_synthetic_data_every_row(tmp_path):
     write_synthetic_npz(tmp_path / "ocr_letters.npz")
     data = load_ocr(tmp_path)
