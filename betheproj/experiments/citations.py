@@ -396,17 +396,23 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
     return " ".join(out)
 
 
+def _check_index(index: FeatureIndex, model: NonLocalCRF, what: str) -> None:
+    """``ValueError`` unless ``model`` has the features and labels of ``index`` (the one it was trained with)."""
+    features, labels = model.theta.weights.num_embeddings, model.theta.bias.shape[0]
+    if (features, labels) != (index.num_features, len(index.labels)):
+        raise ValueError(f"model has {features} features and {labels} labels, index {index.num_features} and "
+                         f"{len(index.labels)}: {what} the index the model was trained with")
+
+
 def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constraints: Constraints,
                config: CitationConfig, order: OrderConstraints | None = None,
                formats: BigramExclusions | None = None) -> None:
     """Write everything :func:`load_model` needs to tag new citations (``OSError`` naming ``path`` when it cannot be
     written).  ``index``, ``constraints``, ``order`` and ``formats`` must be those ``model`` was built with (its
     features, labels and one weight per template), or the file would not load: a ValueError here."""
+    _check_index(index, model, "save")
     templates_ = len(constraints) + len(order or []) + len(formats or [])
     weights, labels = model.psi.value.shape[-1], model.theta.bias.shape[0]
-    if (model.theta.weights.num_embeddings, labels) != (index.num_features, len(index.labels)):
-        raise ValueError(f"model has {model.theta.weights.num_embeddings} features and {labels} labels, index "
-                         f"{index.num_features} and {len(index.labels)}: save the index the model was trained with")
     if constraints.a.shape[-1] != labels or weights != templates_:
         raise ValueError(f"model has {weights} template weights over {labels} labels; constraints, order and formats "
                          f"give {templates_} over {constraints.a.shape[-1]}: pass the templates the model was built "
@@ -463,6 +469,7 @@ def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, m
     bad = next((i for i, line in enumerate(lines) if not isinstance(line, str)), None)
     if bad is not None:
         raise TypeError(f"lines[{bad}] must be a str, got {type(lines[bad]).__name__}")
+    _check_index(index, model, "tag with")
     words = [tokenize_citation(line) for line in lines]
     cites = [Citation(w, [()] * len(w), ["O"] * len(w)) for w in words]
     keep = [i for i, c in enumerate(cites) if c.tokens]

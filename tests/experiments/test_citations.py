@@ -226,6 +226,18 @@ def test_save_model_refuses_templates_or_an_index_other_than_the_model_was_built
     assert citations.load_model(tmp_path / "model.pt")[0].labels == index.labels
 
 
+def test_tag_strings_refuses_an_index_other_than_the_models():
+    """An index of 27 features and 3 labels with a model of 70 and 4 tagged silently, reading the model's label ids
+    in the other list ("<person-first> T </person-first>")."""
+    index, model, *_ = _small_model(citations.CitationConfig(min_support=1))
+    other = citations.FeatureIndex([parse_citation("<authors> <person> <person-first> A </person-first> </person> "
+                                                   "</authors> <title> T </title>")])
+    with pytest.raises(ValueError, match=r"^model has 70 features and 4 labels, index 27 and 3: tag with the index "
+                                         r"the model was trained with$"):
+        citations.tag_strings(["A T"], other, model)
+    assert citations.tag_strings(["A T"], index, model)[0].startswith("<")
+
+
 def test_run_refuses_a_save_path_it_cannot_write_before_training(tmp_path, monkeypatch):
     """run(data, save=...) with a missing folder or a folder for the file trained the whole experiment (about 4 min
     on the full data) and only then failed, "cannot write ... (No such file or directory)" / "(Is a directory)"."""
