@@ -283,6 +283,9 @@ def bigram_exclusions(citations: Sequence[Citation], labels: Sequence[str], min_
     citations = check_citations(citations, empty=False)
     max_together = check_real("max_together", max_together, 0.0, 1.0, high_open=True)
     min_support = check_count("min_support", min_support)
+    if not isinstance(within, str) or not within:
+        raise TypeError(f"within must be a group's tag name (a non-empty str such as 'person'), got "
+                        f"{type(within).__name__} {within!r}")
     ids, o = _label_ids(labels)
     c = len(labels)
     under = [within in label.removeprefix("B-").removeprefix("I-").split("/") for label in labels]

@@ -227,6 +227,9 @@ def test_errors(cites):
                 make(bad, labels_of(cites))
         with pytest.raises(ValueError, match="labels must be a list of labels holding 'O'"):
             make(cites, None)
+    for bad in (None, "", ["person"]):          # None and [..] gave no template, silently; "" none either
+        with pytest.raises(TypeError, match=r"within must be a group's tag name \(a non-empty str"):
+            bigram_exclusions(cites, labels_of(cites), min_support=1, within=bad)
     con = citation_constraints(cites, labels_of(cites))
     with pytest.raises(ValueError, match=r"counts must be label counts \[B, C="):
         con.violations(torch.zeros(len(labels_of(cites))))                         # 1-D: was [J], silently
