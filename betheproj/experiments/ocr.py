@@ -290,6 +290,11 @@ def _check_rows(rows: object) -> list[str]:
     return list(rows)
 
 
+def _check_log(log: object) -> None:
+    if log is not None and not callable(log):
+        raise TypeError(f"log must be None or a callable taking one str (e.g. print), got {type(log).__name__} {log!r}")
+
+
 def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config: OCRConfig | None = None,
              progress: bool = False, log: Callable[[str], None] | None = None,
              device: str | torch.device = "cpu") -> FoldResult:
@@ -299,6 +304,7 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     device = check_device("device", device)
     fold = check_int("fold", fold)
     rows = _check_rows(rows)
+    _check_log(log)
     if not isinstance(data, OCRData):
         raise TypeError(f"data must be an OCRData (as load_ocr returns), got {type(data).__name__}")
     if not bool((data.folds == fold).any()):
@@ -403,6 +409,7 @@ def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[s
     config = _check_config(config)
     device = check_device("device", device)
     rows = _check_rows(rows)
+    _check_log(log)
     check_folds(data, folds, rows)               # before any training, not after the folds before it
     start = time.perf_counter()
     results = []

@@ -270,6 +270,13 @@ def test_run_refuses_a_citation_without_tokens_before_training(monkeypatch, spli
         citations.run(data)
 
 
+def test_run_refuses_a_log_that_is_not_callable():
+    """run(data, log="log.txt") failed as "'str' object is not callable", naming no argument."""
+    cite = parse_citation("<title> A title . </title>")
+    with pytest.raises(TypeError, match=r"^log must be None or a callable taking one str \(e\.g\. print\), got str"):
+        citations.run({"train": [cite], "dev": [cite], "test": [cite]}, log="log.txt")
+
+
 def test_cli_errors(tmp_path, capsys):
     assert main(["citations", "--out", str(tmp_path), "--predict", str(tmp_path / "missing.txt")]) == 2
     assert "expected a file of raw citations, one a line, at " in capsys.readouterr().err

@@ -167,6 +167,21 @@ def test_data_of_another_type_is_a_type_error_naming_data(data):
             call()
 
 
+def test_a_log_that_is_not_callable_is_refused_before_a_fold_trains(tmp_path, monkeypatch):
+    """ocr.run(..., log="log.txt") trained the fold's base CRF, then failed as "'str' object is not callable"."""
+    def trains(*args, **kwargs):
+        raise AssertionError("the fold was trained")
+
+    write_synthetic_npz(tmp_path / "ocr_letters.npz")
+    data = load_ocr(tmp_path)
+    monkeypatch.setattr(ocr, "fit_crf", trains)
+    for call in (lambda: ocr.run(data, [0], ["2gram"], log="log.txt"),
+                 lambda: ocr.run_fold(data, 0, ["2gram"], log="log.txt")):
+        with pytest.raises(TypeError, match=r"^log must be None or a callable taking one str \(e\.g\. print\), got "
+                                            r"str 'log\.txt'$"):
+            call()
+
+
 def test_run_on_synthetic_data_every_row(tmp_path):
     write_synthetic_npz(tmp_path / "ocr_letters.npz")
     data = load_ocr(tmp_path)
