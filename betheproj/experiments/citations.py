@@ -131,6 +131,9 @@ def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citati
     if bare is not None:
         raise ValueError(f"citations[{bare}] has no tokens: every citation scored must hold one")
     x, _, n = encoded
+    if n.tolist() != [len(c.tokens) for c in citations]:
+        raise ValueError(f"encoded must be index.encode(citations): its lengths {n.tolist()[:5]} are not the "
+                         f"citations' token counts {[len(c.tokens) for c in citations][:5]}")
     pred: list[list[str]] = [[] for _ in citations]
     with torch.no_grad():
         for idx, width in length_chunks(n, chunk_size):

@@ -95,6 +95,19 @@ def test_f1_of_refuses_no_citations_and_citations_without_tokens():
         citations.f1_of(predict, index, bad, index.encode(bad))
 
 
+def test_f1_of_refuses_an_encoding_of_other_citations():
+    """An encoding of [a, b] scored against [a] was an IndexError "list assignment index out of range", and one of
+    [b, a] against [a, b] "sequence 0: gold has 3 labels, predicted 1"."""
+    index, model, *_ = _small_model(citations.CitationConfig(min_support=1))
+    a = parse_citation("<title> A title . </title>")
+    b = parse_citation("<authors> <person> <person-last> Smith </person-last> </person> </authors>")
+    predict = citations.viterbi_predictor(model.theta)
+    for cites, encoded in (([a], index.encode([a, b])), ([a, b], index.encode([b, a]))):
+        with pytest.raises(ValueError, match=r"^encoded must be index.encode\(citations\): its lengths \[\d"):
+            citations.f1_of(predict, index, cites, encoded)
+    assert len(citations.f1_of(predict, index, [a, b], index.encode([a, b]))[1]) == 2
+
+
 def test_run_refuses_a_config_or_data_of_another_type():
     """A dict of settings was an AttributeError on 'seed' (and an empty one silently the defaults), a list of
     splits an AttributeError on 'get'."""
