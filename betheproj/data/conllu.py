@@ -106,19 +106,26 @@ class Sentence:
         return Sentence(list(self.comments), words, [(k, list(c)) for k, c in self.extra], self.line)
 
 
-def head_cycle(heads: Sequence[int] | np.ndarray) -> list[int] | None:
-    """The words (1-based) of a cycle of ``heads`` (the HEAD of words ``1..n``, each in ``0..n``), in the order a
-    walk up the heads meets them, or ``None`` when every word's head chain reaches the root 0 (``TypeError`` /
-    ``ValueError`` for heads that are not integers in ``0..n``)."""
+def _head_array(heads: Sequence[int] | np.ndarray, bounded: bool = False) -> np.ndarray:
+    """``heads`` (the HEAD of words ``1..n``) as a 1-D int64 array: ``TypeError`` unless integers (a float 1.5
+    would be read as 1), ``ValueError`` for another shape and, with ``bounded``, for a head outside ``0..n``."""
     array = np.asarray(heads)
     if array.size and array.dtype.kind not in "iu":
         raise TypeError(f"heads must be integers, got {array.dtype}")
     if array.ndim != 1:
         raise ValueError(f"heads must be one head per word (1-D), got shape {array.shape}")
     n = len(array)
-    if n and (array.min() < 0 or array.max() > n):
+    if bounded and n and (array.min() < 0 or array.max() > n):
         raise ValueError(f"heads must lie in [0, {n}], got {int(array.min() if array.min() < 0 else array.max())}")
-    parent = array.tolist()
+    return array.astype(np.int64)
+
+
+def head_cycle(heads: Sequence[int] | np.ndarray) -> list[int] | None:
+    """The words (1-based) of a cycle of ``heads`` (the HEAD of words ``1..n``, each in ``0..n``), in the order a
+    walk up the heads meets them, or ``None`` when every word's head chain reaches the root 0 (``TypeError`` /
+    ``ValueError`` for heads that are not integers in ``0..n``)."""
+    parent = _head_array(heads, bounded=True).tolist()
+    n = len(parent)
     state = [0] * (n + 1)                                # 0 unseen, 1 on the current walk, 2 reaches the root
     state[0] = 2
     for start in range(1, n + 1):

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .._checks import check_bool, check_count
 from .._files import torch_load, torch_save
-from ..data.conllu import Sentence, head_cycle
+from ..data.conllu import Sentence, _head_array, head_cycle
 from ..learning.losses import resolve_loss
 from ..learning.online import SparseExample, fit_online
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
@@ -82,17 +82,6 @@ def _check_saved_weights(path: str | Path, name: str, weights: Tensor) -> None:
         raise ValueError(f"{path}: {name} hold NaN or infinite values")
 
 
-def _head_array(heads: Sequence[int] | np.ndarray) -> np.ndarray:
-    """``heads`` as a 1-D int64 array: ``TypeError`` unless integers (a float 1.5 would be read as 1),
-    ``ValueError`` for another shape."""
-    array = np.asarray(heads)
-    if array.size and array.dtype.kind not in "iu":
-        raise TypeError(f"heads must be integers, got {array.dtype}")
-    if array.ndim != 1:
-        raise ValueError(f"heads must be one head per word (1-D), got shape {array.shape}")
-    return array.astype(np.int64)
-
-
 def tree_error(heads: Sequence[int] | np.ndarray, single_root: bool = False) -> str | None:
     """Why ``heads`` (the HEAD of words ``1..n``, 0 = root; integers) is not a dependency tree rooted at 0 (with
     ``single_root``: with exactly one word attached to 0), or ``None`` if it is one."""
@@ -124,10 +113,7 @@ def is_projective(heads: Sequence[int] | np.ndarray) -> bool:
     ``h -> m`` whose spans ``[min(h, m), max(h, m)]`` overlap without one containing the other (the root arcs
     included, so every word lies under its root arc's span or outside it).  ``ValueError`` for a head outside
     ``0..n``."""
-    heads = _head_array(heads)
-    if len(heads) and (heads.min() < 0 or heads.max() > len(heads)):
-        raise ValueError(f"heads must lie in [0, {len(heads)}], got "
-                         f"{int(heads.min() if heads.min() < 0 else heads.max())}")
+    heads = _head_array(heads, bounded=True)
     words = np.arange(1, len(heads) + 1)
     lo, hi = np.minimum(heads, words), np.maximum(heads, words)
     # arcs a, b cross iff lo_a < lo_b < hi_a < hi_b
