@@ -12,8 +12,8 @@ from numbers import Integral, Real
 import numpy as np
 import torch
 
-__all__ = ["check_bool", "check_count", "check_device", "check_float_dtype", "check_int", "check_nonnegative",
-           "check_positive", "check_real", "check_seed"]
+__all__ = ["check_bool", "check_count", "check_device", "check_float_dtype", "check_int", "check_log",
+           "check_nonnegative", "check_positive", "check_real", "check_seed"]
 
 SEED_MAX = 2 ** 63 - 1          # the seeds of the command line; torch wraps larger ones, NumPy counts in int64
 
@@ -92,6 +92,12 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool | np.bool_):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return bool(value)
+
+
+def check_log(log: object) -> None:
+    """A ``TypeError`` unless ``log`` is ``None`` or a callable (the experiments' progress lines go to it)."""
+    if log is not None and not callable(log):
+        raise TypeError(f"log must be None or a callable taking one str (e.g. print), got {type(log).__name__} {log!r}")
 
 
 def check_increasing_counts(name: str, values: object) -> tuple[int, ...]:

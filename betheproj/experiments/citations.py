@@ -31,6 +31,7 @@ from .._checks import (
     check_count,
     check_increasing_counts,
     check_int,
+    check_log,
     check_nonnegative,
     check_positive,
     check_real,
@@ -241,8 +242,7 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     if not isinstance(config, CitationConfig):
         raise TypeError(f"config must be a CitationConfig or None, got {type(config).__name__} (a dict of settings: "
                         "CitationConfig(**settings))")
-    if log is not None and not callable(log):
-        raise TypeError(f"log must be None or a callable taking one str (e.g. print), got {type(log).__name__} {log!r}")
+    check_log(log)
     if not isinstance(data, dict):
         raise TypeError(f"data must be a dict of splits {{'train': [...], 'dev': [...], 'test': [...]}} (as "
                         f"load_citations returns), got {type(data).__name__}")

@@ -32,6 +32,7 @@ from .._checks import (
     check_device,
     check_increasing_counts,
     check_int,
+    check_log,
     check_nonnegative,
     check_positive,
     check_real,
@@ -290,9 +291,9 @@ def _check_rows(rows: object) -> list[str]:
     return list(rows)
 
 
-def _check_log(log: object) -> None:
-    if log is not None and not callable(log):
-        raise TypeError(f"log must be None or a callable taking one str (e.g. print), got {type(log).__name__} {log!r}")
+def _check_data(data: object) -> None:
+    if not isinstance(data, OCRData):
+        raise TypeError(f"data must be an OCRData (as load_ocr returns), got {type(data).__name__}")
 
 
 def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config: OCRConfig | None = None,
@@ -304,9 +305,8 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     device = check_device("device", device)
     fold = check_int("fold", fold)
     rows = _check_rows(rows)
-    _check_log(log)
-    if not isinstance(data, OCRData):
-        raise TypeError(f"data must be an OCRData (as load_ocr returns), got {type(data).__name__}")
+    check_log(log)
+    _check_data(data)
     if not bool((data.folds == fold).any()):
         raise ValueError(f"fold {fold} has no words (folds present: {sorted(set(data.folds.tolist()))})")
     check_folds(data, [fold], rows)              # the 55-class row's lengths, before the fold's first row trains
@@ -376,8 +376,7 @@ def check_folds(data: OCRData, folds: Sequence[int], rows: Sequence[str] = ()) -
     leaves some to train on; with the 55-class row among ``rows``, unless each fold's words have lengths its training
     words have (its classes are the training words: a test word of another length has none, an error only met after
     the other rows)."""
-    if not isinstance(data, OCRData):
-        raise TypeError(f"data must be an OCRData (as load_ocr returns), got {type(data).__name__}")
+    _check_data(data)
     if isinstance(folds, str) or not isinstance(folds, Sequence):
         raise TypeError(f"folds must be a sequence of fold numbers (e.g. [0, 1]), got {type(folds).__name__} {folds!r}")
     folds = [check_int(f"folds[{i}]", f) for i, f in enumerate(folds)]
@@ -409,7 +408,7 @@ def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[s
     config = _check_config(config)
     device = check_device("device", device)
     rows = _check_rows(rows)
-    _check_log(log)
+    check_log(log)
     check_folds(data, folds, rows)               # before any training, not after the folds before it
     start = time.perf_counter()
     results = []
