@@ -153,6 +153,11 @@ def _default_features(x: Any, z: Any) -> np.ndarray:
     return np.asarray(x.features(z), dtype=np.float64)
 
 
+def _check_map_fn(map_fn: object) -> None:
+    if not callable(map_fn):
+        raise TypeError(f"map_fn must be callable (x, w) -> prediction, got {type(map_fn).__name__}")
+
+
 def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *, epochs: int = 10,
                           averaged: bool = False, step: float = 1.0, initial: np.ndarray | None = None,
                           features: Callable[[Any, Any], np.ndarray] | None = None,
@@ -167,8 +172,7 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
     ``initial``).  ``shuffle``: visit the examples in a fresh random order each epoch.  ``stop_when_separated``:
     stop after the first epoch without a mistake."""
     data = _check_examples(examples)
-    if not callable(map_fn):
-        raise TypeError(f"map_fn must be callable (x, w) -> prediction, got {type(map_fn).__name__}")
+    _check_map_fn(map_fn)
     epochs, step = check_count("epochs", epochs), check_positive("step", step)
     averaged, shuffle = check_bool("averaged", averaged), check_bool("shuffle", shuffle)
     stop_when_separated = check_bool("stop_when_separated", stop_when_separated)
@@ -243,8 +247,7 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
 def predict(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, w: np.ndarray) -> list[bool]:
     """Whether ``map_fn(x, w)`` returns exactly the gold labelling, per example (fractional = wrong)."""
     data = _check_examples(examples)
-    if not callable(map_fn):
-        raise TypeError(f"map_fn must be callable (x, w) -> prediction, got {type(map_fn).__name__}")
+    _check_map_fn(map_fn)
     try:
         w = np.array(_as_array(w), dtype=np.float64)
     except (TypeError, ValueError) as err:
