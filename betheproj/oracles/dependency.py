@@ -189,6 +189,14 @@ def _column_max(s: Tensor) -> Tensor:
     return _finite_max(s, 1)
 
 
+def _shifted_columns(s: Tensor) -> tuple[Tensor, Tensor]:
+    """Head-major scores with each modifier's column less its best arc (range-checked, :func:`_check_range`), and
+    those maxima [B, N] of words ``1..N``: ``log Z`` is the shifted one plus their sum."""
+    top = _column_max(s)
+    _check_range(s, top)
+    return s - top, top[:, 0, 1:]
+
+
 class DependencyMarginals(Marginals):
     """Arc marginals ``node[b, m-1, h] = P(head(m) = h)`` [B, N, N+1] with the (masked) potentials they came from.
 
@@ -289,13 +297,11 @@ class _DependencyOracle:
         differentiable (as the chain's): :meth:`log_partition` is the differentiable ``log Z``."""
         scores, lengths = self._scores(potentials)
         scores = scores.detach()          # else log Z and the entropy would carry the column shifts' gradient
-        top = _column_max(scores)
-        _check_range(scores, top)
+        shifted, shift = _shifted_columns(scores)
         with torch.no_grad():
-            shifted_log_z, marg = self._marginals_core(scores - top, lengths)
+            shifted_log_z, marg = self._marginals_core(shifted, lengths)
         node = marg[:, :, 1:].transpose(1, 2).contiguous()
         theta = scores[:, :, 1:].transpose(1, 2)
-        shift = top[:, 0, 1:]
         log_z = shifted_log_z + shift.sum(-1)
         _raise_overflow(log_z)
         return DependencyMarginals(node, log_z, lengths, theta, self._structure(), shift, shifted_log_z)

@@ -31,7 +31,6 @@ from torch import Tensor
 
 from .dependency import (
     _check_range,
-    _column_max,
     _DependencyOracle,
     _differentiable,
     _lse,
@@ -40,6 +39,7 @@ from .dependency import (
     _prepare,
     _raise_no_tree,
     _raise_overflow,
+    _shifted_columns,
 )
 
 __all__ = ["matrix_tree", "chu_liu_edmonds", "NonProjective"]
@@ -60,10 +60,9 @@ def matrix_tree(scores: Tensor, lengths: Tensor, single_root: bool = False) -> t
     with torch.no_grad():
         # shifted by the column maxima as the oracle does: the exact path works on the scores themselves, where
         # a huge column (1e15) would round away the O(1) differences that decide the marginals
-        top = _column_max(masked)
-        _check_range(masked, top)
-        log_z, marg = _matrix_tree(masked - top, lengths, single_root)
-        log_z = log_z + top[:, 0, 1:].sum(-1)
+        shifted, shift = _shifted_columns(masked)
+        log_z, marg = _matrix_tree(shifted, lengths, single_root)
+        log_z = log_z + shift.sum(-1)
         _raise_overflow(log_z)
     return _differentiable(scores, log_z, marg), marg
 
