@@ -211,8 +211,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     final = state.shift(state.theta, state.delta_node, state.delta_edge)
     calls = state.calls
     if method == "accelerated":
-        # mu_t averages oracle outputs (converged examples hold nu_t, whose dual iterate and log Z these are)
-        marg = Marginals(state.mu_node, state.mu_edge, state.log_z, state.lengths)
+        marg = state.averaged_marginals()
     else:
         marg = oracle.marginals(final)
         calls += b
@@ -244,7 +243,11 @@ def _merge(sol: Solution, other: Solution, rows: Tensor) -> Solution:
     def pick(a: Tensor, b: Tensor) -> Tensor:
         return a.index_put((rows,), b[rows])
 
-    mu = Marginals(pick(sol.marginals.node, other.marginals.node), pick(sol.marginals.edge, other.marginals.edge),
+    def edge() -> Tensor:
+        return pick(sol.marginals.edge, other.marginals.edge)
+
+    # edges not yet materialised (a dependency tree's all-zero placeholders) stay lazy
+    mu = Marginals(pick(sol.marginals.node, other.marginals.node), edge() if sol.marginals.has_edge else edge,
                    pick(sol.marginals.log_partition, other.marginals.log_partition), sol.marginals.lengths)
     pot = sol.potentials
     other_edge = other.potentials.full_edge() if pot.edge.dim() == 4 else other.potentials.edge

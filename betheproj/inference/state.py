@@ -56,6 +56,14 @@ def _clip_move(old: Tensor, new: Tensor, mu: Tensor, trust_region: float | None)
     return torch.where(mu > 0, old + (new - old).clamp(-h, h), new)
 
 
+def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
+    return None if x is None else x[rows]
+
+
+def _clone(x: Tensor | None) -> Tensor | None:
+    return None if x is None else x.clone()
+
+
 def _lerp(x: Tensor | None, y: Tensor | None, w: Tensor) -> Tensor | None:
     """``(1 - w) x + w y`` with a per-row weight ``w``."""
     if x is None:
@@ -224,7 +232,8 @@ def _objective_parts(oracle: Oracle, theta: PairwisePotentials, mu: Marginals) -
     """``-H_B(mu) - <theta, mu>`` at any point of the polytope (``-inf`` potentials where ``mu`` = 0 add 0)."""
     zero = torch.zeros((), dtype=mu.node.dtype)
     lin = torch.where(mu.node > 0, theta.node * mu.node, zero).flatten(1).sum(-1)
-    lin = lin + torch.where(mu.edge > 0, theta.full_edge() * mu.edge, zero).flatten(1).sum(-1)
+    if has_pairwise_factors(oracle):        # otherwise the edge marginals are the oracle's all-zero placeholders
+        lin = lin + torch.where(mu.edge > 0, theta.full_edge() * mu.edge, zero).flatten(1).sum(-1)
     return -oracle.entropy(mu) - lin
 
 
@@ -297,7 +306,9 @@ class SolverState:
                   and energy.edge_totals and getattr(oracle, "per_example_edges", False))
         self.totals = totals
         g0 = self._gradient(base)
-        self.need_edges = need_edges = g0.edge is not None or method == "accelerated"
+        # the accelerated method's objective at its averages reads the Bethe entropy, hence the edge marginals
+        # (of structures that have pairwise factors: a dependency tree's are the oracle's all-zero placeholders)
+        self.need_edges = need_edges = g0.edge is not None or (method == "accelerated" and self.pairwise)
         self.totals = totals = totals and need_edges
         self.theta = theta = potentials if totals else _edge_potentials(potentials, need_edges)
         self.calls = b
@@ -351,8 +362,8 @@ class SolverState:
                              "counts on a label whose potentials are all -inf) or because that mass underflows to 0 "
                              f"(log-potential gaps beyond what exp can represent in {dtype}, ~745 in float64)")
         if method == "accelerated":      # the best oracle point seen, where a restart resumes
-            self.best_f, self.best_node, self.best_edge = f.clone(), mu_node.clone(), mu_edge.clone()
-            self.best_dn, self.best_de = torch.zeros_like(mu_node), torch.zeros_like(mu_edge)
+            self.best_f, self.best_node, self.best_edge = f.clone(), mu_node.clone(), _clone(mu_edge)
+            self.best_dn, self.best_de = torch.zeros_like(mu_node), zeros_edge()
             self.best_logz = self.log_z.clone()
             self.nu_f = f.clone()                                   # the objective at nu, the last oracle point
         self.stall = torch.zeros(b, dtype=torch.bool, device=device)
@@ -406,6 +417,13 @@ class SolverState:
             return bool((possible.any(1) & (edge == 0) & (edge.sum((-1, -2)) > 0)[:, None, None]).any())
         edge = base.edge
         return bool((possible & (edge == 0) & (edge.sum((-1, -2)) > 0)[..., None, None]).any())
+
+    def averaged_marginals(self) -> Marginals:
+        """The accelerated method's result: the average ``mu_t`` with the log-partition of the last dual iterate
+        (converged examples hold ``nu_t``, whose dual iterate and log Z these are)."""
+        m = self._point(self.mu_node, self.mu_edge, self.lengths)
+        m.log_partition = self.log_z
+        return m
 
     # -- views of the state --------------------------------------------------------------------------------
     def _point(self, node: Tensor, edge: Tensor | None, lens: Tensor) -> Marginals:
@@ -494,8 +512,9 @@ class SolverState:
         self.converged[done] = True
         if self.method == "accelerated" and done.numel():
             # they return nu, the point their stationarity was tested at (so its objective ends the history)
-            self.mu_node[done], self.mu_edge[done], self.f[done] = self.nu_node[done], self.nu_edge[done], \
-                self.nu_f[done]
+            self.mu_node[done], self.f[done] = self.nu_node[done], self.nu_f[done]
+            if self.need_edges:
+                self.mu_edge[done] = self.nu_edge[done]
         if not keep.all():
             a, s1, cw, g_n = a[keep], s1[keep], cw[keep], g_n[keep]
             g_e = None if g_e is None else g_e[keep]
@@ -604,9 +623,9 @@ class SolverState:
         m = self.oracle.marginals(self.shift(self.theta.index(rows), dn, de))
         if self.method == "accelerated":
             w = cw[pending]
-            node, edge = _lerp(self.mu_node[rows], m.node, w), _lerp(self.mu_edge[rows], m.edge, w)
-            lin = _objective_parts(self.oracle, self.theta.index(rows),
-                                   Marginals(node, edge, None, self.lengths[rows]))
+            m_edge = m.edge if self.need_edges else None
+            node, edge = _lerp(self.mu_node[rows], m.node, w), _lerp(_rows(self.mu_edge, rows), m_edge, w)
+            lin = _objective_parts(self.oracle, self.theta.index(rows), self._point(node, edge, self.lengths[rows]))
             scale = lin.abs()
         else:
             node, edge = m.node, ((m.edge_total() if self.totals else m.edge) if self.need_edges else None)
@@ -617,8 +636,8 @@ class SolverState:
         fc = lin + val
         f_nu = None
         if self.method == "accelerated":       # the oracle point's own objective: restarts resume from the best
-            f_nu = (-m.log_partition + _inner(dn, m.node) + _inner(de, m.edge)
-                    + self.energy.value(self._with_rows(rows, m.node, m.edge))[rows])
+            f_nu = (-m.log_partition + _inner(dn, m.node) + (_inner(de, m_edge) if de is not None else 0.0)
+                    + self.energy.value(self._with_rows(rows, m.node, m_edge))[rows])
         f_prev = self.f[rows]
         fc = torch.where(wild, torch.full_like(fc, float("inf")), fc)
         floor = self.noise * (scale + val.abs() + f_prev.abs())       # rounding error of the objective
@@ -742,9 +761,10 @@ class SolverState:
             better[ok] = trial.f_nu[ok] < self.best_f[r]
             if better.any():
                 rb = trial.rows[better]
-                self.best_f[rb], self.best_node[rb], self.best_edge[rb] = (trial.f_nu[better], m.node[better],
-                                                                          m.edge[better])
-                self.best_dn[rb], self.best_de[rb] = trial.dn[better], trial.de[better]
+                self.best_f[rb], self.best_node[rb] = trial.f_nu[better], m.node[better]
+                self.best_dn[rb] = trial.dn[better]
+                if self.need_edges:
+                    self.best_edge[rb], self.best_de[rb] = m.edge[better], trial.de[better]
                 self.best_logz[rb] = m.log_partition[better]
             if self.need_edges:
                 self.nu_edge[r] = m.edge[ok]
@@ -770,7 +790,9 @@ class SolverState:
                 rr = a[restart]
                 self._restart(rr)
                 s1[restart], cw[restart] = 1.0, 1.0
-                g_n[restart], g_e[restart] = self._gradient_rows(rr, self.best_node[rr], self.best_edge[rr])
+                g_n[restart], ge = self._gradient_rows(rr, self.best_node[rr], _rows(self.best_edge, rr))
+                if g_e is not None:
+                    g_e[restart] = ge
         else:
             # RDA restarts from the current point, which becomes the prox-centre (so a large beta means
             # a small step from here); beta grows only if a fresh start fails too
@@ -790,13 +812,15 @@ class SolverState:
     def _restart(self, rr: Tensor) -> None:
         """The accelerated method starts again at the best oracle point of the examples ``rr``: it becomes the
         prox-centre, the gradient average and the step count are reset (``L`` is kept)."""
-        self.delta_node[rr], self.delta_edge[rr] = self.best_dn[rr], self.best_de[rr]
+        self.delta_node[rr] = self.anchor_node[rr] = self.best_dn[rr]
         self.log_z[rr] = self.best_logz[rr]
-        self.anchor_node[rr], self.anchor_edge[rr] = self.best_dn[rr], self.best_de[rr]
-        self.gbar_node[rr], self.gbar_edge[rr] = 0.0, 0.0
+        self.gbar_node[rr] = 0.0
         self.since[rr] = 0
-        self.nu_node[rr], self.nu_edge[rr] = self.best_node[rr], self.best_edge[rr]
-        self.mu_node[rr], self.mu_edge[rr] = self.best_node[rr], self.best_edge[rr]
+        self.nu_node[rr] = self.mu_node[rr] = self.best_node[rr]
+        if self.need_edges:
+            self.delta_edge[rr] = self.anchor_edge[rr] = self.best_de[rr]
+            self.gbar_edge[rr] = 0.0
+            self.nu_edge[rr] = self.mu_edge[rr] = self.best_edge[rr]
         self.f[rr] = self.nu_f[rr] = self.best_f[rr]
 
     def _relax(self, a: Tensor, p_cur: Tensor, clean: Tensor, min_step: Tensor | None) -> None:

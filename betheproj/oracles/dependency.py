@@ -201,8 +201,8 @@ class DependencyMarginals(Marginals):
     """Arc marginals ``node[b, m-1, h] = P(head(m) = h)`` [B, N, N+1] with the (masked) potentials they came from.
 
     The tree entropy ``H = log Z - <theta, mu>`` is not a closed function of ``mu``; keeping ``theta`` makes it
-    exact and free.  ``edge`` is a lazy all-zero [B, N-1, N+1, N+1] tensor (there are no pairwise factors;
-    it exists so that the solvers, which track edge marginals for their accelerated method, run unchanged).
+    exact and free.  ``edge`` is a lazy all-zero [B, N-1, N+1, N+1] tensor (there are no pairwise factors; it
+    exists so that code reading the edges of any oracle's marginals runs unchanged; the solvers never ask for it).
     """
 
     def __init__(self, node: Tensor, log_partition: Tensor, lengths: Tensor, theta: Tensor, structure: tuple,

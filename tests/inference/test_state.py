@@ -128,3 +128,29 @@ def test_mirror_descent_moves_no_dual_entry_beyond_half_the_trust_region():
     state.iterate(0)
     assert (state.iterations == 1).all() and not state.safeguarded.any()
     assert 0.0 < state.delta_node.abs().max() <= 0.05 and (state.param > 1e3).all()
+
+
+def test_the_accelerated_method_keeps_no_edge_state_over_dependency_trees():
+    """Dependency trees have no pairwise factors, so their edge marginals are the oracle's all-zero placeholders;
+    the accelerated method kept [B, N-1, N+1, N+1] copies of them (iterate, last oracle point, dual offsets,
+    prox-centre, gradient average, best point), O(B N^3) memory and time for nothing.  Its restarts and its
+    mirror-descent rescue run with node state alone."""
+    from betheproj.energies.second_order import SecondOrderArcs
+
+    g = torch.Generator().manual_seed(0)
+    pot = bp.arc_potentials(torch.randn(3, 6, 6, generator=g, dtype=torch.float64), torch.tensor([5, 4, 3]))
+    energy = SecondOrderArcs(torch.randn(3, 6, 6, 6, generator=g, dtype=torch.float64) * 3, None)
+    state = SolverState(bp.NonProjective(), pot, energy, "accelerated", tol=1e-6, beta=0.0, step=1.0,
+                        lipschitz=1.0, max_backtracks=40, trust_region=10.0, warm_start=None)
+    edges = (state.mu_edge, state.nu_edge, state.delta_edge, state.anchor_edge, state.gbar_edge, state.best_edge,
+             state.best_de)
+    assert not state.need_edges and all(e is None for e in edges)
+    for it in range(40):
+        if not state.iterate(it):
+            break
+    assert (state.iterations > 0).all()
+    sol = bp.solve(bp.NonProjective(), pot, energy, method="accelerated", max_iter=40)
+    assert sol.safeguarded.all() and sol.converged.all()       # restarts, then the rescue (merged)
+    assert not sol.marginals.has_edge and sol.potentials.edge.shape == (6, 6)    # the shared all-zero table
+    assert not sol.marginals.edge.any() and sol.marginals.edge.shape == (3, 4, 6, 6)
+    assert torch.allclose(bp.objective(bp.NonProjective(), pot, energy, sol.marginals), sol.objective, atol=1e-8)
