@@ -204,6 +204,9 @@ def _warm_offsets(warm: PairwisePotentials | None, theta: PairwisePotentials, ne
         raise TypeError(f"warm_start must have the potentials' dtype {theta.node.dtype}, got {warm.node.dtype}")
     if warm.node.device != theta.node.device:
         raise ValueError(f"warm_start is on {warm.node.device} but potentials are on {theta.node.device}")
+    if not torch.equal(warm.lengths, theta.lengths):
+        raise ValueError("warm_start has other lengths than the potentials: the potentials of other examples (pass "
+                         "a Solution of this problem)")
     n = theta.node.shape[1]
     positions = torch.arange(n, device=theta.node.device)
     d_node = _warm_part("node", warm.node, theta.node, positions < theta.lengths[:, None])

@@ -57,6 +57,21 @@ def test_warm_offsets_are_zero_where_theta_is_minus_inf():
         _warm_offsets(warm, theta, need_edges=False, method="rda")
 
 
+def test_a_warm_start_of_other_lengths_is_refused():
+    """A warm start of the same shape but other lengths (the potentials of other examples) was taken silently."""
+    g = torch.Generator().manual_seed(0)
+    theta = bp.ChainPotentials(torch.randn(2, 5, 3, generator=g, dtype=torch.float64),
+                               torch.randn(3, 3, generator=g, dtype=torch.float64), torch.tensor([5, 3]))
+    energy = LinearMeasurements(node=torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64), offset=0.0, loss="squared",
+                                psi=4.0)
+    sol = bp.solve(bp.LinearChain(), theta, energy, method="md")
+    again = bp.solve(bp.LinearChain(), theta, energy, method="md", warm_start=sol.potentials)
+    assert again.converged.all() and (again.iterations <= 1).all()
+    other = bp.ChainPotentials(theta.node, theta.edge, torch.tensor([2, 5]))
+    with pytest.raises(ValueError, match="warm_start has other lengths than the potentials"):
+        bp.solve(bp.LinearChain(), other, energy, method="md", warm_start=sol.potentials)
+
+
 def test_a_warm_start_that_forbids_what_theta_allows_is_named_and_its_padding_is_ignored():
     # -inf in the warm start where theta is finite gave a NaN objective, reported as an energy infinite where
     # theta allows no mass; -inf at padding (which no oracle reads) was rejected the same way
