@@ -101,12 +101,13 @@ def check_log(log: object) -> None:
 
 
 def check_increasing_counts(name: str, values: object) -> tuple[int, ...]:
-    """``values``, a non-empty tuple or list of strictly increasing ints ``>= 1`` (an axis of iteration counts)."""
-    if (not isinstance(values, tuple | list) or not values
-            or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in values)
-            or any(b <= a for a, b in zip(values, values[1:], strict=False))):
+    """``values``, a non-empty tuple or list of strictly increasing ints ``>= 1`` (an axis of iteration counts;
+    NumPy and 0-d tensor ints too), as a tuple of Python ints."""
+    counts = [_scalar(t) for t in values] if isinstance(values, tuple | list) else []
+    if (not counts or any(isinstance(t, bool | np.bool_) or not isinstance(t, Integral) or t < 1 for t in counts)
+            or any(b <= a for a, b in zip(counts, counts[1:], strict=False))):
         raise ValueError(f"{name} must be strictly increasing positive iteration counts, got {values!r}")
-    return tuple(values)
+    return tuple(int(t) for t in counts)
 
 
 def check_device(name: str, value: object) -> torch.device:

@@ -72,3 +72,16 @@ def test_demo_tagging_instance_checks_its_arguments(kwargs, message):
 
     with pytest.raises((ValueError, TypeError), match=message):
         tagging_instance(**kwargs)
+
+
+def test_iteration_axes_take_numpy_and_tensor_ints_as_python_ints():
+    """test_iters=list(np.arange(...)) (NumPy ints) was refused as not "strictly increasing positive iteration
+    counts", though every other count of the configs takes NumPy ints."""
+    from betheproj._checks import check_increasing_counts
+
+    counts = check_increasing_counts("test_iters", [np.int64(1), torch.tensor(5), 40])
+    assert counts == (1, 5, 40) and all(type(t) is int for t in counts)
+    assert check_increasing_counts("test_iters", list(np.arange(1, 4))) == (1, 2, 3)
+    for bad in ([], (3, 3), [0, 1], [1, 2.0], [True, 2], [np.bool_(True), 2], np.arange(1, 4), "12", [1, None]):
+        with pytest.raises(ValueError, match="test_iters must be strictly increasing positive iteration counts"):
+            check_increasing_counts("test_iters", bad)
