@@ -66,15 +66,31 @@ def as_weight(psi: float | Tensor, name: str = "psi") -> float | Tensor:
     return check_real(name, psi)
 
 
+def in_dtype(name: str, value: float | Tensor, like: Tensor) -> float | Tensor:
+    """A finite weight or offset (a float, or a tensor then moved to ``like``'s dtype and device) that ``like``'s
+    dtype can hold: one beyond its range (``psi=1e39`` with float32 marginals) is a ValueError, not an overflow
+    error or an infinite energy.  A tensor is checked only where the cast narrows its dtype."""
+    big = torch.finfo(like.dtype).max
+    if not isinstance(value, Tensor):
+        if abs(value) > big:
+            raise ValueError(f"{name} = {value:g} is beyond what {like.dtype} can represent (~{big:.1e}): solve "
+                             f"in float64 or rescale it")
+        return value
+    out = value.to(like)
+    if value.is_floating_point() and torch.finfo(value.dtype).max > big and bool(torch.isinf(out).any()):
+        worst = value[torch.isinf(out)].abs().max().item()
+        raise ValueError(f"{name} holds a value of magnitude {worst:g}, beyond what {like.dtype} can represent "
+                         f"(~{big:.1e}): solve in float64 or rescale it")
+    return out
+
+
 def weight_per_example(psi: float | Tensor, batch: int, like: Tensor, name: str = "psi") -> Tensor:
     """Broadcast a scalar or [B] weight to [B] in ``like``'s dtype and device."""
     if isinstance(psi, Tensor):
-        if psi.dim() == 0:
-            return psi.to(like).expand(batch)
-        if psi.shape != (batch,):
+        if psi.dim() != 0 and psi.shape != (batch,):
             raise ValueError(f"{name} must be a scalar or have shape [B]=({batch},), got {tuple(psi.shape)}")
-        return psi.to(like)
-    return torch.full((batch,), psi, dtype=like.dtype, device=like.device)
+        return in_dtype(name, psi, like).expand(batch)
+    return torch.full((batch,), in_dtype(name, psi, like), dtype=like.dtype, device=like.device)
 
 
 class Energy:

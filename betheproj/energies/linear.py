@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .._checks import check_positive
 from ..oracles.base import Marginals
-from .base import Energy, Gradient, as_weight
+from .base import Energy, Gradient, as_weight, in_dtype
 
 __all__ = ["Loss", "LOSSES", "LinearMeasurements", "MeasurementLoss", "smoothed_hinge", "squared_hinge", "squared",
            "smoothed_abs"]
@@ -153,9 +153,9 @@ class MeasurementLoss(Energy):
         """``z = measured - b`` [B, J] (eq. 5's ``a^T mu - b``)."""
         offset = self.offset
         if not isinstance(offset, Tensor):
-            return measured - offset
+            return measured - in_dtype("offset", offset, measured)
         self._check_offset(measured.shape[0])
-        return measured - offset.to(measured)
+        return measured - in_dtype("offset", offset, measured)
 
     def _check_offset(self, batch: int) -> None:
         """A ``[B, J]`` offset must have the marginals' batch size."""
@@ -169,8 +169,8 @@ class MeasurementLoss(Energy):
         j = self.num_measurements
         psi = self.psi
         if not isinstance(psi, Tensor):
-            return torch.full((batch, j), psi, dtype=like.dtype, device=like.device)
-        psi = psi.to(like)
+            return torch.full((batch, j), in_dtype("psi", psi, like), dtype=like.dtype, device=like.device)
+        psi = in_dtype("psi", psi, like)
         if psi.dim() == 0:
             return psi.expand(batch, j)
         if psi.dim() == 1 and psi.shape[0] == batch:

@@ -572,3 +572,23 @@ def test_default_total_grad_of_single_position_marginals():
     total = _SquaredEdgeTotal(table) + LinearMeasurements(edge=table[None], loss="squared", offset=1.0)
     g = total.total_grad(mu)
     torch.testing.assert_close(g.edge, -table.expand(2, 3, 3))     # the closed form's: slope -1 at z = 0 - 1
+
+
+@pytest.mark.parametrize(("make", "name"), [
+    (lambda: LinearMeasurements(node=torch.ones(1, 3), psi=1e39), "psi = 1e\\+39"),
+    (lambda: LinearMeasurements(node=torch.ones(1, 3), psi=torch.tensor([1e39, 1.0], dtype=DT)), "psi holds"),
+    (lambda: LinearMeasurements(node=torch.ones(1, 3), psi=torch.tensor([[-1e39]], dtype=DT)), "psi holds"),
+    (lambda: LinearMeasurements(node=torch.ones(1, 3), offset=-1e39), "offset = -1e\\+39"),
+    (lambda: LinearMeasurements(node=torch.ones(1, 3), offset=torch.tensor([1e39], dtype=DT)), "offset holds"),
+    (lambda: 1e39 * LinearMeasurements(node=torch.ones(1, 3)), "weight = 1e\\+39"),
+    (lambda: Poisson(torch.ones(2, 4, 3), scale=1e39), "scale = 1e\\+39"),
+    (lambda: NearestPrototype(torch.eye(3), torch.tensor(5e38, dtype=DT)), "psi holds"),
+])
+def test_a_weight_or_offset_beyond_float32_is_named(make, name):
+    """psi=1e39 with float32 marginals was torch's "value cannot be converted to type float without overflow"
+    (a float) or an objective "not finite ... because theta allows no mass there" (a float64 tensor cast to inf)."""
+    pot = bp.ChainPotentials(torch.randn(2, 4, 3), torch.randn(3, 3), torch.tensor([4, 2]))
+    with pytest.raises(ValueError, match=name + ".*beyond what torch.float32 can represent.*solve in float64"):
+        bp.solve(bp.LinearChain(), pot, make(), max_iter=3)
+    wide = bp.ChainPotentials(pot.node.to(DT), pot.edge.to(DT), pot.lengths)          # float64 holds them
+    assert torch.isfinite(bp.solve(bp.LinearChain(), wide, make(), max_iter=3).objective).all()
