@@ -223,6 +223,11 @@ def _check_cgm_options(args: argparse.Namespace) -> None:
                          f"{args.rate!r} x {args.population!r}")
     check_int("--seasons", args.seasons, 1, 2 ** 63 - 1)
     check_nonnegative("--noise", args.noise)
+    # noise x the N(0, 1) draws (|z| < 9 in float64) plus log-probabilities (> -746) must stay finite: checked by the
+    # model too, but only after --out is created
+    if args.noise > sys.float_info.max / 64:
+        raise ValueError(f"--noise must be at most {sys.float_info.max / 64:.3g} (it scales N(0, 1) draws added to "
+                         f"float64 log-potentials), got {args.noise!r}")
 
 
 def _check_cgm_size(grid: int, steps: int, seasons: int, device: object = None) -> None:

@@ -156,6 +156,20 @@ def test_a_cgm_rate_whose_counts_would_pass_exact_float64_is_refused_before_out_
     assert not out.exists()
 
 
+@pytest.mark.parametrize("noise", ["1e308", "3e306"])
+def test_a_cgm_noise_that_overflows_the_log_potentials_is_refused_before_out_is_created(tmp_path, capsys, noise):
+    """The model's own check (noise x the N(0, 1) draws overflow float64) came after --out was created."""
+    out = tmp_path / "out"
+    assert main(["cgm", "--grid", "2", "--steps", "2", "--noise", noise, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"betheproj cgm: error: --noise must be at most {sys.float_info.max / 64:.3g} (it scales N(0, 1) draws added "
+        f"to float64 log-potentials), got {float(noise)!r}\n")
+    assert not out.exists()
+    assert main(["cgm", "--grid", "2", "--steps", "2", "--noise", "2e306", "--out", str(out), "--quiet"]) == 0
+    assert (out / "results.json").is_file()                # below the bound the draws stay finite
+
+
 def test_a_cgm_rate_whose_expected_counts_are_subnormal_is_refused_before_out_is_created(tmp_path, capsys):
     """The solver's own check of rate x population came after --out was created and the instance was printed."""
     out = tmp_path / "out"
