@@ -169,12 +169,12 @@ def _load_first(path: str):
 def _check_memory(data: list, option: str, path: str, second_order: bool = False) -> None:
     """``ValueError`` naming ``option``, ``path`` and the line of the longest sentence of ``data`` when parsing it
     (its arcs' features; with ``second_order`` the dense part tables of second-order decoding) cannot fit in this
-    machine's memory."""
-    from ..cli import _bytes, _physical_memory
+    machine's memory (or under a container's or ``ulimit -v``'s limit: :func:`betheproj.cli._memory_limit`)."""
+    from ..cli import _bytes, _memory_limit
 
-    have = _physical_memory()
-    if not data or have is None:
+    if not data:
         return
+    have, limit = _memory_limit()
     longest = max(data, key=len)
     n = len(longest)
     if second_order:
@@ -187,7 +187,7 @@ def _check_memory(data: list, option: str, path: str, second_order: bool = False
     if need > have:
         where = "<stdin>" if path == "-" else path
         raise ValueError(f"{option} {where}:{longest.line}: a sentence of {n} words needs about {_bytes(need)} of "
-                         f"memory in {what[0]}, more than this machine's {_bytes(have)}; {what[1]}")
+                         f"memory in {what[0]}, more than {limit}; {what[1]}")
 
 
 def _heads(parser, data, args: argparse.Namespace) -> list:
@@ -325,13 +325,14 @@ first order 2.9 GB at --bits 26 against 0.94 GB at 24 (~40 bytes a weight), seco
 
 
 def _check_bits_memory(bits: int) -> None:
-    """``ValueError`` naming ``--bits`` when training's dense weight vectors cannot fit in this machine's memory."""
-    from ..cli import _bytes, _physical_memory
+    """``ValueError`` naming ``--bits`` when training's dense weight vectors cannot fit in this machine's memory (or
+    under a container's or ``ulimit -v``'s limit)."""
+    from ..cli import _bytes, _memory_limit
 
-    need, have = BYTES_PER_WEIGHT * 2 ** bits, _physical_memory()
-    if have is not None and need > have:
+    need, (have, limit) = BYTES_PER_WEIGHT * 2 ** bits, _memory_limit()
+    if need > have:
         raise ValueError(f"--bits {bits}: training keeps dense vectors of 2^{bits} weights, about {_bytes(need)} of "
-                         f"memory, more than this machine's {_bytes(have)}; use a smaller --bits")
+                         f"memory, more than {limit}; use a smaller --bits")
 
 
 def _plural(n: int, noun: str) -> str:

@@ -600,10 +600,33 @@ def test_train_refuses_bits_beyond_this_machines_memory_before_training(models, 
         assert "--bits 26: training keeps dense vectors of 2^26 weights, about 2.7 GB" in err
         assert "more than this machine's 1.1 GB; use a smaller --bits" in err
     assert not (tmp_path / "m.pt").exists()
-    monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: None)              # unknown: no check
+    # unknown: taken as 64 GB (as the cgm check does), here with no container or ulimit -v limit
+    monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: None)
+    monkeypatch.setattr(betheproj.cli, "_CGROUP_FILES", ())
+    monkeypatch.setattr(betheproj.cli, "_address_space_left", lambda: None)
     from betheproj.parsing.cli import _check_bits_memory
 
-    _check_bits_memory(30)
+    _check_bits_memory(30)                                                          # ~43 GB
+    with pytest.raises(ValueError, match="about 85.9 GB of memory, more than this machine's 68.7 GB"):
+        _check_bits_memory(31)
+
+
+def test_the_parsers_memory_checks_see_a_containers_limit(monkeypatch):
+    """They compared with the machine's memory alone (the cgm check also reads the container's cgroup limit and
+    ulimit -v): in a 1 GB container --bits 26 trained into the kernel's out-of-memory killer."""
+    import betheproj.cli
+    from betheproj.parsing.cli import _check_bits_memory, _check_memory
+
+    monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: 2 ** 40)
+    monkeypatch.setattr(betheproj.cli, "_address_space_left", lambda: None)
+    monkeypatch.setattr(betheproj.cli, "_cgroup_limit", lambda: 2 ** 30)
+    _check_bits_memory(24)
+    with pytest.raises(ValueError, match=r"--bits 26: .* more than the 1.1 GB memory limit of this container"):
+        _check_bits_memory(26)
+    long = [type("S", (list,), {"line": 4})([0] * 400)]
+    with pytest.raises(ValueError, match=r"--data x.conllu:4: a sentence of 400 words .* more than the 1.1 GB memory "
+                                         r"limit of this container \(cgroup\); split it, or parse"):
+        _check_memory(long, "--data", "x.conllu", second_order=True)
 
 
 def test_a_sentence_too_long_for_second_order_decoding_in_this_memory_is_named(models, tmp_path, monkeypatch,
