@@ -99,6 +99,12 @@ def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = 
     return feats
 
 
+FEATURES_VERSION = 1
+"""The version of :func:`token_features` (and of the tokens' normalisation), saved with every index: bump it when a
+feature's definition changes, so that an index fitted with the old one (a saved model) is refused instead of
+read with features it was not trained on.  An index saved before versions were recorded is taken as version 1."""
+
+
 class FeatureIndex:
     """Feature and label numbering fitted on training citations; ``encode`` gives padded index tensors."""
 
@@ -120,13 +126,18 @@ class FeatureIndex:
     def state(self) -> dict:
         """A plain-data copy (for ``torch.save`` with ``weights_only`` loading)."""
         return {"features": self.features, "labels": self.labels,
-                "lexicon": {w: sorted(v) for w, v in self.lexicon.items()}}
+                "lexicon": {w: sorted(v) for w, v in self.lexicon.items()}, "version": FEATURES_VERSION}
 
     @classmethod
     def from_state(cls, state: dict) -> FeatureIndex:
         """The index :meth:`state` describes."""
         if not isinstance(state, dict):
             raise TypeError(f"a feature index state is a dict, got {type(state).__name__}")
+        version = state.get("version", 1)
+        if version != FEATURES_VERSION:
+            raise ValueError(f"state: a feature index of feature version {version!r}, but this betheproj computes "
+                             f"version {FEATURES_VERSION}: its features would not be the ones the model was trained "
+                             f"on; train again")
         obj = cls.__new__(cls)
         try:
             obj.features, obj.labels = dict(state["features"]), list(state["labels"])

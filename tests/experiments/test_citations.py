@@ -214,6 +214,34 @@ def test_a_model_file_with_weights_that_are_not_finite_is_named(tmp_path, capsys
         f"citations' (ValueError: its weights {weight} hold NaN or infinite values)\n")
 
 
+def test_a_model_of_another_feature_version_is_refused_and_one_without_a_version_loads(tmp_path, capsys):
+    """Saved models carried no version of the feature functions: a model saved before a feature's definition
+    changed would tag with features it was not trained on."""
+    from betheproj.data.citation_features import FEATURES_VERSION
+
+    config = citations.CitationConfig(min_support=1)
+    index, model, constraints, order, formats = _small_model(config)
+    path = tmp_path / "model.pt"
+    citations.save_model(path, index, model, constraints, config, order, formats)
+    state = torch.load(path, weights_only=True)
+    assert state["index"]["version"] == FEATURES_VERSION
+    del state["index"]["version"]                       # saved before versions were recorded: version 1
+    torch.save(state, path)
+    assert citations.load_model(path)[0].labels == index.labels
+    state["index"]["version"] = FEATURES_VERSION + 1
+    torch.save(state, path)
+    raw = tmp_path / "raw.txt"
+    raw.write_text("Smith . A title . 2005\n")
+    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw)]) == 2
+    assert capsys.readouterr().err == (
+        f"betheproj citations: error: {path} is a citation model of feature version {FEATURES_VERSION + 1}, but this "
+        f"betheproj computes version {FEATURES_VERSION}: its features would not be the ones it was trained on; train "
+        "it again ('betheproj citations --data DIR')\n")
+    with pytest.raises(ValueError, match="state: a feature index of feature version 2, but this betheproj computes "
+                                         "version 1"):
+        citations.FeatureIndex.from_state(state["index"])
+
+
 def test_save_model_to_a_path_that_cannot_be_written_is_an_os_error_naming_it(tmp_path):
     config = citations.CitationConfig(min_support=1)
     index, model, constraints, order, formats = _small_model(config)
