@@ -416,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
 def error_text(err: BaseException) -> str:
     """An error as one line (an ``OSError`` as its reason and file name), whatever the exception held."""
     detail: object = err
+    if isinstance(err, UnicodeEncodeError):                 # text the output's encoding (a non-UTF-8 locale) lacks
+        return (f"cannot write {err.object[err.start:err.end]!r} in the {err.encoding} encoding of the output: run "
+                f"with PYTHONIOENCODING=utf-8 or in a UTF-8 locale")
     if isinstance(err, OSError) and err.strerror:          # its reason without "[Errno N]"
         detail = f"{err.strerror}: {err.filename}" if err.filename else err.strerror
     return " ".join(str(detail).split())

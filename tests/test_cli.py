@@ -575,6 +575,23 @@ def test_output_that_cannot_be_written_is_a_one_line_error(monkeypatch, capsys, 
     assert capsys.readouterr().err == f"betheproj demo: error: {want}\n"
 
 
+def test_output_the_locale_cannot_encode_says_how_to_write_it(monkeypatch, capsys):
+    """In a non-UTF-8 locale (PYTHONUTF8=0, LC_ALL=C) `citations --predict` of "Müller" failed with "'ascii' codec
+    can't encode character '\\xfc' in position 68: ordinal not in range(128)"."""
+    import betheproj.demo
+
+    monkeypatch.setattr(betheproj.demo, "run_demo", lambda *args, **kwargs: print("<person-last> Müller"))
+    stdout = sys.stdout
+    sys.stdout = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    try:
+        status = main(["demo"])
+    finally:
+        sys.stdout = stdout
+    assert status == 2
+    assert capsys.readouterr().err == ("betheproj demo: error: cannot write 'ü' in the ascii encoding of the output: "
+                                       "run with PYTHONIOENCODING=utf-8 or in a UTF-8 locale\n")
+
+
 def test_interrupt_while_the_parser_loads_torch_is_one_line(monkeypatch, capsys):
     import betheproj.cli
 
