@@ -154,6 +154,25 @@ class NearestPrototype(Energy):
             raise ValueError(f"prototypes have {self.prototypes.shape[-1]} labels, marginals have C={c}")
         weight_per_example(self.psi, marginals.batch_size, marginals.node)
 
+    def __mul__(self, w: float | Tensor) -> NearestPrototype:
+        """``w * L`` as the nearest-prototype energy of weight ``w * psi`` (rather than a
+        :class:`~betheproj.energies.base.Scaled` one), so that it keeps :meth:`pieces` for
+        :func:`~betheproj.inference.solve_global`."""
+        w = as_weight(w, "weight")
+        for name, t in (("weight", w), ("psi", self.psi)):
+            if isinstance(t, Tensor) and t.dim() > 1:
+                raise ValueError(f"{name} must be a float, a scalar tensor or a per-example [B] tensor, got shape "
+                                 f"{tuple(t.shape)}")
+        if isinstance(w, Tensor) and isinstance(self.psi, Tensor):
+            if w.dim() == 1 and self.psi.dim() == 1 and w.shape != self.psi.shape:
+                raise ValueError(f"weight [B]={tuple(w.shape)} and psi [B]={tuple(self.psi.shape)} have other batch "
+                                 "sizes")
+            if w.device != self.psi.device:
+                raise ValueError(f"weight is on {w.device} but psi is on {self.psi.device}")
+        return NearestPrototype(self.prototypes, w * self.psi, self.statistic, self.prototype_lengths)
+
+    __rmul__ = __mul__
+
     def __repr__(self) -> str:
         return f"NearestPrototype(statistic={self.statistic!r}, P={self.prototypes.shape[0]})"
 

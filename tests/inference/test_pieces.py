@@ -226,3 +226,33 @@ def test_solver_options_are_checked_whether_or_not_an_example_has_a_piece(option
     protos, lengths = _words([(0, 1, 2, 0)])                     # example 0 has a piece
     with pytest.raises(exc, match=match):
         solve_global(chain, theta, NearestPrototype(protos, 2.0, "word", lengths), **options)
+
+
+def test_a_scaled_nearest_prototype_energy_keeps_its_pieces():
+    """``2 * NearestPrototype(...)`` was a Scaled energy without pieces: solve_global refused it ("solve_global needs
+    an energy with pieces(lengths), got Scaled"); it is now the energy of weight 2 psi."""
+    theta = _theta()
+    protos, lengths = _words(WORDS)
+    base = NearestPrototype(protos, 0.7, "word", lengths)
+    for w in (2.0, torch.tensor(2.0, dtype=DT)):
+        for scaled in (w * base, base * w):
+            assert isinstance(scaled, NearestPrototype) and float(scaled.psi) == pytest.approx(1.4, abs=1e-15)
+            sol = solve_global(bp.LinearChain(), theta, scaled, max_iter=300, tol=1e-10)
+            ref = solve_global(bp.LinearChain(), theta, NearestPrototype(protos, 1.4, "word", lengths), max_iter=300,
+                               tol=1e-10)
+            assert torch.equal(sol.objective, ref.objective) and torch.equal(sol.marginals.node, ref.marginals.node)
+    # a per-example weight, negative for one example: its psi changes sign, so it moves to the remainder
+    w = torch.tensor([1.0, -1.0, 2.0], dtype=DT)
+    scaled = w * base
+    assert torch.equal(scaled.psi, 0.7 * w)
+    rows, _ = scaled.pieces(theta.lengths)
+    rest, _ = scaled.remainder(theta.lengths)
+    assert 1 not in rows.tolist() and rest.tolist() == [1]
+    mu = bp.LinearChain().marginals(theta)
+    assert torch.allclose(scaled.value(mu), w * base.value(mu), rtol=1e-15, atol=0)
+    with pytest.raises(ValueError, match=r"weight \[B\]=\(2,\) and psi \[B\]=\(3,\) have other batch sizes"):
+        torch.ones(2, dtype=DT) * NearestPrototype(protos, torch.ones(3, dtype=DT), "word", lengths)
+    with pytest.raises(ValueError, match="weight must be a float, a scalar tensor or a per-example"):
+        torch.ones(3, 1, dtype=DT) * base
+    with pytest.raises(ValueError, match="weight must be a finite number"):
+        float("inf") * base
