@@ -6,15 +6,19 @@ the potentials couples ``parent[i]`` (rows) with ``i`` (columns), so a chain is 
 ``[-1, 0, 1, ..., N-2]``.  With ``lengths``, example ``b`` keeps the subtree of nodes ``< lengths[b]``
 (a valid tree because parents precede children).  Nodes of the same depth are processed together.
 
-Sum-product carries every message as a max-plus part and a correction that holds the log-sums and the exact
-rounding errors of the max-plus sums (:func:`~betheproj.oracles.base._split_add`), so no O(1) score or log-sum
-is rounded away beside a huge one.  Max-product re-centres every message but, like the chain's Viterbi, rounds
-an O(1) score of a label that trails the best one by more than ``~1/eps``.
+Sum-product runs in two regimes, chosen per example (as the chain's does): in scaled probability space, every
+message normalised (:meth:`Tree._scaled`, the fast path: 2-5x the speed of the other), where it is certified that
+no product of its factors underflows; otherwise exactly in log space, every message carried as a max-plus part and
+a correction that holds the log-sums and the exact rounding errors of the max-plus sums
+(:func:`~betheproj.oracles.base._split_add`), so that no O(1) score or log-sum is rounded away beside a huge one.
+Max-product re-centres every message but, like the chain's Viterbi, rounds an O(1) score of a label that trails
+the best one by more than ``~1/eps``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -147,12 +151,141 @@ class Tree:
                 fin_big, fin_small, cnt)
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
-        """Node and edge marginals and ``log Z`` by sum-product in log space, leaves to root and back."""
+        """Node and edge marginals and ``log Z`` by sum-product, leaves to root and back: in scaled probability
+        space where that is certified to lose nothing to underflow (:meth:`_scaled`), else in log space."""
         pot = self._check(potentials)
+        with torch.no_grad():
+            node_marg, fast_edges, log_z, ok = self._scaled(pot)
+            slow = torch.nonzero(~ok).flatten()
+            if slow.numel() == 0:
+                return Marginals(node_marg, fast_edges, log_z, pot.lengths)
+            if slow.numel() == ok.numel():
+                return self._exact(pot)
+            exact = self._exact(pot.index(slow), examples=slow)
+            node_marg[slow], log_z[slow] = exact.node, exact.log_partition
+
+        @torch.no_grad()
+        def edge_marginals() -> Tensor:
+            edge = fast_edges()
+            edge[slow] = exact.edge
+            return edge
+
+        return Marginals(node_marg, edge_marginals, log_z, pot.lengths)
+
+    def _scaled(self, pot: PairwisePotentials) -> tuple[Tensor, Callable[[], Tensor], Tensor, Tensor]:
+        """Sum-product with normalised messages in probability space (the chain's fast path, on a tree): node
+        marginals [B, N, C], a function giving the edge marginals, ``log Z`` [B], and ``ok`` [B], whether the
+        example is certified (the others' outputs are meaningless).
+
+        Upward, node ``i``'s inside vector ``I_i`` (``p_i = exp(node_i - max)`` times its children's non-zero
+        messages, normalised to sum 1) goes through ``M_i = exp(edge_i - max)`` to its parent, normalised to sum 1
+        again; the normalisers' logs make ``log Z``.  A parent counts its children's zero messages per label, so
+        that downward its belief without one child's message (``rest``) is exact even where that message is 0.
+        Node marginals are ``I_i`` times the downward message; an edge's, the parent's marginal times the child's
+        conditional ``M_i(y, .) I_i / (M_i I_i)(y)``.  Certified where every non-zero entry of ``M``, of the
+        normalised vectors and of ``rest`` is at least ``sqrt(tiny)`` (so no product of two underflows) and every
+        product of a node's factors (at most 1 each, so decreasing as they are multiplied in) is normal: then every
+        zero is structural (a ``-inf`` score) and each quantity carries only rounding errors, relative, a few
+        ``eps`` per step.  Edge tables with score gaps beyond ``~354`` nats in float64 (``~44`` in float32), beliefs
+        as peaked, and ``-inf`` patterns that leave no labelling are left to the exact recursion (:meth:`_exact`)."""
+        node, edge, lengths = pot.node, pot.full_edge(), pot.lengths
+        b, n, c = node.shape
+        dtype, device = node.dtype, node.device
+        lim = math.sqrt(torch.finfo(dtype).tiny)
+        zero = torch.zeros((), dtype=dtype, device=device)
+        valid = torch.arange(n, device=device) < lengths[:, None]                      # [B, N]
+        parents = self.parents.to(device)
+        levels = [lv.to(device) for lv in self.levels]
+        rounds = [[r.to(device) for r in rs] for rs in self.rounds]
+
+        node_max = _finite_max(node, -1)                                                 # [B, N, 1]
+        nz = torch.where(valid[..., None], torch.exp(node - node_max), 1.0)   # times the non-zero messages
+        edge_max = _finite_max(edge, (-1, -2)) if n > 1 else edge.new_zeros(b, 0, 1, 1)  # [B, N-1, 1, 1]
+        m = torch.exp(edge - edge_max)
+        bad = ((m < lim) & (edge > -math.inf) & valid[:, 1:, None, None]).flatten(1).any(-1)
+        log_z = torch.where(valid, node_max[..., 0], zero).sum(-1)
+        if n > 1:
+            log_z = log_z + torch.where(valid[:, 1:], edge_max[..., 0, 0], zero).sum(-1)
+
+        zeros = torch.zeros(b, n, c, dtype=torch.int32, device=device)  # children's zero messages, per label
+        scale = torch.zeros(b, n, dtype=dtype, device=device)    # log of the children's messages' normalisers
+        inside = torch.zeros_like(nz)                            # I_i, normalised
+        raw_all = torch.ones_like(nz)                            # the products before normalisation
+        up = torch.ones_like(nz)                                 # normalised messages to the parents
+        root = torch.zeros(1, dtype=torch.long, device=device)
+        for lv, lv_rounds in zip([*reversed(levels), root], [*reversed(rounds), []], strict=True):   # root last
+            ok_lv = valid[:, lv]
+            raw = nz[:, lv]
+            raw_all[:, lv] = raw
+            t = torch.where(zeros[:, lv] == 0, raw, zero).sum(-1, keepdim=True)
+            nz[:, lv] = raw / t                                  # normalised by I_i's sum (zero labels too)
+            inside[:, lv] = torch.where(zeros[:, lv] == 0, nz[:, lv], zero)
+            total = scale[:, lv] + torch.log(t[..., 0])                              # log of the true I_i's sum
+            if lv is root:                                                          # log Z
+                log_z = log_z + torch.where(ok_lv, total, zero).sum(-1)
+                break
+            u = torch.matmul(m[:, lv - 1], inside[:, lv, :, None])[..., 0]          # [B, k, C] parent labels
+            s_ = u.sum(-1, keepdim=True)
+            u = torch.where(ok_lv[..., None], u / s_, 1.0)                         # padding: a neutral message
+            up[:, lv] = u
+            par = parents[lv]
+            factor = torch.where(u > 0, u, 1.0)
+            for r in lv_rounds:                                  # children of distinct parents at a time
+                nz[:, par[r]] = nz[:, par[r]] * factor[:, r]
+            zeros.index_add_(1, par, (u == 0).to(torch.int32))
+            scale.index_add_(1, par, torch.where(ok_lv, total + torch.log(s_[..., 0]), zero))
+        # products of factors at most 1 decrease step by step: none lost digits to underflow if the last is normal
+        # (p and the non-zero messages: 0 only where the score is -inf)
+        bad |= (valid[..., None] & (node > -math.inf) & (raw_all < torch.finfo(dtype).tiny)).flatten(1).any(-1)
+
+        down = torch.zeros_like(nz)                              # normalised messages from the parent
+        down[:, 0] = 1.0
+        rest = torch.zeros_like(nz)                              # the parent's belief without i's message
+        for lv in levels:
+            par = parents[lv]
+            msg = up[:, lv]
+            others = zeros[:, par] - (msg == 0).to(torch.int32)
+            belief = nz[:, par] * down[:, par]
+            belief = torch.where(others == 0, torch.where(msg > 0, belief / msg, belief), zero)
+            top = belief.amax(-1, keepdim=True)
+            r_lv = belief / top
+            rest[:, lv] = r_lv
+            d = torch.matmul(r_lv[..., None, :], m[:, lv - 1])[..., 0, :]          # [B, k, C] own labels
+            down[:, lv] = d / d.sum(-1, keepdim=True)
+
+        v = valid[..., None]
+        fine = torch.isfinite(nz) & torch.isfinite(down) & torch.isfinite(rest)
+        bad |= (v & ~fine).flatten(1).any(-1)
+        # every factor of a product at least sqrt(tiny): nz (also where a child's message is 0: rest reads it
+        # there), rest and the downward messages
+        for x in (nz, rest, down):
+            bad |= (v & (x > 0) & (x < lim)).flatten(1).any(-1)
+        ok = ~bad & torch.isfinite(log_z)
+        marg = inside * down
+        marg = marg / marg.sum(-1, keepdim=True)
+        node_marg = torch.where(v & ok[:, None, None], marg, zero)
+
+        parent_marg = marg[:, parents[1:]]                       # [B, N-1, C], kept from later writes
+
+        def edge_marginals() -> Tensor:
+            """``xi_i(y, y') = mu_parent(y) M_i(y, y') I_i(y') / (M_i I_i)(y)`` [B, N-1, C, C]: the parent's
+            marginal times the child's conditional, each in [0, 1] (an entry underflows only below ``tiny``)."""
+            if n == 1:
+                return node.new_zeros(b, 0, c, c)
+            pair = m * inside[:, 1:, None, :]
+            given = torch.matmul(m, inside[:, 1:, :, None])                         # (M_i I_i)(y), [B, N-1, C, 1]
+            xi = parent_marg[..., None] * (pair / torch.where(given > 0, given, 1.0))
+            return torch.where((valid[:, 1:] & ok[:, None])[..., None, None], xi, zero)
+
+        return node_marg, edge_marginals, log_z, ok
+
+    def _exact(self, pot: PairwisePotentials, examples: Tensor | None = None) -> Marginals:
+        """Marginals by sum-product in log space, each message in two parts (see the module docstring); errors name
+        the examples ``examples[b]``."""
         with torch.no_grad():
             (node, node_err, edge, edge_err, valid, parents, levels, log_z, in_big, in_small, up_big, up_small,
              fin_big, fin_small, cnt) = self._upward(pot)
-            raise_if_not_finite(log_z)
+            raise_if_not_finite(log_z, examples=examples)
             zero = torch.zeros((), dtype=node.dtype, device=node.device)
             down_big, down_small = torch.zeros_like(node), torch.zeros_like(node)   # from parent[i] into i
             edge_marg = torch.zeros_like(edge)
