@@ -9,6 +9,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from collections.abc import Callable
 from types import ModuleType
 
@@ -46,6 +47,17 @@ def float_type(minimum: float, strict: bool, below: float | None = None) -> Call
 positive_float = float_type(0.0, strict=True)
 nonnegative_float = float_type(0.0, strict=False)
 fraction = float_type(0.0, strict=False, below=1.0)     # argparse type: a float in [0, 1)
+
+
+def call_times(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn``, after one untimed call (warm-up)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def require(module: str, package: str, extra: str) -> ModuleType:

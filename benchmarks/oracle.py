@@ -13,22 +13,15 @@ import json
 import resource
 import subprocess
 import sys
-import time
 
 import torch
-from _common import positive_float, positive_int, run
+from _common import call_times, positive_float, positive_int, run
 
 import betheproj as bp
 
 
 def best_time(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(call_times(fn, repeats))
 
 
 def problem(b: int, n: int, c: int, seed: int = 0):

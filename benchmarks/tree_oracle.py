@@ -8,22 +8,16 @@ Run by hand:  python benchmarks/tree_oracle.py  [--repeats 15] [--threads 2]
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
-from _common import positive_int, run
+from _common import call_times, positive_int, run
 
 import betheproj as bp
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+    times = sorted(call_times(fn, repeats))
+    return times[len(times) // 2] * 1e3
 
 
 def main() -> None:
