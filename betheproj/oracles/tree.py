@@ -209,7 +209,6 @@ class Tree:
 
         zeros = torch.zeros(b, n, c, dtype=torch.int32, device=device)  # children's zero messages, per label
         scale = torch.zeros(b, n, dtype=dtype, device=device)    # log of the children's messages' normalisers
-        inside = torch.zeros_like(nz)                            # I_i, normalised
         raw_all = torch.ones_like(nz)                            # the products before normalisation
         up = torch.ones_like(nz)                                 # normalised messages to the parents
         root = torch.zeros(1, dtype=torch.long, device=device)
@@ -219,12 +218,12 @@ class Tree:
             raw_all[:, lv] = raw
             t = torch.where(zeros[:, lv] == 0, raw, zero).sum(-1, keepdim=True)
             nz[:, lv] = raw / t                                  # normalised by I_i's sum (zero labels too)
-            inside[:, lv] = torch.where(zeros[:, lv] == 0, nz[:, lv], zero)
+            inside_lv = torch.where(zeros[:, lv] == 0, nz[:, lv], zero)                  # I_i, normalised
             total = scale[:, lv] + torch.log(t[..., 0])                              # log of the true I_i's sum
             if lv is root:                                                          # log Z
                 log_z = log_z + torch.where(ok_lv, total, zero).sum(-1)
                 break
-            u = torch.matmul(m[:, lv - 1], inside[:, lv, :, None])[..., 0]          # [B, k, C] parent labels
+            u = torch.matmul(m[:, lv - 1], inside_lv[..., None])[..., 0]            # [B, k, C] parent labels
             s_ = u.sum(-1, keepdim=True)
             u = torch.where(ok_lv[..., None], u / s_, 1.0)                         # padding: a neutral message
             up[:, lv] = u
@@ -234,6 +233,7 @@ class Tree:
                 nz[:, par[r]] = nz[:, par[r]] * factor[:, r]
             zeros.index_add_(1, par, (u == 0).to(torch.int32))
             scale.index_add_(1, par, torch.where(ok_lv, total + torch.log(s_[..., 0]), zero))
+        inside = torch.where(zeros == 0, nz, zero)               # every I_i (nz and zeros are final at its level)
         # products of factors at most 1 decrease step by step: none lost digits to underflow if the last is normal
         # (p and the non-zero messages: 0 only where the score is -inf)
         bad |= (valid[..., None] & (node > -math.inf) & (raw_all < torch.finfo(dtype).tiny)).flatten(1).any(-1)
