@@ -105,6 +105,13 @@ feature's definition changes, so that an index fitted with the old one (a saved 
 read with features it was not trained on.  An index saved before versions were recorded is taken as version 1."""
 
 
+def other_feature_version(state: dict) -> object | None:
+    """The feature version of an index ``state`` (:meth:`FeatureIndex.state`) if it is not this one's
+    (:data:`FEATURES_VERSION`; none recorded: 1), else ``None``."""
+    version = state.get("version", 1)
+    return None if version == FEATURES_VERSION else version
+
+
 class FeatureIndex:
     """Feature and label numbering fitted on training citations; ``encode`` gives padded index tensors."""
 
@@ -133,8 +140,8 @@ class FeatureIndex:
         """The index :meth:`state` describes."""
         if not isinstance(state, dict):
             raise TypeError(f"a feature index state is a dict, got {type(state).__name__}")
-        version = state.get("version", 1)
-        if version != FEATURES_VERSION:
+        version = other_feature_version(state)
+        if version is not None:
             raise ValueError(f"state: a feature index of feature version {version!r}, but this betheproj computes "
                              f"version {FEATURES_VERSION}: its features would not be the ones the model was trained "
                              f"on; train again")

@@ -151,11 +151,8 @@ class MeasurementLoss(Energy):
 
     def _minus_offset(self, measured: Tensor) -> Tensor:
         """``z = measured - b`` [B, J] (eq. 5's ``a^T mu - b``)."""
-        offset = self.offset
-        if not isinstance(offset, Tensor):
-            return measured - in_dtype("offset", offset, measured)
         self._check_offset(measured.shape[0])
-        return measured - in_dtype("offset", offset, measured)
+        return measured - in_dtype("offset", self.offset, measured)
 
     def _check_offset(self, batch: int) -> None:
         """A ``[B, J]`` offset must have the marginals' batch size."""

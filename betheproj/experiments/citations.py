@@ -45,7 +45,7 @@ from ..data.citation_constraints import (
     citation_constraints,
     order_constraints,
 )
-from ..data.citation_features import FEATURES_VERSION, FeatureIndex
+from ..data.citation_features import FEATURES_VERSION, FeatureIndex, other_feature_version
 from ..data.citations import Citation, check_citations, escape_tags, is_tag_name, tokenize_citation
 from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
@@ -444,8 +444,8 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
         raise FileNotFoundError(f"no trained citation model at {path}: run 'betheproj citations --data DIR' first")
     state = torch_load(path, "citation model written by 'betheproj citations'", map_location="cpu")
     if isinstance(state, dict) and isinstance(state.get("index"), dict):
-        version = state["index"].get("version", 1)
-        if version != FEATURES_VERSION:
+        version = other_feature_version(state["index"])
+        if version is not None:
             raise ValueError(f"{path} is a citation model of feature version {version!r}, but this betheproj computes "
                              f"version {FEATURES_VERSION}: its features would not be the ones it was trained on; train "
                              "it again ('betheproj citations --data DIR')")
