@@ -429,13 +429,14 @@ class SolverState:
         return m
 
     # -- views of the state --------------------------------------------------------------------------------
-    def _point(self, node: Tensor, edge: Tensor | None, lens: Tensor) -> Marginals:
+    def _point(self, node: Tensor, edge: Tensor | None, lens: Tensor,
+               near: PairwisePotentials | None = None) -> Marginals:
         if self.totals:
-            return Marginals(node, None, None, lens, edge_total=edge)
+            return Marginals(node, None, None, lens, edge_total=edge, near=near)
         if edge is None and not self.pairwise:                   # untracked: the oracle's all-zero placeholders
             b, n, c = node.shape
-            return Marginals(node, lambda: node.new_zeros(b, max(n - 1, 0), c, c), None, lens)
-        return Marginals(node, edge, None, lens)
+            return Marginals(node, lambda: node.new_zeros(b, max(n - 1, 0), c, c), None, lens, near=near)
+        return Marginals(node, edge, None, lens, near=near)
 
     def shift(self, pot: PairwisePotentials, dn: Tensor, de: Tensor | None) -> PairwisePotentials:
         """``pot`` with dual offsets (per-example [B, C, C] edge offsets viewed over the positions)."""
@@ -623,12 +624,16 @@ class SolverState:
             if de is not None:
                 de = torch.where(wild.reshape(-1, *([1] * (de.dim() - 1))), self.delta_edge[rows], de)
         self.calls += int(rows.numel())
-        m = self.oracle.marginals(self.shift(self.theta.index(rows), dn, de))
+        pot = self.shift(self.theta.index(rows), dn, de)
+        m = self.oracle.marginals(pot)
         if self.method == "accelerated":
             w = cw[pending]
             m_edge = m.edge if self.need_edges else None
             node, edge = _lerp(self.mu_node[rows], m.node, w), _lerp(_rows(self.mu_edge, rows), m_edge, w)
-            lin = _objective_parts(self.oracle, self.theta.index(rows), self._point(node, edge, self.lengths[rows]))
+            # the oracle point's potentials: a close start for an entropy solved by iteration (the average
+            # moves towards the latest point, and the points converge)
+            lin = _objective_parts(self.oracle, self.theta.index(rows),
+                                   self._point(node, edge, self.lengths[rows], near=pot))
             scale = lin.abs()
         else:
             node, edge = m.node, ((m.edge_total() if self.totals else m.edge) if self.need_edges else None)

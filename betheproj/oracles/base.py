@@ -217,12 +217,17 @@ class Marginals:
 
     Padding positions hold zeros.  Edge marginals may be computed lazily on first access (an oracle that
     can skip them when no one asks, does); ``has_edge`` tells whether they are already materialised.
+
+    ``near`` (optional): potentials whose marginals lie close to these, a start for an oracle whose entropy at
+    marginals it did not return is solved for by iteration (the dependency trees' conjugate entropy); the
+    solvers set it on the averages of the accelerated method.  Other oracles ignore it.
     """
 
     def __init__(self, node: Tensor, edge: Tensor | Callable[[], Tensor] | None,
                  log_partition: Tensor | None, lengths: Tensor, *,
-                 edge_total: Tensor | Callable[[], Tensor] | None = None):
+                 edge_total: Tensor | Callable[[], Tensor] | None = None, near: PairwisePotentials | None = None):
         self.node = node
+        self.near = near
         self._edge = edge
         self.log_partition = log_partition
         self.lengths = lengths

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .base import PairwisePotentials, _unchecked
 from .dependency import (
     _check_range,
     _DependencyOracle,
@@ -81,6 +82,13 @@ def _matrix_tree(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = T
 
 
 def _fast_matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor, Tensor]:
+    log_z, marg, ok, _ = _fast_parts(s, lengths, single_root)
+    return log_z, marg.clamp_min_(0.0), ok
+
+
+def _fast_parts(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor, Tensor, tuple]:
+    """The fast path's ``log Z`` [B], marginals (head-major, not clamped), whether each example passed its checks,
+    and ``(root, words, keep, inv)``: column-scaled arc weights, the rows the Laplacian keeps and ``L^{-1}``."""
     b, c, _ = s.shape
     n = c - 1
     dtype, device = s.dtype, s.device
@@ -117,7 +125,28 @@ def _fast_matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Te
     kappa = torch.linalg.matrix_norm(lap, ord=1) * torch.linalg.matrix_norm(inv, ord=1)
     ok = ((info == 0) & (sign > 0) & torch.isfinite(log_z) & (lengths * kappa * eps <= eps ** 0.5)
           & torch.isfinite(marg).flatten(1).all(-1) & (marg >= -(eps ** 0.5)).flatten(1).all(-1))
-    return log_z, marg.clamp_min_(0.0), ok
+    return log_z, marg, ok, (root, words, keep, inv)
+
+
+def _fast_covariance(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    """The arcs' covariance [B, V, V] (node layout, ``V = N (N+1)``, index ``m N+1 + h`` for ``h -> m+1``) in
+    closed form, and which examples the fast path certified.  With ``L`` linear in the weights,
+    ``dL / dA_a = x_a e_m^T`` (``x_a = keep_m e_m - keep_h e_h``, a root arc ``e_m`` or ``e_0``), so
+    ``d^2 log det L / dA_a dA_b = -(L^{-1} x_a)[m_b] (L^{-1} x_b)[m_a]`` and, with ``R[a, j] = A_a (L^{-1} x_a)[j]``
+    (``R[a, m_a] = mu_a``), ``Cov(a, b) = mu_a [a = b] - R[a, m_b] R[b, m_a]``: ``O(V^2)`` work instead of one
+    inference per arc."""
+    b, c, _ = s.shape
+    n = c - 1
+    _, _, ok, (root, words, keep, inv) = _fast_parts(s, lengths, single_root)
+    t = inv.transpose(1, 2)                                               # t[m, j] = L^{-1}[j, m]
+    r_root = root[:, :, None] * (t[:, :1] if single_root else t)         # [B, N(m), N(j)]
+    r_word = words.transpose(1, 2)[..., None] * (keep[:, None, None] * t[:, :, None, :]
+                                                 - keep[None, :, None] * t[:, None, :, :])   # [B, m, h-1, j]
+    r = torch.cat([r_root[:, :, None], r_word], 2)                        # [B, N(m), C(h), N(j)]
+    mu = torch.diagonal(r, dim1=1, dim2=3)                                # [B, C, N]: R[a, m_a]
+    cross = r[..., None] * r.permute(0, 3, 1, 2)[:, :, None]              # [B, m, h, m', h']
+    cov = torch.diag_embed(mu.transpose(1, 2).reshape(b, n * c)) - cross.reshape(b, n * c, n * c)
+    return cov, ok
 
 
 def _gth_log_det(la: Tensor, lr: Tensor) -> Tensor:
@@ -346,6 +375,19 @@ class NonProjective(_DependencyOracle):
 
     def _marginals_core(self, scores: Tensor, lengths: Tensor, strict: bool = True) -> tuple[Tensor, Tensor]:
         return _matrix_tree(scores, lengths, self.single_root, strict)
+
+    def _covariance(self, theta: Tensor, mu: Tensor, support: Tensor, lengths: Tensor) -> Tensor:
+        """Closed form (:func:`_fast_covariance`) where the fast path certifies the example, else one inference per
+        arc (the base class)."""
+        scores, lengths = self._scores(_unchecked(PairwisePotentials, theta, theta.new_zeros(theta.shape[-1],
+                                                                                             theta.shape[-1]), lengths))
+        cov, ok = _fast_covariance(scores, lengths, self.single_root)
+        slow = torch.nonzero(~ok).flatten()
+        if slow.numel():
+            cov[slow] = super()._covariance(theta[slow], mu[slow], support[slow], lengths[slow])
+        b, v = cov.shape[:2]
+        return torch.where(support.reshape(b, v, 1) & support.reshape(b, 1, v), cov,
+                           torch.zeros((), dtype=cov.dtype, device=cov.device))
 
     def _map_core(self, scores: Tensor, lengths: Tensor) -> Tensor:
         b, c, _ = scores.shape

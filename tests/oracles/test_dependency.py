@@ -691,6 +691,115 @@ def test_entropy_checks_the_marginals_it_is_given(cls):
     assert oracle.entropy(bp.Marginals(padded, None, None, torch.tensor([2]))).item() == pytest.approx(0.0, abs=1e-9)
 
 
+def _enumerated_covariance(scores: torch.Tensor, n: int, single_root: bool) -> torch.Tensor:
+    """Cov(arcs) [n (n+1), n (n+1)] of one sentence (node layout: index ``(m-1) (n+1) + h``) by enumeration."""
+    trees = _trees(n, False, single_root)
+    p = torch.softmax(scores[trees, torch.arange(1, n + 1)].sum(-1), 0)
+    z = torch.zeros(len(trees), n, n + 1, dtype=scores.dtype)
+    z[torch.arange(len(trees))[:, None], torch.arange(n), trees] = 1.0
+    z = z.reshape(len(trees), -1)
+    mean = p @ z
+    return (z * p[:, None]).T @ z - mean[:, None] * mean[None]
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+def test_nonprojective_newton_hessian_in_closed_form_matches_enumeration(monkeypatch, single_root):
+    """The conjugate entropy's Hessian Cov(arcs): from the inverse Laplacian where the matrix-tree fast path
+    certifies the example (it was one inference per supported arc for every example), one inference per arc
+    (the base class) for the others."""
+    oracle = NonProjective(single_root=single_root)
+    gen = torch.Generator().manual_seed(4)
+    lengths = torch.tensor([5, 3, 5, 4, 5, 5])
+    s = torch.randn(6, 6, 6, generator=gen, dtype=DT) * torch.tensor([1.0, 2.0, 30.0, 1.0, 30.0, 30.0])[:, None, None]
+    s[3, 2, 4] = s[3, 4, 1] = -INF
+    s = _mask_head_major(s, lengths)
+    mu = oracle.marginals(arc_potentials(s, lengths))
+    support = mu.node > 0
+    support &= ~oracle._structural(support, lengths)[0]
+    theta = torch.where(support, mu.theta, -INF)
+    certified = nonprojective._fast_matrix_tree(s, lengths, single_root)[2]
+    assert certified[:2].all() and not certified.all()             # both kinds in the batch
+    per_arc = []
+    base = nonprojective._DependencyOracle._covariance
+
+    def recorded(self, theta, *args):
+        per_arc.append(theta.shape[0])
+        return base(self, theta, *args)
+
+    monkeypatch.setattr(nonprojective._DependencyOracle, "_covariance", recorded)
+    cov = oracle._covariance(theta, mu.node, support, lengths)
+    assert per_arc == [int((~certified).sum())]
+    for i, n in enumerate(lengths.tolist()):
+        ref = _enumerated_covariance(s[i, : n + 1, : n + 1], n, single_root)
+        sup = support[i, :n, : n + 1].reshape(-1)
+        ref = torch.where(sup[:, None] & sup[None], ref, 0.0)
+        got = cov[i].reshape(5, 6, 5, 6)[:n, : n + 1, :n, : n + 1].reshape(n * (n + 1), n * (n + 1))
+        assert torch.allclose(got, ref, atol=1e-11 if certified[i] else 1e-9, rtol=0)
+        assert (cov[i].reshape(5, 6, 5, 6)[n:] == 0).all() and (cov[i].reshape(5, 6, 5, 6)[:, :, n:] == 0).all()
+
+
+def _newton_calls(monkeypatch, oracle) -> list[int]:
+    """Records the batch size of each Newton iteration's Hessian of ``oracle``'s conjugate entropy."""
+    calls: list[int] = []
+    original = oracle._covariance
+
+    def recorded(theta, *args):
+        calls.append(theta.shape[0])
+        return original(theta, *args)
+
+    monkeypatch.setattr(oracle, "_covariance", recorded)
+    return calls
+
+
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_conjugate_entropy_starts_from_marginals_near(monkeypatch, cls, single_root):
+    """``Marginals.near``: potentials whose marginals lie close, the accelerated solver's latest oracle point.
+    The Newton iteration starts there (it started from log mu, several times as many iterations): the same
+    entropy in fewer iterations.  A start that forbids an arc the marginals give mass to is none."""
+    oracle = cls(single_root=single_root)
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([6, 4, 5])
+    scores = torch.randn(3, 7, 7, generator=gen, dtype=DT) * 2
+    pots = [arc_potentials(scores + 0.3 * torch.randn(3, 7, 7, generator=gen, dtype=DT), lengths) for _ in range(2)]
+    mix = 0.5 * oracle.marginals(pots[0]).node + 0.5 * oracle.marginals(pots[1]).node      # points a solver nears
+    calls = _newton_calls(monkeypatch, oracle)
+    cold = oracle.entropy(Marginals(mix, None, None, lengths))
+    n_cold = sum(calls)
+    calls.clear()
+    warm = oracle.entropy(Marginals(mix, None, None, lengths, near=pots[0]))
+    assert torch.allclose(warm, cold, atol=1e-11, rtol=0)
+    assert 0 < sum(calls) < n_cold
+    forbidding = PairwisePotentials(pots[0].node.clone(), pots[0].edge, lengths)
+    forbidding.node[1, 2, 0] = -INF                                    # example 1 starts from log mu
+    assert torch.allclose(oracle.entropy(Marginals(mix, None, None, lengths, near=forbidding)), cold, atol=1e-11,
+                          rtol=0)
+    with pytest.raises(TypeError, match=r"marginals.near must be PairwisePotentials or None, got Tensor"):
+        oracle.entropy(Marginals(mix, None, None, lengths, near=pots[0].node))
+    with pytest.raises(ValueError, match=r"marginals.near.node must have the marginals' shape \(3, 6, 7\), got "
+                                         r"\(2, 6, 7\)"):
+        oracle.entropy(Marginals(mix, None, None, lengths, near=pots[0].index(torch.tensor([0, 1]))))
+
+
+def test_the_accelerated_solver_hands_its_averages_their_oracle_point(monkeypatch):
+    from betheproj.energies.second_order import SecondOrderArcs
+
+    gen = torch.Generator().manual_seed(0)
+    pot = arc_potentials(torch.randn(2, 6, 6, generator=gen, dtype=DT), torch.tensor([5, 4]))
+    energy = SecondOrderArcs(torch.randn(2, 6, 6, 6, generator=gen, dtype=DT), None)
+    oracle = Projective()
+    seen = []
+    original = oracle.entropy
+
+    def recorded(marginals):
+        seen.append(marginals.near)
+        return original(marginals)
+
+    monkeypatch.setattr(oracle, "entropy", recorded)
+    sol = bp.solve(oracle, pot, energy, method="accelerated", max_iter=30)
+    assert seen and all(isinstance(p, PairwisePotentials) for p in seen)
+    assert torch.allclose(bp.objective(Projective(), pot, energy, sol.marginals), sol.objective, atol=1e-8)
+
+
 def test_chu_liu_edmonds_names_a_wrong_type():
     for scores in ([[0.0, 1.0], [0.0, 0.0]], torch.zeros(3, 3, dtype=torch.long),
                    torch.zeros(3, 3, dtype=torch.float16)):
