@@ -242,7 +242,7 @@ def _near_start(near: object, mu: Tensor) -> Tensor | None:
     if near.node.shape != mu.shape:
         raise ValueError(f"marginals.near.node must have the marginals' shape {tuple(mu.shape)}, got "
                          f"{tuple(near.node.shape)}")
-    return near.node.detach().to(mu)
+    return near.node.detach().to(mu.device)
 
 
 def _is_tree(heads: Tensor, words: Tensor, single_root: bool) -> Tensor:
@@ -410,13 +410,18 @@ class _DependencyOracle:
             raise ValueError("marginals.node must hold arc marginals: finite, >= 0, each word's heads summing to 1")
         start = _near_start(marginals.near, mu)
         with torch.no_grad():
-            return self._conjugate_entropy(mu.clamp_min(0.0), lengths, start=start).clamp_min(0.0)
+            # float64 arithmetic whatever the dtype (float32's eigensolver can fail to converge on these Hessians),
+            # tolerances at the marginals' own rounding
+            return self._conjugate_entropy(mu.double().clamp_min(0.0), lengths, torch.finfo(mu.dtype).eps,
+                                           start=None if start is None else start.double()).clamp_min(0.0).to(mu.dtype)
 
     def _structure(self) -> tuple:
         return (type(self).__name__, self.single_root)
 
-    def _conjugate_entropy(self, mu: Tensor, lengths: Tensor, max_iter: int = 50,
+    def _conjugate_entropy(self, mu: Tensor, lengths: Tensor, eps: float, max_iter: int = 50,
                            start: Tensor | None = None) -> Tensor:
+        """``min_theta log Z(theta) - <theta, mu>`` [B] by Newton's method from ``start`` (else ``log mu``), with
+        tolerances at ``eps``, the rounding of the dtype the marginals came in (the arithmetic is ``mu``'s)."""
         b, n, c = mu.shape
         dtype, device = mu.dtype, mu.device
         zero = torch.zeros((), dtype=dtype, device=device)
@@ -444,7 +449,7 @@ class _DependencyOracle:
             return f, m.node
 
         f, cur = evaluate(theta, torch.arange(b, device=device))
-        tol = 1e3 * torch.finfo(dtype).eps
+        tol = 1e3 * eps
         active = torch.arange(b, device=device)
         v = n * c
         for _ in range(max_iter):
@@ -460,14 +465,14 @@ class _DependencyOracle:
             # equalities of the polytope; the gradient has no component there)
             evals, evecs = torch.linalg.eigh(hess)
             top = evals.amax(-1, keepdim=True)
-            cut = top * v * torch.finfo(dtype).eps * 10
+            cut = top * v * eps * 10
             gf = g.reshape(-1, v)
             g_eig = (evecs.transpose(1, 2) @ gf[..., None]).squeeze(-1)
 
             lam = torch.zeros(active.numel(), dtype=dtype, device=device)
             step, slope = _damped_step(evals, evecs, g_eig, gf, cut, lam, support[active])   # -(Newton decrement)^2
             # stop where the predicted decrease is below the rounding of F: H is then exact to rounding
-            far = -slope > 10 * torch.finfo(dtype).eps * f[active].abs().clamp_min(1.0)
+            far = -slope > 10 * eps * f[active].abs().clamp_min(1.0)
             keep = torch.nonzero(far).flatten()
             active, step, slope, top, evals, evecs, g_eig, gf, cut = (
                 x[keep] for x in (active, step, slope, top, evals, evecs, g_eig, gf, cut))

@@ -144,8 +144,8 @@ def _fast_covariance(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Ten
                                                  - keep[None, :, None] * t[:, None, :, :])   # [B, m, h-1, j]
     r = torch.cat([r_root[:, :, None], r_word], 2)                        # [B, N(m), C(h), N(j)]
     mu = torch.diagonal(r, dim1=1, dim2=3)                                # [B, C, N]: R[a, m_a]
-    cross = r[..., None] * r.permute(0, 3, 1, 2)[:, :, None]              # [B, m, h, m', h']
-    cov = torch.diag_embed(mu.transpose(1, 2).reshape(b, n * c)) - cross.reshape(b, n * c, n * c)
+    cov = (r[..., None] * r.permute(0, 3, 1, 2)[:, :, None]).reshape(b, n * c, n * c).neg_()   # [B, mh, m'h']
+    cov.diagonal(dim1=1, dim2=2).add_(mu.transpose(1, 2).reshape(b, n * c))
     return cov, ok
 
 
@@ -386,8 +386,7 @@ class NonProjective(_DependencyOracle):
         if slow.numel():
             cov[slow] = super()._covariance(theta[slow], mu[slow], support[slow], lengths[slow])
         b, v = cov.shape[:2]
-        return torch.where(support.reshape(b, v, 1) & support.reshape(b, 1, v), cov,
-                           torch.zeros((), dtype=cov.dtype, device=cov.device))
+        return cov.masked_fill_(~(support.reshape(b, v, 1) & support.reshape(b, 1, v)), 0.0)
 
     def _map_core(self, scores: Tensor, lengths: Tensor) -> Tensor:
         b, c, _ = scores.shape

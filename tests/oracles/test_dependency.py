@@ -780,6 +780,22 @@ def test_conjugate_entropy_starts_from_marginals_near(monkeypatch, cls, single_r
         oracle.entropy(Marginals(mix, None, None, lengths, near=pots[0].index(torch.tensor([0, 1]))))
 
 
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+def test_conjugate_entropy_of_float32_marginals(cls):
+    """The Newton iteration runs in float64 (tolerances at float32's rounding): in float32 the eigensolver
+    failed to converge on these Hessians (torch's _LinAlgError reached the caller) for most such sentences."""
+    oracle = cls()
+    gen = torch.Generator().manual_seed(0)
+    s1, s2 = (torch.randn(2, 11, 11, generator=gen, dtype=torch.float32) * 300 for _ in range(2))
+    lengths = torch.tensor([10, 10])
+    mix = 0.7 * oracle.marginals(arc_potentials(s1)).node + 0.3 * oracle.marginals(arc_potentials(s2)).node
+    h = oracle.entropy(Marginals(mix, None, None, lengths))
+    exact = 0.7 * oracle.marginals(arc_potentials(s1.double())).node \
+        + 0.3 * oracle.marginals(arc_potentials(s2.double())).node
+    assert h.dtype == torch.float32
+    assert torch.allclose(h.double(), oracle.entropy(Marginals(exact, None, None, lengths)), atol=2e-3, rtol=0)
+
+
 def test_the_accelerated_solver_hands_its_averages_their_oracle_point(monkeypatch):
     from betheproj.energies.second_order import SecondOrderArcs
 
