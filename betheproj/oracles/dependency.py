@@ -386,7 +386,8 @@ class _DependencyOracle:
         ``Projective`` by one batched oracle call with every supported arc clamped (``Cov(a, b) = mu_a (mu_b | a) -
         mu_a mu_b``, ``O(N^2)`` inferences), so it is meant for short sentences.  The iteration starts from
         ``marginals.near``'s scores where given (the accelerated solver passes its latest oracle point: a few
-        iterations instead of several times as many from ``log mu``).  Marginals that are not finite,
+        iterations instead of several times as many from ``log mu``); it runs in float64 whatever the marginals'
+        dtype, its tolerances at theirs.  Marginals that are not finite,
         negative, or whose words' heads do not sum to 1 are a ``ValueError``, as are marginals whose support holds
         no tree of this structure; other points outside the polytope cannot make the iteration converge, and the
         value returned is then an upper bound.
