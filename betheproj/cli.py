@@ -395,6 +395,31 @@ class _ClosedStdout(io.TextIOBase):
         raise OSError(errno.EBADF, "standard output is closed")
 
 
+class _NamedStdout:
+    """Standard output whose write errors name it: a full disk under ``betheproj ... > file`` said "No space left
+    on device" alone, as if a file the command writes were full.  Everything else goes to the stream."""
+
+    def __init__(self, stream: object):
+        self.stream = stream
+
+    def _named(self, call, *args):
+        try:
+            return call(*args)
+        except OSError as err:
+            if err.filename is not None or err.errno is None:
+                raise
+            raise OSError(err.errno, err.strerror, "standard output") from None   # EPIPE stays a BrokenPipeError
+
+    def write(self, text: str) -> int:
+        return self._named(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._named(self.stream.flush)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``betheproj ARGS``; returns the exit status (0, 1 on a closed pipe, 2 on an error or running out of
     memory, 130 on Ctrl-C)."""
@@ -408,9 +433,16 @@ def main(argv: list[str] | None = None) -> int:
     if interrupted:
         print("betheproj: interrupted", file=sys.stderr)
         return 130
-    with warnings.catch_warnings():
-        warnings.showwarning = _one_line_warning
-        return _run(args)
+    stdout = sys.stdout
+    if not isinstance(stdout, _ClosedStdout | _NamedStdout):
+        sys.stdout = _NamedStdout(stdout)
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            return _run(args)
+    finally:
+        if isinstance(sys.stdout, _NamedStdout):          # else dropped (a closed pipe, a full disk): left so
+            sys.stdout = stdout
 
 
 def error_text(err: BaseException) -> str:

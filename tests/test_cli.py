@@ -571,8 +571,45 @@ def test_output_that_cannot_be_written_is_a_one_line_error(monkeypatch, capsys, 
     finally:
         sys.stdout = stdout
     assert status == 2 and dropped
-    want = "bad input" if fails else "No space left on device"
+    want = "bad input" if fails else "No space left on device: standard output"     # it said which file no more
     assert capsys.readouterr().err == f"betheproj demo: error: {want}\n"
+
+
+class _FailingWrites(io.StringIO):
+    def __init__(self, err: int):
+        super().__init__()
+        self.err = err
+
+    def write(self, text):
+        raise OSError(self.err, os.strerror(self.err))
+
+
+@pytest.mark.parametrize("err,status,message", [
+    (errno.ENOSPC, 2, "betheproj demo: error: No space left on device: standard output\n"),
+    (errno.EIO, 2, "betheproj demo: error: Input/output error: standard output\n"),
+    (errno.EPIPE, 1, "")])
+def test_a_failed_write_to_standard_output_names_it(monkeypatch, capsys, err, status, message):
+    """`betheproj demo > file` on a full disk said "No space left on device" alone, as if a file it writes were
+    full; a closed pipe stays quiet (status 1), and standard output is the caller's again after main."""
+    import betheproj.demo
+
+    monkeypatch.setattr(betheproj.demo, "run_demo", lambda *args, **kwargs: print("a table"))
+    stdout = sys.stdout
+    sys.stdout = failing = _FailingWrites(err)
+    try:
+        assert main(["demo"]) == status
+        after = sys.stdout
+    finally:
+        sys.stdout = stdout
+    assert capsys.readouterr().err == message
+    assert (after is not failing) == (err == errno.EPIPE)      # a closed pipe: the rest goes nowhere
+    monkeypatch.setattr(betheproj.demo, "run_demo", lambda *args, **kwargs: None)
+    sys.stdout = kept = io.StringIO()
+    try:
+        assert main(["demo"]) == 0
+        assert sys.stdout is kept
+    finally:
+        sys.stdout = stdout
 
 
 def test_output_the_locale_cannot_encode_says_how_to_write_it(monkeypatch, capsys):
