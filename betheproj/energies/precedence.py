@@ -23,6 +23,7 @@ position alike, an order constraint moves it only where the other field's mass l
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..oracles.base import Marginals
@@ -63,8 +64,11 @@ class Precedence(MeasurementLoss):
     def _pairs(self, marginals: Marginals) -> tuple[Tensor, Tensor, Tensor]:
         """``V`` [B, J], and the distinct vectors' masses strictly before and strictly after each position."""
         mass = self._pairs_of.masses(marginals)
-        upto = mass.cumsum(1)
-        before, after = upto - mass, upto[:, -1:] - upto
+        # exclusive prefix and suffix sums, each its own cumsum: the suffix as total - prefix lost the mass after
+        # late positions to the total's rounding (float32 gradients 20% off at N = 3000)
+        none = mass.new_zeros(mass.shape[0], 1, mass.shape[2])
+        before = torch.cat([none, mass[:, :-1].cumsum(1)], 1)
+        after = torch.cat([mass[:, 1:].flip(1).cumsum(1).flip(1), none], 1)
         # V[b, x, y] = sum_i <mu_i, g_x> * (g_y mass before i), for all pairs of distinct vectors at once
         return self._pairs_of.gather(mass.transpose(1, 2) @ before), before, after
 
