@@ -129,7 +129,7 @@ def _fast_parts(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, 
 
 
 def _fast_covariance(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
-    """The arcs' covariance [B, V, V] (node layout, ``V = N (N+1)``, index ``m N+1 + h`` for ``h -> m+1``) in
+    """The arcs' covariance [B, V, V] (node layout, ``V = N (N+1)``, index ``m (N+1) + h`` for ``h -> m+1``) in
     closed form, and which examples the fast path certified.  With ``L`` linear in the weights,
     ``dL / dA_a = x_a e_m^T`` (``x_a = keep_m e_m - keep_h e_h``, a root arc ``e_m`` or ``e_0``), so
     ``d^2 log det L / dA_a dA_b = -(L^{-1} x_a)[m_b] (L^{-1} x_b)[m_a]`` and, with ``R[a, j] = A_a (L^{-1} x_a)[j]``
