@@ -49,6 +49,20 @@ nonnegative_float = float_type(0.0, strict=False)
 fraction = float_type(0.0, strict=False, below=1.0)     # argparse type: a float in [0, 1)
 
 
+def timing_args(doc: str, repeats: int, statistic: str) -> argparse.Namespace:
+    """``--repeats`` (default ``repeats``, timed calls per measurement, reduced by ``statistic``) and ``--threads``
+    (default 2, set for torch) of a timing script whose help is ``doc``."""
+    import torch
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=positive_int, default=repeats,
+                        help=f"timed calls per measurement ({statistic})")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
+
+
 def call_times(fn: Callable[[], object], repeats: int) -> list[float]:
     """Seconds of each of ``repeats`` calls of ``fn``, after one untimed call (warm-up)."""
     fn()

@@ -10,11 +10,10 @@ Run by hand:  python benchmarks/dependency_entropy.py  [--repeats 3] [--threads 
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
-from _common import call_times, positive_int, run
+from _common import call_times, run, timing_args
 
 import betheproj as bp
 from betheproj.oracles.dependency import _DependencyOracle
@@ -44,11 +43,7 @@ def best_s(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=positive_int, default=3, help="timed calls per measurement (best)")
-    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = timing_args(__doc__, 3, "best")
     print(f"{'oracle':>14} {'B':>3} {'N':>3}   per-arc cold s  closed cold s  ratio   closed near s  ratio   "
           f"all: ratio   max |diff|")
     for oracle, slow, b, n in [(bp.NonProjective(), _PerArc(), 8, 8), (bp.NonProjective(), _PerArc(), 4, 16),

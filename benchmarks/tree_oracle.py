@@ -7,10 +7,8 @@ Run by hand:  python benchmarks/tree_oracle.py  [--repeats 15] [--threads 2]
 
 from __future__ import annotations
 
-import argparse
-
 import torch
-from _common import call_times, positive_int, run
+from _common import call_times, run, timing_args
 
 import betheproj as bp
 
@@ -21,11 +19,7 @@ def median_ms(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=positive_int, default=15, help="timed calls per measurement (median)")
-    parser.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = timing_args(__doc__, 15, "median")
     print(f"{'B':>4} {'N':>4} {'C':>3} {'tree':>7} {'dtype':>8}   exact ms   fast ms  ratio   +edges: exact    fast  "
           f"ratio   max |diff|  certified")
     for b, n, c, shape in [(32, 50, 20, "random"), (32, 50, 20, "chain"), (64, 20, 10, "random"),
