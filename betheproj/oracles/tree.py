@@ -155,7 +155,18 @@ class Tree:
         space where that is certified to lose nothing to underflow (:meth:`_scaled`), else in log space."""
         pot = self._check(potentials)
         with torch.no_grad():
-            node_marg, fast_edges, log_z, ok = self._scaled(pot)
+            # examples whose edge tables alone rule the fast pass out skip it (it would be wasted work)
+            edge = pot.full_edge()
+            factors = _edge_factors(edge)
+            rows = torch.nonzero(~_gapped(edge, pot.lengths, factors[1])).flatten()
+            if rows.numel() == 0:
+                return self._exact(pot)
+            if rows.numel() == len(pot.lengths):
+                node_marg, fast_edges, log_z, ok = self._scaled(pot, factors)
+            else:
+                node_marg, fast_edges, log_z, ok = self._scaled(pot.index(rows), tuple(f[rows] for f in factors))
+                node_marg, fast_edges, log_z, ok = _spread(rows, len(pot.lengths), node_marg, fast_edges, log_z,
+                                                           ok)
             slow = torch.nonzero(~ok).flatten()
             if slow.numel() == 0:
                 return Marginals(node_marg, fast_edges, log_z, pot.lengths)
@@ -172,7 +183,8 @@ class Tree:
 
         return Marginals(node_marg, edge_marginals, log_z, pot.lengths)
 
-    def _scaled(self, pot: PairwisePotentials) -> tuple[Tensor, Callable[[], Tensor], Tensor, Tensor]:
+    def _scaled(self, pot: PairwisePotentials, factors: tuple[Tensor, Tensor] | None = None
+                ) -> tuple[Tensor, Callable[[], Tensor], Tensor, Tensor]:
         """Sum-product with normalised messages in probability space (the chain's fast path, on a tree): node
         marginals [B, N, C], a function giving the edge marginals, ``log Z`` [B], and ``ok`` [B], whether the
         example is certified (the others' outputs are meaningless).
@@ -200,9 +212,8 @@ class Tree:
 
         node_max = _finite_max(node, -1)                                                 # [B, N, 1]
         nz = torch.where(valid[..., None], torch.exp(node - node_max), 1.0)   # times the non-zero messages
-        edge_max = _finite_max(edge, (-1, -2)) if n > 1 else edge.new_zeros(b, 0, 1, 1)  # [B, N-1, 1, 1]
-        m = torch.exp(edge - edge_max)
-        bad = ((m < lim) & (edge > -math.inf) & valid[:, 1:, None, None]).flatten(1).any(-1)
+        edge_max, m = _edge_factors(edge) if factors is None else factors      # [B, N-1, 1, 1], M
+        bad = _gapped(edge, lengths, m)
         log_z = torch.where(valid, node_max[..., 0], zero).sum(-1)
         if n > 1:
             log_z = log_z + torch.where(valid[:, 1:], edge_max[..., 0, 0], zero).sum(-1)
@@ -361,3 +372,38 @@ class Tree:
 
     def __repr__(self) -> str:
         return f"Tree(parents={self.parents.tolist()})"
+
+
+def _edge_factors(edge: Tensor) -> tuple[Tensor, Tensor]:
+    """Each edge table's largest score [B, N-1, 1, 1] and ``M = exp(edge - max)`` [B, N-1, C, C]."""
+    b, n1, c, _ = edge.shape
+    edge_max = _finite_max(edge, (-1, -2)) if n1 else edge.new_zeros(b, 0, 1, 1)
+    return edge_max, torch.exp(edge - edge_max)
+
+
+def _gapped(edge: Tensor, lengths: Tensor, m: Tensor) -> Tensor:
+    """[B]: whether an edge table of the example (``edge`` [B, N-1, C, C], ``m = exp(edge - max)``) holds a
+    finite entry below ``sqrt(tiny)`` times its largest, which :meth:`Tree._scaled` cannot certify."""
+    valid = torch.arange(1, edge.shape[1] + 1, device=edge.device) < lengths[:, None]
+    return ((m < math.sqrt(torch.finfo(edge.dtype).tiny)) & (edge > -math.inf)
+            & valid[..., None, None]).flatten(1).any(-1)
+
+
+def _spread(rows: Tensor, b: int, node: Tensor, edges: Callable[[], Tensor], log_z: Tensor,
+            ok: Tensor) -> tuple[Tensor, Callable[[], Tensor], Tensor, Tensor]:
+    """The fast pass's outputs for the examples ``rows`` placed in a batch of ``b`` (the others not certified)."""
+    full = node.new_zeros(b, *node.shape[1:])
+    full[rows] = node
+    z = log_z.new_zeros(b)
+    z[rows] = log_z
+    certified = torch.zeros(b, dtype=torch.bool, device=ok.device)
+    certified[rows] = ok
+
+    def edge_marginals() -> Tensor:
+        part = edges()
+        out = part.new_zeros(b, *part.shape[1:])
+        out[rows] = part
+        return out
+
+    return full, edge_marginals, z, certified
+
