@@ -199,7 +199,8 @@ class Tree:
         product of a node's factors (at most 1 each, so decreasing as they are multiplied in) is normal: then every
         zero is structural (a ``-inf`` score) and each quantity carries only rounding errors, relative, a few
         ``eps`` per step.  Edge tables with score gaps beyond ``~354`` nats in float64 (``~44`` in float32), beliefs
-        as peaked, and ``-inf`` patterns that leave no labelling are left to the exact recursion (:meth:`_exact`)."""
+        as peaked, and ``-inf`` patterns that leave no labelling are left to the exact recursion (:meth:`_exact`).
+        ``factors``: :func:`_edge_factors` of these examples, which the caller found not :func:`_gapped`."""
         node, edge, lengths = pot.node, pot.full_edge(), pot.lengths
         b, n, c = node.shape
         dtype, device = node.dtype, node.device
@@ -212,8 +213,11 @@ class Tree:
 
         node_max = _finite_max(node, -1)                                                 # [B, N, 1]
         nz = torch.where(valid[..., None], torch.exp(node - node_max), 1.0)   # times the non-zero messages
-        edge_max, m = _edge_factors(edge) if factors is None else factors      # [B, N-1, 1, 1], M
-        bad = _gapped(edge, lengths, m)
+        if factors is None:
+            edge_max, m = _edge_factors(edge)                                           # [B, N-1, 1, 1], M
+            bad = _gapped(edge, lengths, m)
+        else:                                  # the caller's, of examples it found not gapped
+            (edge_max, m), bad = factors, torch.zeros(b, dtype=torch.bool, device=device)
         log_z = torch.where(valid, node_max[..., 0], zero).sum(-1)
         if n > 1:
             log_z = log_z + torch.where(valid[:, 1:], edge_max[..., 0, 0], zero).sum(-1)
