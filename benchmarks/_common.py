@@ -74,6 +74,11 @@ def call_times(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
+def best_time(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` (after a warm-up), in seconds."""
+    return min(call_times(fn, repeats))
+
+
 def require(module: str, package: str, extra: str) -> ModuleType:
     """Import ``module`` for a peer or a plot; if it is missing, say which package (and extra) provides it in one
     line and exit 2, before any work."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 import torch
-from _common import call_times, run, timing_args
+from _common import best_time, run, timing_args
 
 import betheproj as bp
 from betheproj.oracles.dependency import _DependencyOracle
@@ -38,10 +38,6 @@ class _ColdProjective(bp.Projective):
         return super().entropy(bp.Marginals(marginals.node, None, None, marginals.lengths))
 
 
-def best_s(fn, repeats: int) -> float:
-    return min(call_times(fn, repeats))
-
-
 def main() -> None:
     args = timing_args(__doc__, 3, "best")
     print(f"{'oracle':>14} {'B':>3} {'N':>3}   per-arc cold s  closed cold s  ratio   closed near s  ratio   "
@@ -58,11 +54,11 @@ def main() -> None:
                                   lengths)
         mix = 0.7 * oracle.marginals(near).node + 0.3 * oracle.marginals(other).node
         cold, warm = bp.Marginals(mix, None, None, lengths), bp.Marginals(mix, None, None, lengths, near=near)
-        t_cold = best_s(lambda: oracle.entropy(cold), args.repeats)           # noqa: B023
-        t_near = best_s(lambda: oracle.entropy(warm), args.repeats)           # noqa: B023
+        t_cold = best_time(lambda: oracle.entropy(cold), args.repeats)           # noqa: B023
+        t_near = best_time(lambda: oracle.entropy(warm), args.repeats)           # noqa: B023
         values = [oracle.entropy(cold), oracle.entropy(warm)]
         if slow is not None:
-            t_slow = best_s(lambda: slow.entropy(cold), args.repeats)         # noqa: B023
+            t_slow = best_time(lambda: slow.entropy(cold), args.repeats)         # noqa: B023
             values.append(slow.entropy(cold))
             head = f"{t_slow:14.3f}  {t_cold:13.3f}  {t_slow / t_cold:4.1f}x"
         else:

@@ -15,13 +15,9 @@ import subprocess
 import sys
 
 import torch
-from _common import call_times, positive_float, positive_int, run
+from _common import best_time, positive_float, positive_int, run
 
 import betheproj as bp
-
-
-def best_time(fn, repeats: int) -> float:
-    return min(call_times(fn, repeats))
 
 
 def problem(b: int, n: int, c: int, seed: int = 0):
