@@ -158,21 +158,57 @@ def _two_sum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return s, ((a - (s - bv)) + (b - bv)).nan_to_num_(0.0)
 
 
-def _max_shifted(pot: PairwisePotentials, errors: bool = True) -> tuple[PairwisePotentials, Tensor, Tensor, Tensor]:
+def _split_sum(x: Tensor, dim: int = -1) -> tuple[Tensor, Tensor]:
+    """The sum of finite ``x`` over ``dim`` in two parts: pairwise sums and their exact rounding errors (TwoSum)
+    apart, so that huge terms that cancel (``-1e15 + 0.3 + 1e15``) leave their O(1) part (a plain sum rounds
+    ``-1e15 + 0.3`` to a multiple of 0.125 first)."""
+    x = x.movedim(dim, 0)
+    err = x.new_zeros(x.shape[1:])
+    if x.shape[0] == 0:
+        return err.clone(), err
+    while x.shape[0] > 1:
+        half = x.shape[0] // 2
+        s, e = _two_sum(x[:half], x[half:2 * half])
+        err = err + e.sum(0)
+        x = torch.cat([s, x[2 * half:]]) if x.shape[0] % 2 else s
+    return x[0], err
+
+
+def _sum_shifts(*terms: tuple[Tensor, int]) -> tuple[Tensor, Tensor]:
+    """The total [B] of the shifts ``terms`` (each a tensor and the dimension to sum), to which only O(1) terms
+    are added after (a fast path's log-normalisers): in two parts (:func:`_split_sum`) where large ones cancel,
+    else the plain sum and 0, whose rounding error (at most ``n eps sum |x|``) is then of order ``n eps``
+    relative to the total."""
+    plain = sum(x.sum(dim) for x, dim in terms)
+    size = sum(x.abs().sum(dim) for x, dim in terms)
+    if not bool((size > 4 * (plain.abs() + 1)).any()):
+        return plain, torch.zeros_like(plain)
+    big, small = _split_sum(*terms[0])
+    for x, dim in terms[1:]:
+        big, small = _split_add(big, small, *_split_sum(x, dim))
+    return big, small
+
+
+def _max_shifted(pot: PairwisePotentials, errors: bool = True) -> tuple[PairwisePotentials, tuple[Tensor, Tensor],
+                                                                          Tensor, Tensor]:
     """New potentials (no tensor shared with ``pot``): node scores zeroed past each length, each position's node
-    scores and each edge table ([B, N-1, C, C]) shifted by their (finite) maximum; the total shift [B] per
-    example, which only rescales Z; and the rounding errors of the shifted node and edge scores (``None`` each
-    with ``errors=False``, for max-product, which has no use for them: the same shifted scores, as ``a + (-b)``
-    is ``a - b``, without the TwoSum passes over every [C, C] table).  Exact recursions run on them so that a
-    huge constant cannot absorb the O(1) scores beside it."""
+    scores and each edge table ([B, N-1, C, C]) shifted by their (finite) maximum; the total shift per example in
+    two parts ([B] each, :func:`_split_sum`; with ``errors=False`` a plain sum and 0), which only rescales Z;
+    and the rounding errors of the shifted node and edge scores (``None`` each with ``errors=False``, for
+    max-product, which has no use for them: the same shifted scores, as ``a + (-b)`` is ``a - b``, without the
+    TwoSum passes over every [C, C] table).  Exact recursions run on them so that a huge constant cannot absorb
+    the O(1) scores beside it."""
     node, _ = _valid_node(pot)
     edge = pot.full_edge()
     zero = torch.zeros((), dtype=node.dtype, device=node.device)
     node_max, edge_max = _finite_max(node, -1), _finite_max(edge, (-1, -2))
     edge_valid = torch.arange(edge.shape[1], device=node.device) < (pot.lengths[:, None] - 1)
-    shift = node_max[..., 0].sum(-1) + torch.where(edge_valid, edge_max[..., 0, 0], zero).sum(-1)
-    if not errors:
-        return _unchecked(PairwisePotentials, node - node_max, edge - edge_max, pot.lengths.clone()), shift, None, None
+    edge_shift = torch.where(edge_valid, edge_max[..., 0, 0], zero)
+    if not errors:                      # max-product has no use for the shift either: summed plainly
+        shift = node_max[..., 0].sum(-1) + edge_shift.sum(-1)
+        return (_unchecked(PairwisePotentials, node - node_max, edge - edge_max, pot.lengths.clone()),
+                (shift, torch.zeros_like(shift)), None, None)
+    shift = _split_add(*_split_sum(node_max[..., 0]), *_split_sum(edge_shift))
     (node, node_err), (edge, edge_err) = _two_sum(node, -node_max), _two_sum(edge, -edge_max)
     return _unchecked(PairwisePotentials, node, edge, pot.lengths.clone()), shift, node_err, edge_err
 

@@ -18,6 +18,7 @@ from .base import (
     _finite_max,
     _max_shifted,
     _split_add,
+    _two_sum,
     bethe_entropy,
     check_marginals,
     check_potentials,
@@ -65,9 +66,9 @@ class BruteForce:
             score = score + edge[child - 1, ys[:, parents[1:]], ys[:, child]].sum(-1)
         return ys, score
 
-    def _relative_scores(self, shifted: tuple, b: int) -> tuple[Tensor, Tensor, Tensor]:
+    def _relative_scores(self, shifted: tuple, b: int) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
         """All labellings [K, L] of example ``b`` of :func:`~betheproj.oracles.base._max_shifted` potentials
-        ``shifted``, their scores less the best one [K], and the best score (with the shift).
+        ``shifted``, their scores less the best one [K], and the best score (with the shift) in two parts.
 
         Each score is summed with the exact rounding errors of its partial sums (and of the shifts) kept apart,
         so that a huge score that the leading labellings share cannot absorb the O(1) ones that tell them apart."""
@@ -81,7 +82,8 @@ class BruteForce:
                 y_par = ys[:, parents[t]]
                 score, err = _split_add(score, err, pot.edge[b, t - 1, y_par, y], edge_err[b, t - 1, y_par, y])
         best = _finite_max(score, 0)
-        return ys, (score - best) + err, shift[b] + best[0]
+        top, top_err = _two_sum(shift[0][b], best[0])
+        return ys, (score - best) + err, (top, top_err + shift[1][b])
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
         """Node and edge marginals and ``log Z`` by summing over every labelling (the tests' reference)."""
@@ -95,7 +97,7 @@ class BruteForce:
         for i in range(b):
             ys, score, best = self._relative_scores(shifted, i)
             length = ys.shape[1]
-            log_z[i] = best + torch.logsumexp(score, 0)
+            log_z[i] = best[0] + (best[1] + torch.logsumexp(score, 0))
             prob = torch.softmax(score, 0)
             for t in range(length):
                 node_m[i, t].index_add_(0, ys[:, t], prob)

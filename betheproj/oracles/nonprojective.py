@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .base import PairwisePotentials, _unchecked
+from .base import PairwisePotentials, _split_sum, _unchecked
 from .dependency import (
     _check_range,
     _DependencyOracle,
@@ -63,7 +63,8 @@ def matrix_tree(scores: Tensor, lengths: Tensor, single_root: bool = False) -> t
         # a huge column (1e15) would round away the O(1) differences that decide the marginals
         shifted, shift = _shifted_columns(masked)
         log_z, marg = _matrix_tree(shifted, lengths, single_root)
-        log_z = log_z + shift.sum(-1)
+        big, small = _split_sum(shift)
+        log_z = big + (small + log_z)
         _raise_overflow(log_z)
     return _differentiable(scores, log_z, marg), marg
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .base import _split_sum
 from .dependency import (
     _check_range,
     _column_max,
@@ -93,12 +94,13 @@ def eisner(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[
     return _differentiable(scores, log_z, marg), marg
 
 
-def _column_shifted(s: Tensor) -> tuple[Tensor, Tensor]:
-    """Scores with each modifier's column shifted by its (finite) maximum, and the total shift [B]: every tree
-    has one arc into each word, so this only rescales Z, and a huge constant cannot absorb O(1) scores."""
+def _column_shifted(s: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Scores with each modifier's column shifted by its (finite) maximum, and the total shift [B] in two parts
+    (:func:`~betheproj.oracles.base._split_sum`): every tree has one arc into each word, so this only rescales
+    Z, and a huge constant cannot absorb O(1) scores."""
     col = _column_max(s)
     _check_range(s, col)
-    return s - col, col.sum((1, 2))
+    return s - col, _split_sum(col[:, 0])
 
 
 def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:
@@ -110,7 +112,7 @@ def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) 
         if strict:
             _raise_no_tree(log_z, True, single_root)
         (marg,) = torch.autograd.grad(log_z.sum(), x)
-    log_z = log_z.detach() + shift
+    log_z = shift[0] + (shift[1] + log_z.detach())
     _raise_overflow(log_z)
     return log_z, marg
 
@@ -129,7 +131,7 @@ def _eisner_map(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, 
     shifted, shift = _column_shifted(s)
     best, (bp_i, bp_cr, bp_cl), root_child = _chart(shifted, lengths, single_root, maximize=True)
     _raise_no_tree(best, True, single_root)
-    best = best + shift
+    best = shift[0] + (shift[1] + best)
     _raise_overflow(best)
     b, c, _ = s.shape
     heads = torch.full((b, c - 1), -1, dtype=torch.long)

@@ -32,6 +32,8 @@ from .base import (
     _split_add,
     _split_lse,
     _split_softmax,
+    _split_sum,
+    _sum_shifts,
     bethe_entropy,
     check_marginals,
     check_potentials,
@@ -124,15 +126,16 @@ class Tree:
         fin_big, fin_small = torch.zeros_like(node), torch.zeros_like(node)   # sums of the children's messages
         cnt = torch.zeros(node.shape, dtype=torch.long, device=node.device)  # number of -inf messages
         up_big, up_small = torch.zeros_like(node), torch.zeros_like(node)    # from node i to parent[i], at i
-        off_big, off_small = torch.zeros_like(shift), torch.zeros_like(shift)
+        off_big, off_small = shift
         for lv, lv_rounds in zip(reversed(levels), reversed(rounds), strict=True):
             big, small = _split_add(edge[:, lv - 1], edge_err[:, lv - 1], in_big[:, lv, None, :],
                                     in_small[:, lv, None, :])
             big, small, shift_big, shift_small = _recentre(*_split_lse(big, small, -1))     # [B, k, C], [B, k]
             ok = valid[:, lv]
             big, small = torch.where(ok[..., None], big, zero), torch.where(ok[..., None], small, zero)
-            off_big += torch.where(ok, shift_big, zero).sum(-1)
-            off_small += torch.where(ok, shift_small, zero).sum(-1)
+            level_big, level_small = _split_sum(torch.where(ok, shift_big, zero))
+            off_big, off_small = _split_add(off_big, off_small, level_big,
+                                            level_small + torch.where(ok, shift_small, zero).sum(-1))
             up_big[:, lv], up_small[:, lv] = big, small
             is_inf = torch.isinf(big)
             big = torch.where(is_inf, zero, big)
@@ -146,7 +149,8 @@ class Tree:
             big, in_small[:, par] = _split_add(node[:, par], node_err[:, par], fin_big[:, par], fin_small[:, par])
             in_big[:, par] = torch.where(cnt[:, par] > 0, _neg_inf(node), big)
         root_big, root_small, top_big, top_small = _recentre(in_big[:, 0], in_small[:, 0])
-        log_z = (shift + off_big + top_big) + (off_small + top_small + torch.logsumexp(root_big + root_small, -1))
+        big, small = _split_add(off_big, off_small, top_big, top_small)
+        log_z = big + (small + torch.logsumexp(root_big + root_small, -1))
         return (node, node_err, edge, edge_err, valid, parents, levels, log_z, in_big, in_small, up_big, up_small,
                 fin_big, fin_small, cnt)
 
@@ -218,9 +222,10 @@ class Tree:
             bad = _gapped(edge, lengths, m)
         else:                                  # the caller's, of examples it found not gapped
             (edge_max, m), bad = factors, torch.zeros(b, dtype=torch.bool, device=device)
-        log_z = torch.where(valid, node_max[..., 0], zero).sum(-1)
+        shifts = [(torch.where(valid, node_max[..., 0], zero), -1)]
         if n > 1:
-            log_z = log_z + torch.where(valid[:, 1:], edge_max[..., 0, 0], zero).sum(-1)
+            shifts.append((torch.where(valid[:, 1:], edge_max[..., 0, 0], zero), -1))
+        shift = _sum_shifts(*shifts)                 # huge shifts that cancel leave their O(1) part
 
         zeros = torch.zeros(b, n, c, dtype=torch.int32, device=device)  # children's zero messages, per label
         scale = torch.zeros(b, n, dtype=dtype, device=device)    # log of the children's messages' normalisers
@@ -236,7 +241,7 @@ class Tree:
             inside_lv = torch.where(zeros[:, lv] == 0, nz[:, lv], zero)                  # I_i, normalised
             total = scale[:, lv] + torch.log(t[..., 0])                              # log of the true I_i's sum
             if lv is root:                                                          # log Z
-                log_z = log_z + torch.where(ok_lv, total, zero).sum(-1)
+                log_z = shift[0] + (shift[1] + torch.where(ok_lv, total, zero).sum(-1))
                 break
             u = torch.matmul(m[:, lv - 1], inside_lv[..., None])[..., 0]            # [B, k, C] parent labels
             s_ = u.sum(-1, keepdim=True)

@@ -9,7 +9,7 @@ import betheproj as bp
 from betheproj.energies import LinearMeasurements, Poisson
 
 from ._spy import record_shapes
-from .test_brute_force import HUGE, TOL, assert_exact, penalised
+from .test_brute_force import HUGE, TOL, assert_exact, cancelling, penalised, two_part_atol
 
 DT = torch.float64
 INF = float("inf")
@@ -334,6 +334,19 @@ def test_log_space_path_keeps_o1_scores_beside_huge_penalties(dtype, big):
     # once the best one pays P too.  Viterbi's running sums still round them (the MAP is not checked here)
     for seed in range(10):
         assert_exact(bp.LinearChain(), penalised(5, 2 + seed % 2, big, dtype, seed), map_too=False)
+
+
+@pytest.mark.parametrize("dtype, big", HUGE + [(torch.float64, 1e15)])
+def test_huge_shifts_that_cancel_leave_log_z_its_o1_part(dtype, big):
+    # the per-position and per-table maxima were summed plainly (both paths): 1e15 + 0.3 rounds to a multiple of
+    # 0.125 before -1e15 comes in, and log Z (O(1) here) was off by up to the spacing of the shifts
+    from betheproj.oracles.chain import _log_forward_backward
+
+    for seed in range(10):
+        pot = cancelling(5, 2 + seed % 2, big, dtype, seed)
+        assert_exact(bp.LinearChain(), pot, map_too=False, log_z_atol=two_part_atol(dtype, big))
+        ref = bp.BruteForce().marginals(pot).log_partition
+        assert abs(float(_log_forward_backward(pot)[1][0] - ref[0])) <= two_part_atol(dtype, big)
 
 
 @pytest.mark.parametrize("dtype, gap, lift", [(torch.float64, 750.0, 656.0), (torch.float32, 110.0, 60.0)])

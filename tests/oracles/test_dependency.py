@@ -157,6 +157,32 @@ def test_a_huge_constant_column_only_rescales_z(cls, single_root):
     assert torch.equal(oracle.map(arc_potentials(huge)), ref.map(arc_potentials(scores)))
 
 
+@pytest.mark.parametrize("cls,single_root", ORACLES)
+def test_huge_column_shifts_that_cancel_leave_log_z_its_o1_part(cls, single_root):
+    # each word's arcs lifted by +-1e15, the lifts summing to 0: every tree keeps an O(1) score, but the column
+    # maxima, summed plainly, rounded 2e15 + x to a multiple of 0.25 before -1e15 came in
+    from fractions import Fraction
+
+    n = 4
+    lift = torch.tensor([0.0, 1.0, 1.0, -1.0, -1.0], dtype=DT)           # by column (modifier); 0: the root's
+    for seed in range(6):
+        gen = torch.Generator().manual_seed(seed)
+        scores = torch.randn(1, n + 1, n + 1, generator=gen, dtype=DT) + 1e15 * lift
+        trees = _trees(n, cls is Projective, single_root)
+        exact = [sum(Fraction(float(scores[0, h, m + 1])) for m, h in enumerate(heads.tolist())) for heads in trees]
+        rel = torch.tensor([float(t - max(exact)) for t in exact], dtype=DT)
+        log_z = float(max(exact)) + float(torch.logsumexp(rel, 0))
+        p = torch.softmax(rel, 0)
+        marg = torch.zeros(n + 1, n + 1, dtype=DT)
+        marg.index_put_((trees.flatten(), torch.arange(1, n + 1).repeat(len(trees))), p.repeat_interleave(n),
+                        accumulate=True)
+        mu = cls(single_root=single_root).marginals(arc_potentials(scores))
+        assert abs(float(mu.log_partition[0]) - log_z) < 1e-12 * max(1.0, abs(log_z))
+        assert torch.allclose(mu.node[0], marg[:, 1:].t(), atol=1e-12, rtol=0)
+        direct = (matrix_tree if cls is NonProjective else eisner)(scores, torch.tensor([n]), single_root)[0]
+        assert abs(float(direct[0]) - log_z) < 1e-12 * max(1.0, abs(log_z))
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_single_root_map_with_a_huge_constant_column(seed):
     # attractive root arcs: the unconstrained optimum has several root children, so single-root CLE ranks one

@@ -8,7 +8,7 @@ import torch
 import betheproj as bp
 
 from ._spy import record_shapes
-from .test_brute_force import HUGE, TOL, assert_exact, penalised
+from .test_brute_force import HUGE, TOL, assert_exact, cancelling, penalised, two_part_atol
 
 DT = torch.float64
 INF = float("inf")
@@ -135,6 +135,19 @@ def test_o1_scores_beside_huge_penalties(parents, dtype, big):
     # still round them (not checked here)
     for seed in range(10):
         assert_exact(bp.Tree(parents), penalised(5, 2 + seed % 2, big, dtype, seed), parents, map_too=False)
+
+
+@pytest.mark.parametrize("dtype, big", HUGE + [(torch.float64, 1e15)])
+@pytest.mark.parametrize("parents", [[-1, 0, 0, 0, 0], [-1, 0, 0, 1, 1]], ids=["star", "tree"])
+def test_huge_shifts_that_cancel_leave_log_z_its_o1_part(parents, dtype, big):
+    # the per-position and per-table maxima were summed plainly (fast pass and exact pass): 1e15 + 0.3 rounds to a
+    # multiple of 0.125 before -1e15 comes in, and log Z (O(1) here) was off by up to the spacing of the shifts
+    tree = bp.Tree(parents)
+    for seed in range(10):
+        pot = cancelling(5, 2 + seed % 2, big, dtype, seed)
+        assert_exact(tree, pot, parents, map_too=False, log_z_atol=two_part_atol(dtype, big))
+        ref = bp.BruteForce(parents).marginals(pot).log_partition
+        assert abs(float(tree._exact(pot).log_partition[0] - ref[0])) <= two_part_atol(dtype, big)
 
 
 def test_max_product_shifts_the_scores_without_their_rounding_errors(monkeypatch):
