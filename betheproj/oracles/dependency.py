@@ -223,13 +223,14 @@ class DependencyMarginals(Marginals):
 
 
 def _damped_step(evals: Tensor, evecs: Tensor, g_eig: Tensor, g: Tensor, cut: Tensor, lam: Tensor,
-                 support: Tensor) -> tuple[Tensor, Tensor]:
-    """Levenberg-Marquardt step ``-(H + lam I)^+ g`` on the support [B, N, C] and its slope ``<g, step>`` [B],
-    from the eigenpairs of ``H`` (eigenvalues at most ``cut`` treated as zero) and ``g`` in that basis."""
+                 support: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """Levenberg-Marquardt step ``-S (S H S + lam I)^+ S g`` on the support [B, N, C] and its slope
+    ``<g, step>`` [B], from the eigenpairs of the scaled ``S H S`` (``S = diag(scale)``; eigenvalues at most
+    ``cut`` treated as zero) and ``S g`` in that basis."""
     zero = torch.zeros((), dtype=evals.dtype, device=evals.device)
     big = evals > cut
     inv = torch.where(big, 1.0 / (torch.where(big, evals, 1.0) + lam[:, None]), zero)
-    step = -(evecs @ (inv * g_eig)[..., None]).squeeze(-1)
+    step = -scale * (evecs @ (inv * g_eig)[..., None]).squeeze(-1)
     step = torch.where(support, step.reshape(support.shape), zero)
     return step, (g * step.flatten(1)).sum(-1)
 
@@ -384,7 +385,8 @@ class _DependencyOracle:
         other point of the marginal polytope (e.g. the accelerated solver's averages of oracle outputs) it is the
         conjugate ``H(mu) = min_theta log Z(theta) - <theta, mu>`` (the variational representation, eq. 1's
         duality), computed by Newton's method with the exact Hessian ``Cov(arcs)`` and an eigendecomposition of it
-        (``O(N^6)``) per iteration: ``NonProjective`` has the Hessian in closed form from the inverse Laplacian,
+        (``O(N^6)``) per iteration (of the Jacobi-scaled Hessian once the iteration stalls with gradient left
+        along arcs of tiny curvature): ``NonProjective`` has the Hessian in closed form from the inverse Laplacian,
         ``Projective`` by one batched oracle call with every supported arc clamped (``Cov(a, b) = mu_a (mu_b | a) -
         mu_a mu_b``, ``O(N^2)`` inferences), so it is meant for short sentences.  The iteration starts from
         ``marginals.near``'s scores where given (the accelerated solver passes its latest oracle point: a few
@@ -454,6 +456,7 @@ class _DependencyOracle:
         f, cur = evaluate(theta, torch.arange(b, device=device))
         tol = 1e3 * eps
         active = torch.arange(b, device=device)
+        scaled = torch.zeros(b, dtype=torch.bool, device=device)        # rows on the Jacobi-scaled iteration
         v = n * c
         for _ in range(max_iter):
             if active.numel() == 0:
@@ -465,22 +468,35 @@ class _DependencyOracle:
                 break
             hess = self._covariance(theta[active], cur[active], support[active], lengths[active])
             # Newton step with the pseudo-inverse (Cov is singular along each word's head-sum and other
-            # equalities of the polytope; the gradient has no component there)
-            evals, evecs = torch.linalg.eigh(hess)
+            # equalities of the polytope; the gradient has no component there).  Rows that stalled with gradient
+            # left along the eigenvectors cut go on with the Jacobi-scaled Hessian: the curvature along arcs of
+            # tiny marginals (a pair of arcs that only occur together, each at 7e-8, has 5e-15 at log mu) lies
+            # below the rounding of the largest eigenvalue, and unscaled the iteration never moved them.  Not from
+            # the start: entries of Cov with only absolute accuracy (Projective's, differences of clamped
+            # marginals) make the scaled steps of near-deterministic arcs noise, where the unscaled iteration
+            # converges
+            diag = torch.diagonal(hess, dim1=1, dim2=2)
+            jacobi = torch.where(diag > 0, diag.clamp_min(torch.finfo(dtype).tiny).rsqrt(), zero)
+            scale = torch.where(scaled[active, None], jacobi, support[active].flatten(1).to(dtype))
+            evals, evecs = torch.linalg.eigh(scale[:, :, None] * hess * scale[:, None, :])
             top = evals.amax(-1, keepdim=True)
             cut = top * v * eps * 10
             gf = g.reshape(-1, v)
-            g_eig = (evecs.transpose(1, 2) @ gf[..., None]).squeeze(-1)
+            g_eig = (evecs.transpose(1, 2) @ (scale * gf)[..., None]).squeeze(-1)
 
             lam = torch.zeros(active.numel(), dtype=dtype, device=device)
-            step, slope = _damped_step(evals, evecs, g_eig, gf, cut, lam, support[active])   # -(Newton decrement)^2
+            step, slope = _damped_step(evals, evecs, g_eig, gf, cut, lam, support[active], scale)   # -(decrement)^2
             # stop where the predicted decrease is below the rounding of F: H is then exact to rounding
             far = -slope > 10 * eps * f[active].abs().clamp_min(1.0)
+            unseen = torch.where(evals > cut, zero, g_eig).norm(dim=-1) > tol      # gradient the cut ignores
+            stalled = active[~far & ~scaled[active] & unseen]
+            scaled[stalled] = True
             keep = torch.nonzero(far).flatten()
-            active, step, slope, top, evals, evecs, g_eig, gf, cut = (
-                x[keep] for x in (active, step, slope, top, evals, evecs, g_eig, gf, cut))
+            active, step, slope, top, evals, evecs, g_eig, gf, cut, scale, unseen = (
+                x[keep] for x in (active, step, slope, top, evals, evecs, g_eig, gf, cut, scale, unseen))
             if active.numel() == 0:
-                break
+                active = stalled
+                continue
             pending = torch.arange(active.numel(), device=device)
             moved = torch.zeros(active.numel(), dtype=torch.bool, device=device)
             # the full Newton step, then ever more damped ones: directions of rounding-level curvature (arcs of
@@ -489,7 +505,7 @@ class _DependencyOracle:
                 if k:
                     lam = top[pending, 0] * 10.0 ** (k - 16)
                     step_p, slope_p = _damped_step(evals[pending], evecs[pending], g_eig[pending], gf[pending],
-                                                   cut[pending], lam, support[active[pending]])
+                                                   cut[pending], lam, support[active[pending]], scale[pending])
                 else:
                     step_p, slope_p = step, slope
                 rows = active[pending]
@@ -503,7 +519,10 @@ class _DependencyOracle:
                 pending = pending[~ok]
                 if pending.numel() == 0:
                     break
-            active = active[moved]                                  # no decrease: at the rounding floor
+            # no decrease: at the rounding floor (once scaled), or on to the scaled iteration
+            again = active[~moved & ~scaled[active] & unseen]
+            scaled[again] = True
+            active = torch.cat([active[moved], again, stalled])
         return f
 
     @staticmethod
