@@ -39,6 +39,7 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     if not isinstance(potentials, PairwisePotentials):
         raise TypeError("potentials must be PairwisePotentials")
     check_options(oracle, potentials, energy, method, options)    # whether or not some example has a piece
+    potentials = potentials.detach()
     b = potentials.node.shape[0]
     device = potentials.node.device
     base = oracle.marginals(potentials)

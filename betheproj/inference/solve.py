@@ -200,6 +200,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         tol = 1e-6 if potentials.node.dtype == torch.float64 else 1e-4
     max_iter, tol, max_backtracks, beta, step, lipschitz, trust_region = _check_args(
         oracle, potentials, energy, method, max_iter, tol, max_backtracks, beta, step, lipschitz, trust_region)
+    potentials = potentials.detach()          # else a table no step shifts came back as the caller's tensor
     state = SolverState(oracle, potentials, energy, method, tol, beta, step, lipschitz, max_backtracks,
                         trust_region, warm_start)
     for it in range(max_iter):

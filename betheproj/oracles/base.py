@@ -109,6 +109,13 @@ class PairwisePotentials:
         new_edge = self.edge if edge is None else self.edge + edge
         return _unchecked(PairwisePotentials, new_node, new_edge, self.lengths)
 
+    def detach(self) -> PairwisePotentials:
+        """The same potentials cut from the autograd graph (``self`` where neither tensor requires grad)."""
+        if not (self.node.requires_grad or self.edge.requires_grad):
+            return self
+        node, edge = (x.detach() if x.requires_grad else x for x in (self.node, self.edge))
+        return _unchecked(PairwisePotentials, node, edge, self.lengths)
+
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> PairwisePotentials:
         """The same potentials on ``device`` and/or in ``dtype`` (float32 or float64), checked again: finite
         scores beyond float32's range are refused, not turned into infinities; ``self`` when nothing changes."""

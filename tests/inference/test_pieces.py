@@ -256,3 +256,13 @@ def test_a_scaled_nearest_prototype_energy_keeps_its_pieces():
         torch.ones(3, 1, dtype=DT) * base
     with pytest.raises(ValueError, match="weight must be a finite number"):
         float("inf") * base
+
+
+def test_returned_potentials_never_require_grad():
+    # the transitions came back as the caller's tensor, still requiring grad
+    node = torch.randn(2, 3, 3, dtype=DT, requires_grad=True)
+    edge = torch.randn(3, 3, dtype=DT, requires_grad=True)
+    sol = solve_global(bp.LinearChain(), bp.ChainPotentials(node, edge),
+                       NearestPrototype(torch.rand(2, 3, dtype=DT), 1.0))
+    assert not sol.potentials.node.requires_grad and not sol.potentials.edge.requires_grad
+    assert sol.potentials.edge is not edge

@@ -1022,3 +1022,16 @@ def test_an_oracle_class_or_none_is_named():
     for call in (lambda: bp.decode(None, sol), lambda: solve_global(None, theta, prototypes)):
         with pytest.raises(TypeError, match="oracle must provide .*; got NoneType"):
             call()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_returned_potentials_never_require_grad(method):
+    # with a node-only energy nothing shifts the transitions: md and rda returned the caller's edge tensor itself,
+    # still requiring grad (a loss on sol.potentials would have reached the CRF's transition parameters)
+    node = torch.randn(2, 4, 3, dtype=DT, requires_grad=True)
+    edge = torch.randn(3, 3, dtype=DT, requires_grad=True)
+    energy = LinearMeasurements(node=torch.tensor([[-1.0, 0.0, 0.0]], dtype=DT), offset=-2.0, psi=3.0)
+    sol = bp.solve(bp.LinearChain(), bp.ChainPotentials(node, edge), energy, method=method)
+    assert not sol.potentials.node.requires_grad and not sol.potentials.edge.requires_grad
+    assert sol.potentials.edge is not edge
+    assert not sol.marginals.node.requires_grad and not sol.objective.requires_grad

@@ -152,3 +152,13 @@ def test_second_derivatives_of_log_z_are_an_error_not_zero(oracle):
     x = node.clone().requires_grad_(True)
     (g,) = torch.autograd.grad(value(x), x, create_graph=True)                   # first order alone still works
     assert torch.allclose(g, oracle.marginals(bp.PairwisePotentials(node, edge)).node, atol=1e-12)
+
+
+def test_detach_cuts_the_graph_and_keeps_values():
+    node, edge = torch.randn(2, 3, 4, requires_grad=True), torch.randn(4, 4)
+    pot = bp.PairwisePotentials(node, edge, torch.tensor([3, 2]))
+    cut = pot.detach()
+    assert not cut.node.requires_grad and torch.equal(cut.node, node) and torch.equal(cut.lengths, pot.lengths)
+    assert cut.edge is pot.edge                                  # nothing to cut there
+    plain = bp.PairwisePotentials(torch.randn(2, 3, 4), edge)
+    assert plain.detach() is plain
