@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,7 +78,10 @@ def load_ocr(path: str | Path, dtype: torch.dtype = torch.float32) -> OCRData:
                 raise ValueError(f"{file} lacks the array {key!r}; is it {OCR_FILE}?")
         try:
             arrays = {key: data[key] for key in ("X", "y", "word_id", "position", "word", "word_fold", "word_len")}
-        except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        # zlib.error: a damaged deflate stream; NotImplementedError: a compression method zipfile lacks;
+        # RuntimeError: an encrypted member
+        except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error, NotImplementedError,
+                RuntimeError) as err:
             raise ValueError(f"cannot read the arrays of {file} ({err}); is it {OCR_FILE}?") from None
     x, y, word_id, position, words, folds, lengths = _checked(file, arrays)
     n_words, n_max = len(words), int(lengths.max())

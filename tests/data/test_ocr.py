@@ -161,3 +161,39 @@ def test_subset_takes_a_bool_mask_with_one_entry_per_word():
         data.subset(torch.tensor([0, 2]))                 # indices were read as a mask: word 1 only
     with pytest.raises(ValueError, match=r"mask must have shape \[W\]=\(3,\).*got \(2,\)"):
         data.subset(torch.tensor([True, True]))           # a short mask was accepted
+
+
+def _patched_members(file: Path, flags: int = 0, method: int | None = None, flip_data: bool = False) -> None:
+    """Rewrite every zip header of ``file``: OR ``flags`` into its flags, set its compression ``method``; with
+    ``flip_data``, invert the first bytes of the first member's compressed data."""
+    raw = bytearray(file.read_bytes())
+    for sig, flag_at, method_at in ((b"PK\x03\x04", 6, 8), (b"PK\x01\x02", 8, 10)):
+        at = raw.find(sig)
+        while at >= 0:
+            raw[at + flag_at] |= flags
+            if method is not None:
+                raw[at + method_at:at + method_at + 2] = method.to_bytes(2, "little")
+            at = raw.find(sig, at + 4)
+    if flip_data:
+        import zipfile
+
+        with zipfile.ZipFile(file) as archive:
+            first = archive.infolist()[0]
+        start = first.header_offset + 30 + int.from_bytes(raw[first.header_offset + 26:first.header_offset + 28],
+                                                          "little") \
+            + int.from_bytes(raw[first.header_offset + 28:first.header_offset + 30], "little")
+        raw[start:start + 4] = bytes(b ^ 0xFF for b in raw[start:start + 4])     # its first block's header
+    file.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("damage", [dict(flags=1), dict(method=99), dict(flip_data=True)],
+                         ids=["encrypted", "unknown-method", "damaged-stream"])
+def test_archive_members_that_cannot_be_read_are_named(tmp_path, damage):
+    # an encrypted member (RuntimeError), a compression method zipfile lacks (NotImplementedError) and a damaged
+    # deflate stream (zlib.error) came out of load_ocr as they were, and as a traceback from the CLI
+    file = tmp_path / "ocr_letters.npz"
+    rng = np.random.default_rng(0)
+    np.savez_compressed(file, **_tiny(X=rng.integers(0, 2, (3, 4000), dtype=np.uint8)))
+    _patched_members(file, **damage)
+    with pytest.raises(ValueError, match=r"cannot read the arrays of .*ocr_letters.npz \(.*\); is it ocr_letters.npz"):
+        load_ocr(file)
