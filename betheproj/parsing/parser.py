@@ -76,6 +76,9 @@ def _what_failed(err: Exception) -> str:
 def _check_saved_weights(path: str | Path, name: str, weights: Tensor) -> None:
     """``ValueError`` naming ``path`` unless the saved ``weights`` (the field ``name``) are float32 or float64 and
     finite, as the parsers save them (other numbers would fail later, in the decoders, without naming the file)."""
+    if weights.layout != torch.strided or weights.device.type == "meta":
+        raise ValueError(f"{path}: {name} must be a dense tensor with values, got layout {weights.layout} on "
+                         f"{weights.device}")
     if weights.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"{path}: {name} must be float32 or float64, got {weights.dtype}")
     if not bool(torch.isfinite(weights).all()):

@@ -309,7 +309,11 @@ def test_models_with_weights_or_settings_out_of_range_are_named(models, tmp_path
              (_broken(second, w2=second["w2"].int()), "w2 must be float32 or float64, got torch.int32"),
              (_broken(second, pruner=torch.full_like(second["pruner"], math.inf)), "pruner hold NaN or infinite"),
              (_broken(second, top_k=0), "top_k must be an int >= 1, got 0"),
-             (_broken(second, min_prob=math.nan), "min_prob must be a finite number in [0, 1), got nan")]
+             (_broken(second, min_prob=math.nan), "min_prob must be a finite number in [0, 1), got nan"),
+             # sparse or meta weights were a traceback from the finiteness check
+             (_broken(first, weights=first["weights"].to_sparse()), "weights must be a dense tensor with values"),
+             (_broken(first, weights=first["weights"].to("meta")), "weights must be a dense tensor with values"),
+             (_broken(second, w2=second["w2"].to_sparse()), "w2 must be a dense tensor with values")]
     for k, (state, message) in enumerate(cases):
         path = tmp_path / f"bad{k}.pt"
         torch.save(state, path)
