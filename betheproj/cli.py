@@ -343,7 +343,7 @@ def _citations(args: argparse.Namespace) -> None:
                                                                             # (read_text turns \r into \n too)
         if lines and lines[-1] == "":
             lines.pop()
-        for line in citations.tag_strings(lines, index, model):
+        for line in citations.tag_strings(lines, index, model, progress=not args.quiet):
             print(line)
         return
     if args.data is None:

@@ -212,7 +212,23 @@ def tagger_stubbed(monkeypatch):
     from betheproj.experiments import citations
 
     monkeypatch.setattr(citations, "load_model", lambda path: (None, None))
-    monkeypatch.setattr(citations, "tag_strings", lambda lines, index, model: [repr(line) for line in lines])
+    asked = []
+
+    def tag_strings(lines, index, model, progress=False):
+        asked.append(progress)
+        return [repr(line) for line in lines]
+
+    monkeypatch.setattr(citations, "tag_strings", tag_strings)
+    return asked
+
+
+def test_citation_predict_shows_progress_unless_quiet(tagger_stubbed, tmp_path, capsys):
+    # tagging a thousand citations took minutes without a sign of life
+    source = tmp_path / "raw.txt"
+    source.write_text("J. Smith. A title. 2005.\n")
+    assert main(["citations", "--predict", str(source), "--out", str(tmp_path)]) == 0
+    assert main(["citations", "--predict", str(source), "--out", str(tmp_path), "--quiet"]) == 0
+    assert tagger_stubbed == [True, False]
 
 
 def test_citation_predict_drops_a_byte_order_mark(tagger_stubbed, tmp_path, capsys):

@@ -56,6 +56,7 @@ from ..learning.crf import length_chunks
 from ..learning.metrics import segment_f1
 from ..learning.train import History, fit_doubly_stochastic
 from ..oracles import LinearChain
+from ..progress import progress_bar
 from ._plot import figure
 
 __all__ = ["PAPER", "CitationConfig", "train_baseline", "templates", "constraint_model", "learn_weights",
@@ -125,8 +126,10 @@ def _progress_log(log: Callable[[str], None] | None, text: str) -> None:
 
 
 def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citations: Sequence[Citation],
-          encoded: tuple[Tensor, Tensor, Tensor], chunk_size: int = 256) -> tuple[float, list[list[str]]]:
-    """Segment F1 (%) of ``model(features, lengths) -> label ids`` on ``citations``, and the predicted labels."""
+          encoded: tuple[Tensor, Tensor, Tensor], chunk_size: int = 256, progress: bool = False,
+          desc: str = "tagging") -> tuple[float, list[list[str]]]:
+    """Segment F1 (%) of ``model(features, lengths) -> label ids`` on ``citations``, and the predicted labels
+    (``progress``: a bar over the citations, labelled ``desc``)."""
     citations = check_citations(citations, empty=False)
     bare = next((i for i, c in enumerate(citations) if not c.tokens), None)
     if bare is not None:
@@ -136,11 +139,16 @@ def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citati
         raise ValueError(f"encoded must be index.encode(citations): its lengths {n.tolist()[:5]} are not the "
                          f"citations' token counts {[len(c.tokens) for c in citations][:5]}")
     pred: list[list[str]] = [[] for _ in citations]
-    with torch.no_grad():
-        for idx, width in length_chunks(n, chunk_size):
-            ids = model(x[idx, :width], n[idx])
-            for row, i in enumerate(idx.tolist()):
-                pred[i] = [index.labels[int(v)] for v in ids[row, : int(n[i])]]
+    bar = progress_bar(len(citations), progress, desc)
+    try:
+        with torch.no_grad():
+            for idx, width in length_chunks(n, chunk_size):
+                ids = model(x[idx, :width], n[idx])
+                for row, i in enumerate(idx.tolist()):
+                    pred[i] = [index.labels[int(v)] for v in ids[row, : int(n[i])]]
+                bar.update(len(idx))
+    finally:
+        bar.close()
     return 100 * segment_f1([c.labels for c in citations], pred).f1, pred
 
 
@@ -282,7 +290,8 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     for it in config.test_iters:
         for split in ("dev", "test"):
             sink = iterations if (split == "test" and it == config.test_iters[-1]) else None
-            curves[split].append(f1_of(nonlocal_predictor(model, it, sink), index, data[split], enc[split])[0])
+            curves[split].append(f1_of(nonlocal_predictor(model, it, sink), index, data[split], enc[split],
+                                       progress=progress, desc=f"{split}, at most {it} iterations")[0])
     rows["non-local"] = _Row(curves["dev"][-1], curves["test"][-1])
     active = sorted(((float(v), names[j]) for j, v in enumerate(c.tolist()) if v > 0), reverse=True)
     _progress_log(log, f"non-local: dev {rows['non-local'].dev:.2f} test {rows['non-local'].test:.2f}; "
@@ -470,11 +479,12 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
     return index, model, config
 
 
-def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, max_iter: int | None = None
-                ) -> list[str]:
+def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, max_iter: int | None = None,
+                progress: bool = False) -> list[str]:
     """Tag raw citation strings (split by :func:`~betheproj.data.citations.tokenize_citation`, the data's
     convention) with the non-local model; nested-tag output.  ``max_iter`` ``None``: the model's own (the last of
-    the ``test_iters`` it was trained with, the iterations its test row was scored with)."""
+    the ``test_iters`` it was trained with, the iterations its test row was scored with); ``progress``: a bar
+    over the citations."""
     if isinstance(lines, str):
         raise TypeError("lines must be a list of citation strings, not one string (wrap it in a list)")
     bad = next((i for i, line in enumerate(lines) if not isinstance(line, str)), None)
@@ -489,7 +499,7 @@ def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, m
         return out
     enc = index.encode([cites[i] for i in keep])
     max_iter = model.max_iter if max_iter is None else max_iter
-    _, pred = f1_of(nonlocal_predictor(model, max_iter), index, [cites[i] for i in keep], enc)
+    _, pred = f1_of(nonlocal_predictor(model, max_iter), index, [cites[i] for i in keep], enc, progress=progress)
     for i, labels in zip(keep, pred, strict=True):
         out[i] = to_nested_tags(cites[i].tokens, labels)
     return out

@@ -394,3 +394,24 @@ def test_histogram_of_no_iterations_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"results\['test_iterations_to_converge'\] is empty"):
         citations.plot_histogram({"test_iterations_to_converge": [], "max_iter": 40}, str(tmp_path / "h.png"))
     assert not list(tmp_path.iterdir())
+
+
+def test_f1_of_counts_the_citations_on_its_bar(monkeypatch):
+    from betheproj.data.citation_features import FeatureIndex
+    from betheproj.learning import SparseChainCRF
+
+    updates = []
+
+    class Bar:
+        def update(self, n=1):
+            updates.append(n)
+
+        def close(self):
+            updates.append("closed")
+
+    monkeypatch.setattr(citations, "progress_bar", lambda total, enabled, desc: Bar() if enabled else None)
+    cites = [parse_citation("<a> x y </a> <b> z </b>"), parse_citation("<b> z w </b>")]
+    index = FeatureIndex(cites)
+    predict = citations.viterbi_predictor(SparseChainCRF(index.num_features, len(index.labels)).double())
+    citations.f1_of(predict, index, cites, index.encode(cites), chunk_size=1, progress=True)
+    assert updates == [1, 1, "closed"]
