@@ -80,7 +80,11 @@ def _penalty(module: nn.Module | None, l2: float) -> Tensor | float:
 def _check_valid_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor) -> None:
     """The validation labels in the model's range at every valid position: one out of it only lowered the metric."""
     with torch.no_grad():
-        c = model.potentials(features[:1], lengths[:1]).node.shape[-1]     # the number of labels
+        try:
+            c = model.potentials(features[:1], lengths[:1]).node.shape[-1]     # the number of labels
+        except (ValueError, TypeError) as err:                  # probed on the first example: say whose it is
+            raise type(err)(f"valid's features {tuple(features.shape)} do not fit the model (its first example: "
+                            f"{err})") from None
     _check_label_range(labels, tuple(labels.shape), c, lengths, "valid's labels")
 
 

@@ -830,3 +830,11 @@ def test_learners_keep_the_full_width_for_a_theta_of_n_positions(algorithm):
     model.fit(x, labels.masked_fill(torch.arange(5) >= lengths[:, None], -1), lengths, algorithm=algorithm,
               batch_size=4, **options)
     assert len(model.history_.loss) == (1 if algorithm == "em" else 3)
+
+
+def test_validation_features_of_another_width_are_named():
+    # the error named features [1, N, F+1] (the probe of the first example), not valid's
+    x, labels, lengths = _ocr_like(b=8)
+    wide = torch.cat([x, x[..., :1]], -1)
+    with pytest.raises(ValueError, match=r"valid's features \(8, .*\) do not fit the model \(its first example: "):
+        NonLocalCRF(LinearChainCRF(6, 4)).fit(x, labels, lengths, valid=(wide, labels, lengths))
