@@ -49,13 +49,21 @@ def int_type(low: int, high: int | None = None, high_text: str | None = None) ->
 _seed = int_type(0, SEED_MAX, "2**63 - 1")
 
 
+def _path(text: str) -> str:
+    """The argparse type of an input path: not empty (``Path("")`` is the current folder, and the errors that
+    followed named files there)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must name a file or folder, got an empty path")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="betheproj", description="Structured prediction with non-local "
                      "energies on marginals (Bethe projections).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("demo", help="solve generated problems with every method and print the results")
     ocr = sub.add_parser("ocr", help="the handwriting experiment of section 8.2 (Table 3, Figures 1 and 2)")
-    ocr.add_argument("--data", required=True, help="folder holding ocr_letters.npz (or the file itself)")
+    ocr.add_argument("--data", required=True, type=_path, help="folder holding ocr_letters.npz (or the file itself)")
     ocr.add_argument("--folds", default="0-9", help="test folds, e.g. '0-9' (default) or '0,3'")
     ocr.add_argument("--rows", default="all",
                      help="comma-separated rows among 2gram, Lu, Lu-mm, Lw, Lw-mm, 55class (default: all)")
@@ -67,8 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     ocr.add_argument("--quiet", action="store_true", help="no progress bars or per-fold lines")
     cit = sub.add_parser("citations", help="citation field extraction with learned soft global constraints "
                          "(section 8.1, Table 1, Figures 1 and 2)")
-    cit.add_argument("--data", help="folder holding training.docs, dev.docs and testing.docs (required to train; "
-                     "not with --predict)")
+    cit.add_argument("--data", type=_path, help="folder holding training.docs, dev.docs and testing.docs (required "
+                     "to train; not with --predict)")
     cit.add_argument("--out", default="citations-results",
                      help="folder for results.json, the PNGs and model.pt (default citations-results)")
     cit.add_argument("--seed", type=_seed, default=None,

@@ -778,3 +778,20 @@ def test_cgm_compare_without_its_solver_fails_before_the_work(monkeypatch, tmp_p
     assert captured.out == "" and not out.exists()
     assert captured.err == ('betheproj cgm: error: the interior-point baseline needs cvxpy and clarabel: '
                             'pip install "betheproj[cgm]"\n')
+
+
+@pytest.mark.parametrize("args", [["ocr", "--data", ""], ["citations", "--data", ""],
+                                  ["parse", "train", "--train", "", "--model", "m.pt"],
+                                  ["parse", "train", "--train", "t", "--dev", "", "--model", "m.pt"],
+                                  ["parse", "eval", "--model", "", "--data", "d"],
+                                  ["parse", "eval", "--model", "m", "--data", ""],
+                                  ["parse", "predict", "--model", "m", "--input", ""]])
+def test_an_empty_input_path_is_named(args, capsys):
+    # Path("") is the current folder: the errors named files there ("... at ., found a folder", "... at
+    # training.docs")
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--quiet"])
+    assert stop.value.code == 2
+    flag = args[args.index("") - 1]
+    assert capsys.readouterr().err.startswith(f"betheproj {' '.join(args[:2]) if args[0] == 'parse' else args[0]}: "
+                                              f"error: argument {flag}: must name a file or folder, got an empty path")

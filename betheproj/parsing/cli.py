@@ -26,22 +26,23 @@ _DECODING = {"mean_field": {"max_iter": 10}, "loopy_bp": {"max_iter": 20, "dampi
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``parse {train,eval,predict}`` to ``subparsers`` (of the ``betheproj`` parser); returns its parser."""
-    from ..cli import _seed
+    from ..cli import _path, _seed
 
     parse = subparsers.add_parser("parse", help="dependency parser (Turbo Parsers: arc-factored by Algorithm 1, or "
                                   "second-order) on CoNLL-U files: train, eval, predict")
     sub = parse.add_subparsers(dest="parse_command", required=True, parser_class=type(parse),
                                metavar="{train,eval,predict}")
     train = sub.add_parser("train", help="train a parser on a CoNLL-U treebank (gold UPOS, lemmas and heads)")
-    train.add_argument("--train", required=True, metavar="FILE", help="training treebank (.conllu or .conllu.gz)")
-    train.add_argument("--dev", metavar="FILE", help="development treebank: UAS after every epoch")
+    train.add_argument("--train", required=True, type=_path, metavar="FILE",
+                       help="training treebank (.conllu or .conllu.gz)")
+    train.add_argument("--dev", type=_path, metavar="FILE", help="development treebank: UAS after every epoch")
     train.add_argument("--model", required=True, metavar="OUT", help="where to write the model")
     train.add_argument("--loss", choices=LOSS_NAMES, default=None,
                        help=f"member of the loss family L_{{beta,gamma}} (Figure 4; default {DEFAULT_LOSS}; not with "
                             "--second-order)")
     train.add_argument("--epochs", type=int, default=None,
                        help="passes over the data (default 10; 3 with --second-order)")
-    train.add_argument("--second-order", metavar="FIRST",
+    train.add_argument("--second-order", type=_path, metavar="FIRST",
                        help="train a second-order (sibling + grandparent) model by Algorithm 3 with the mean-field "
                             "energy on top of the arc-factored model FIRST (which also prunes arcs)")
     train.add_argument("--lam", type=float, default=None,
@@ -64,14 +65,15 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--seed", type=_seed, default=0, help="shuffling seed (default 0)")
     train.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
     ev = sub.add_parser("eval", help="UAS of a model on a treebank (punctuation excluded)")
-    ev.add_argument("--model", required=True, metavar="M", help="a model written by 'parse train'")
-    ev.add_argument("--data", required=True, metavar="FILE", help="treebank with gold heads")
+    ev.add_argument("--model", required=True, type=_path, metavar="M", help="a model written by 'parse train'")
+    ev.add_argument("--data", required=True, type=_path, metavar="FILE", help="treebank with gold heads")
     ev.add_argument("--punct", action="store_true", help="also score punctuation (gold UPOS PUNCT)")
     _decoding_options(ev)
     pred = sub.add_parser("predict", help="parse a CoNLL-U file: write it back with predicted HEAD")
-    pred.add_argument("--model", required=True, metavar="M", help="a model written by 'parse train'")
-    pred.add_argument("--input", required=True, metavar="FILE",
-                      help="CoNLL-U input (FORM, LEMMA, UPOS used; - for standard input)")
+    pred.add_argument("--model", required=True, type=_path, metavar="M", help="a model written by 'parse train'")
+    pred.add_argument("--input", required=True, type=_path, metavar="FILE",
+                      help="CoNLL-U input (FORM, LEMMA, UPOS used, and XPOS by models trained with --xpos; - for "
+                           "standard input)")
     pred.add_argument("--output", metavar="FILE", help="output CoNLL-U (default, or -: standard output)")
     _decoding_options(pred)
     return parse
