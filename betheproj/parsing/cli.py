@@ -81,9 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _decoding_options(command: argparse.ArgumentParser) -> None:
     """The options ``eval`` and ``predict`` share."""
-    command.add_argument("--batch-size", type=int, default=256,
+    command.add_argument("--batch-size", type=int,
                          help="sentences per decoding batch of arc-factored models (default 256)")
-    command.add_argument("--decoder", choices=DECODERS, default="mean_field",
+    command.add_argument("--decoder", choices=DECODERS,
                          help="second-order models: Bethe-RDA mean field (10 iterations; the default) or loopy BP "
                               "(20, damping 0.3)")
     command.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -192,12 +192,24 @@ def _check_memory(data: list, option: str, path: str, second_order: bool = False
                          f"memory in {what[0]}, more than {limit}; {what[1]}")
 
 
+def _check_decoding(parser, args: argparse.Namespace) -> None:
+    """An option that does not apply to the model's kind is an error (as ``train``'s are), not ignored."""
+    from .second_order import SecondOrderParser
+
+    second = isinstance(parser, SecondOrderParser)
+    if second and args.batch_size is not None:
+        raise ValueError(f"--batch-size applies to arc-factored models; {args.model} is a second-order model")
+    if not second and args.decoder is not None:
+        raise ValueError(f"--decoder applies to second-order models; {args.model} is an arc-factored model")
+
+
 def _heads(parser, data, args: argparse.Namespace) -> list:
     from .second_order import SecondOrderParser
 
     if isinstance(parser, SecondOrderParser):
-        return parser.predict(data, method=args.decoder, progress=not args.quiet, **_DECODING[args.decoder])
-    return parser.predict(data, batch_size=args.batch_size, progress=not args.quiet)
+        method = args.decoder or "mean_field"
+        return parser.predict(data, method=method, progress=not args.quiet, **_DECODING[method])
+    return parser.predict(data, batch_size=args.batch_size or 256, progress=not args.quiet)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -261,8 +273,10 @@ def run(args: argparse.Namespace) -> None:
             line += f"; dev UAS {dev_uas:.2f}"
         print(f"{line}; wrote {out}")
     elif args.parse_command == "eval":
-        _positive(args.batch_size, "--batch-size")
+        if args.batch_size is not None:
+            _positive(args.batch_size, "--batch-size")
         parser = _load(args.model)
+        _check_decoding(parser, args)
         data = load_conllu(args.data)
         _require_scorable(data, "--data", args.data, args.punct)
         _check_memory(data, "--data", args.data, isinstance(parser, SecondOrderParser))
@@ -282,10 +296,12 @@ def run(args: argparse.Namespace) -> None:
         print(f"UAS {100.0 * correct / total:.2f} ({correct}/{total}, {scope}) on {len(data)} sentences; "
               f"parsed {words} words in {seconds:.2f}s ({words / max(seconds, 1e-9):.0f} words/s)")
     elif args.parse_command == "predict":
-        _positive(args.batch_size, "--batch-size")
+        if args.batch_size is not None:
+            _positive(args.batch_size, "--batch-size")
         inputs = {"--model": args.model, "--input": args.input}
         output = None if args.output in (None, "-") else _output_path(args.output, "--output", inputs)
         parser = _load(args.model)
+        _check_decoding(parser, args)
         if args.input == "-":
             from .._files import read_stdin
             from ..data.conllu import parse_conllu

@@ -216,6 +216,14 @@ def test_cli_second_order_train_eval_predict(tmp_path, capsys):
     pred = tmp_path / "pred.conllu"
     assert main(["predict", "--model", str(second), "--input", str(dev), "--output", str(pred), "--quiet"]) == 0
     assert [s.forms for s in load_conllu(pred)] == [s.forms for s in load_conllu(dev)]
+    # an option for the other kind of model was silently ignored
+    for command, data in (("eval", "--data"), ("predict", "--input")):
+        capsys.readouterr()
+        assert main([command, "--model", str(second), data, str(dev), "--batch-size", "8", "--quiet"]) == 2
+        assert "--batch-size applies to arc-factored models; " in capsys.readouterr().err
+        assert main([command, "--model", str(first), data, str(dev), "--decoder", "loopy_bp", "--quiet"]) == 2
+        assert "--decoder applies to second-order models; " in capsys.readouterr().err
+    assert main(["eval", "--model", str(first), "--data", str(dev), "--batch-size", "8", "--quiet"]) == 0
     junk = tmp_path / "junk.pt"
     torch.save({"format": "something else"}, junk)
     capsys.readouterr()
