@@ -286,13 +286,19 @@ class DependencyParser:
             if not len(s):
                 raise ValueError(f"dev[{i}] has no words")
         start = time.perf_counter()
-        ids: list = self.features.batch(sentences)
         examples = []
-        for i, s in enumerate(sentences):                   # compact form: distinct ids + local indices
-            table, inv = np.unique(ids[i], return_inverse=True)
-            ids[i] = None  # type: ignore[call-overload]   # free the global ids as we go
-            examples.append(SparseExample(torch.from_numpy(inv.reshape(len(s), len(s) + 1, -1).astype(np.int32)),
-                                          torch.from_numpy(s.heads), table=torch.from_numpy(table.astype(np.int32))))
+        bar = progress_bar(len(sentences), progress, "features")
+        try:
+            for first in range(0, len(sentences), 512):      # in slices: a bar that moves, global ids freed early
+                part = sentences[first:first + 512]
+                for s, ids in zip(part, self.features.batch(part), strict=True):   # compact: distinct ids + indices
+                    table, inv = np.unique(ids, return_inverse=True)
+                    examples.append(SparseExample(
+                        torch.from_numpy(inv.reshape(len(s), len(s) + 1, -1).astype(np.int32)),
+                        torch.from_numpy(s.heads), table=torch.from_numpy(table.astype(np.int32))))
+                bar.update(len(part))
+        finally:
+            bar.close()
         feature_seconds = time.perf_counter() - start
         if log is not None:
             size = sum(ex.ids.numel() * 4 + ex.table.numel() * 4 for ex in examples)

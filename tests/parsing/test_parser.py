@@ -391,3 +391,26 @@ def test_a_dev_sentence_without_words_is_named_before_training(monkeypatch):
     monkeypatch.setattr(parser_module, "fit_online", no_training)
     with pytest.raises(ValueError, match=r"^dev\[5\] has no words$"):
         DependencyParser(bits=8).fit(sentences, epochs=1, dev=[*sentences, Sentence()])
+
+
+def test_feature_extraction_shows_progress_in_slices(monkeypatch):
+    # parse train on EWT spent 47 s extracting features before its first output
+    import betheproj.parsing.parser as parser_module
+
+    seen = []
+
+    class Bar:
+        def __init__(self, total, enabled, desc):
+            seen.append((desc, total, enabled))
+
+        def update(self, n=1):
+            seen.append(n)
+
+        def close(self):
+            seen.append("closed")
+
+    monkeypatch.setattr(parser_module, "progress_bar", Bar)
+    sentences = parse_conllu(_treebank(600))
+    parser = DependencyParser(bits=12)
+    parser.fit(sentences, epochs=1, progress=True)
+    assert seen[:4] == [("features", 600, True), 512, 88, "closed"]
