@@ -12,9 +12,19 @@ and ``+inf`` are refused anywhere); other ``-inf`` entries are forbidden arcs.
   marginals, Chu-Liu-Edmonds for MAP).
 * :class:`~betheproj.oracles.projective.Projective`: trees without crossing arcs (Eisner's algorithm).
 
-Both optionally restrict the root to a single child (``single_root=True``).  This module holds the shared
-parts: the conversions, the oracle base class and the entropy.  The functional cores (``matrix_tree``,
-``chu_liu_edmonds``, ``eisner``, ``eisner_map``) live in the two modules and are re-exported here.
+Both optionally restrict the root to a single child (``single_root=True``).
+
+Range: the scores are shifted by each word's best arc (a constant per word, which only rescales Z), and a tree's
+O(1) score differences are then resolved to about ``eps`` times the penalty every tree pays below those best arcs
+(``|log Z|`` of the shifted scores).  Marginals, MAP and entropy are exact however large the scores while some
+tree pays little (as usual); where every tree must take arcs far below their words' best (two words whose best
+arcs form a cycle, each 1e17 above the alternatives), differences smaller than that penalty times ``eps`` are lost
+(at 1e17 in float64 or 1e8 in float32 every O(1) one).  The chain and tree oracles keep them up to ``~1/eps^2``
+(two-part sums); here the matrix-tree determinant and Eisner's chart do not.
+
+This module holds the shared parts: the conversions, the oracle base class and the entropy.  The functional
+cores (``matrix_tree``, ``chu_liu_edmonds``, ``eisner``, ``eisner_map``) live in the two modules and are
+re-exported here.
 """
 
 from __future__ import annotations
