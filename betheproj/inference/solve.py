@@ -71,7 +71,8 @@ class Solution:
             they can differ from ``oracle.marginals(potentials)``, the dual iterate of its last point.)
         iterations: [B] iterations each example ran (oracle calls beyond the first, retries excluded).
         converged: [B] whether the example met the tolerance within ``max_iter``.
-        objective: [B] final value of (2).
+        objective: [B] final value of (2) (in the primal form ``-H(mu) - <theta, mu> + L(mu)`` where the dual
+            form's two terms cancelled beyond ``sqrt(eps)`` of it: dual offsets far beyond the scores).
         objectives: [B, T+1] the objective at every iteration (the final value repeated once converged), with
             ``T = max_iter``: an example the accelerated method hands to mirror descent keeps its accelerated
             iterations there and its final value in the last column (its ``iterations`` count both phases).
@@ -211,17 +212,22 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
     b = potentials.node.shape[0]
     final = state.shift(state.theta, state.delta_node, state.delta_edge)
     calls = state.calls
+    f = state.f
     if method == "accelerated":
         marg = state.averaged_marginals()
     else:
         marg = oracle.marginals(final)
         calls += b
+        f = _primal_where_loose(oracle, state, energy, marg)
     objectives = torch.stack(state.history, 1)
     if objectives.shape[1] < max_iter + 1:
         pad = objectives[:, -1:].expand(b, max_iter + 1 - objectives.shape[1])
         objectives = torch.cat([objectives, pad], 1)
+    if f is not state.f:
+        objectives = objectives.clone()
+        objectives[:, -1] = f
     sol = Solution(marginals=marg, potentials=final, iterations=state.iterations, converged=state.converged,
-                   objective=state.f, objectives=objectives, safeguarded=state.safeguarded,
+                   objective=f, objectives=objectives, safeguarded=state.safeguarded,
                    residual=state.residual, oracle_calls=calls, method=method)
     if method == "accelerated":
         # last resort: an example that did not converge (its L grew past _STALL_L, it needed step-size control,
@@ -237,6 +243,24 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
             sol = _merge(sol, rescue, stalled[better[stalled]])
     return sol
 
+
+
+def _primal_where_loose(oracle: Oracle, state: SolverState, energy: Energy, marg: Marginals) -> Tensor:
+    """The objectives to report: the iterations' dual form ``-log Z(theta + delta) + <delta, mu> + L``, except
+    where its two large terms cancel beyond ``sqrt(eps)`` of the result (dual offsets of 1e9 in float32, as
+    Bethe-RDA reaches on energies of huge weight: it reported 0 or -256 for 2.82); there the primal form
+    ``-H(mu) - <theta, mu> + L`` at the same marginals (:func:`objective`)."""
+    f = state.f
+    inner = (state.delta_node * marg.node).flatten(1).abs().sum(-1)
+    if state.delta_edge is not None:
+        inner = inner + (state.delta_edge * (marg.edge_total() if state.totals else marg.edge)).flatten(1).abs().sum(-1)
+    eps = torch.finfo(f.dtype).eps
+    loose = state.noise * (inner + marg.log_partition.abs()) > eps ** 0.5 * f.abs().clamp_min(1.0)
+    if not bool((loose & torch.isfinite(f)).any()):
+        return f
+    with torch.no_grad():
+        primal = _objective_parts(oracle, state.theta, marg) + energy.value(marg)
+    return torch.where(loose & torch.isfinite(primal), primal, f)
 
 
 def _merge(sol: Solution, other: Solution, rows: Tensor) -> Solution:

@@ -1035,3 +1035,19 @@ def test_returned_potentials_never_require_grad(method):
     assert not sol.potentials.node.requires_grad and not sol.potentials.edge.requires_grad
     assert sol.potentials.edge is not edge
     assert not sol.marginals.node.requires_grad and not sol.objective.requires_grad
+
+
+def test_a_dual_objective_lost_to_cancellation_is_reported_in_primal_form():
+    # Bethe-RDA on an energy of weight 1e10 in float32 drives the dual offsets to ~1e9: -log Z(theta + delta) +
+    # <delta, mu> cancelled to 0.0 (or -256, below the optimum) for an objective of 2.82
+    gen = torch.Generator().manual_seed(0)
+    theta = bp.ChainPotentials(torch.randn(2, 4, 3, generator=gen), torch.randn(3, 3, generator=gen),
+                               torch.tensor([4, 2]))
+    a = torch.zeros(1, 3)
+    a[0, 0] = -1.0
+    for psi in (1e10, 1e30):
+        energy = LinearMeasurements(node=a, offset=-3.0, psi=psi)
+        sol = bp.solve(bp.LinearChain(), theta, energy, method="rda")
+        primal = bp.objective(bp.LinearChain(), theta, energy, sol.marginals)
+        assert torch.allclose(sol.objective, primal, rtol=1e-6), (sol.objective, primal)
+        assert torch.equal(sol.objectives[:, -1], sol.objective)
