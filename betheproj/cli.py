@@ -238,14 +238,20 @@ def _check_cgm_options(args: argparse.Namespace) -> None:
                          f"float64 log-potentials), got {args.noise!r}")
 
 
-def _check_cgm_size(grid: int, steps: int, seasons: int, device: object = None) -> None:
+# CVXPY + Clarabel's peak per edge marginal of one example's problem (measured 2026-11-28 on this project's 2-core
+# machine, less the interpreter's 240 MB: 6.4 KB at G = 8, T = 10; 4.8 KB at G = 10, T = 10; 4.3 KB at T = 20)
+_IP_BYTES = 5_000
+
+
+def _check_cgm_size(grid: int, steps: int, seasons: int, device: object = None, compare: bool = False) -> None:
     """``ValueError`` naming ``--grid``, ``--steps`` and ``--seasons`` when the instance cannot fit in memory, before
     anything is allocated.
 
     The transition model, the simulated counts and the solver hold about ``6 + 2 x seasons`` float64 arrays of
     ``(steps - 1) x s`` entries, ``s = G^4`` (measured peak: 5.2 of them at G = 32, T = 10, one season, 392 MB),
     which must fit in the machine's memory, in a container's memory limit and in the address space left under
-    ``ulimit -v``.
+    ``ulimit -v``.  With ``compare`` the interior-point solver's problem, about 5 KB per edge marginal of an
+    example (``(steps - 1) x s``), must fit beside them (7.2 GB at G = 20, T = 10).
     With a CUDA ``device`` they must fit in its memory too (the instance is drawn in the machine's)."""
     if grid < 1 or steps < 2 or seasons < 1:
         return                                   # out of range: the library names the argument
@@ -257,6 +263,11 @@ def _check_cgm_size(grid: int, steps: int, seasons: int, device: object = None) 
                          f"s = G^4 = {s:,} pairs of cells per step, and the run needs about {_bytes(need)} of memory "
                          f"(6 + 2 x seasons arrays of (steps - 1) x s floats), more than {what}; use a smaller "
                          f"--grid, --steps or --seasons")
+    ip_need = need + _IP_BYTES * s * (steps - 1)
+    if compare and ip_need > have:
+        raise ValueError(f"--compare: CVXPY + Clarabel need about {_bytes(ip_need)} of memory at --grid {grid} --steps "
+                         f"{steps} (about {_bytes(_IP_BYTES)} per edge marginal, (steps - 1) x s = "
+                         f"{s * (steps - 1):,} of them), more than {what}; compare on a smaller --grid or --steps")
     if getattr(device, "type", None) == "cuda":
         import torch
 
@@ -490,7 +501,7 @@ def _run(args: argparse.Namespace) -> int:
             from ._checks import check_device
 
             device = check_device("--device", args.device)
-            _check_cgm_size(args.grid, args.steps, args.seasons, device)
+            _check_cgm_size(args.grid, args.steps, args.seasons, device, compare=args.compare)
             from .experiments import cgm
 
             _need_matplotlib()

@@ -382,6 +382,11 @@ def test_a_cgm_grid_too_large_for_memory_is_refused_before_the_work(tmp_path, mo
     betheproj.cli._check_cgm_size(32, 10, 1)         # the README's largest benchmark (s = 1,048,576): ~0.6 GB
     with pytest.raises(ValueError, match="--grid 40 --steps .* this machine's 1.1 GB; use a smaller --grid, --steps"):
         betheproj.cli._check_cgm_size(40, 10, 1)
+    # --compare: the interior-point solver's problem too (at G = 20 it grew past 5.8 GB, then failed in the solver)
+    betheproj.cli._check_cgm_size(10, 10, 1, compare=True)
+    betheproj.cli._check_cgm_size(15, 10, 1)
+    with pytest.raises(ValueError, match=r"--compare: CVXPY \+ Clarabel need about 2.3 GB of memory at --grid 15 "):
+        betheproj.cli._check_cgm_size(15, 10, 1, compare=True)
     # on a CUDA device the run must also fit in the device's memory (here a 0.5 GB one, faked)
     monkeypatch.setattr(betheproj.cli, "_physical_memory", lambda: 2 ** 40)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"total_memory": 2 ** 29}))
