@@ -518,11 +518,17 @@ def _run(args: argparse.Namespace) -> int:
         sys.stdout = open(os.devnull, "w")       # so the interpreter's final flush stays quiet
         return 1
     except KeyboardInterrupt:
+        from .progress import close_bars
+
+        close_bars()
         print(f"betheproj {args.command}: interrupted", file=sys.stderr)
         _drop_stdout()
         return 130
     except (ValueError, TypeError, ImportError, OSError, EOFError) as err:
         message = error_text(err)
+        from .progress import close_bars
+
+        close_bars()
         print(f"betheproj {args.command}: error: {message}", file=sys.stderr)
         _drop_stdout()
         return 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["progress_bar"]
+__all__ = ["progress_bar", "close_bars"]
 
 
 class _Silent:
@@ -32,3 +32,14 @@ def progress_bar(total: int, enabled: bool, desc: str, leave: bool = False) -> A
         else:
             return tqdm(total=total, desc=desc, leave=leave, dynamic_ncols=True)
     return _Silent()
+
+
+def close_bars() -> None:
+    """Close every open tqdm bar (each clears its line), so that a message written next (an error, "interrupted")
+    starts a line of its own instead of following a bar's."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()

@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from betheproj.progress import progress_bar
+from betheproj.progress import close_bars, progress_bar
 
 
 def test_disabled_bar_is_silent(capsys):
@@ -24,3 +24,20 @@ def test_enabled_bar_is_tqdm_and_falls_back_without_it(monkeypatch):
     assert not hasattr(quiet, "total")
     quiet.update(1)
     quiet.close()
+
+
+def test_an_error_or_interrupt_message_starts_its_own_line(monkeypatch, capsys):
+    # "interrupted" (and errors) were written after the open bar's text, on its line
+    tqdm = pytest.importorskip("tqdm")
+    from betheproj import cli
+
+    def interrupted(args):
+        progress_bar(10, True, "tagging").update(3)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_check_cgm_options", interrupted)
+    assert cli.main(["cgm", "--quiet"]) == 130
+    assert not getattr(tqdm.tqdm, "_instances", ())
+    *_, cleared, message = capsys.readouterr().err.split("\r")          # the bar's line cleared, then the message
+    assert cleared.strip() == "" and message == "betheproj cgm: interrupted\n"
+    close_bars()                                                 # nothing open: nothing to do
