@@ -158,6 +158,10 @@ def test_a_state_whose_features_labels_or_lexicon_do_not_number_or_name_one_thin
                        ({**state, "features": {**state["features"], second: state["features"][first]}},
                         r"features must number the \d+ features 1\.\.\d+, each once"),
                        ({**state, "labels": ["O", *state["labels"]]}, r"labels must be distinct strings"),
+                       # loaded, then tagging failed with "labels[0] = 'title' is not a BIO label", naming no file
+                       ({**state, "labels": [y if y == "O" else f"{y[2:]}{i}" for i, y in enumerate(state["labels"])]},
+                        r"labels must be 'O', 'B-<type>' or 'I-<type>', got 'title0'"),
+                       ({**state, "labels": ["B-", *state["labels"][1:]]}, r"got 'B-'"),
                        ({**state, "lexicon": {**state["lexicon"], "a": "title"}}, r"lexicon must map each word")):
         with pytest.raises(ValueError, match=f"state: a malformed feature index state .*{match}"):
             FeatureIndex.from_state(bad)
