@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_count
-from .citations import Citation, check_citations
+from .citations import Citation, bio_segments, check_citations
 
 __all__ = ["token_features", "FeatureIndex"]
 
@@ -121,6 +121,10 @@ class FeatureIndex:
         leaves: dict[str, Counter] = defaultdict(Counter)
         for i, c in enumerate(citations):
             _check_tokens(c.tokens, f"citations[{i}].tokens")
+            try:                                    # the labels a saved index must hold (from_state checks them)
+                bio_segments(c.labels)
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"citations[{i}].{err}") from None
             for tok, path in zip(c.tokens, c.paths, strict=True):
                 if path:
                     leaves[unicodedata.normalize("NFC", tok).lower()][path[-1]] += 1     # as token_features reads it

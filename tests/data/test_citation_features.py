@@ -165,3 +165,13 @@ def test_a_state_whose_features_labels_or_lexicon_do_not_number_or_name_one_thin
                        ({**state, "lexicon": {**state["lexicon"], "a": "title"}}, r"lexicon must map each word")):
         with pytest.raises(ValueError, match=f"state: a malformed feature index state .*{match}"):
             FeatureIndex.from_state(bad)
+
+
+def test_labels_that_a_saved_index_could_not_hold_are_refused_when_it_is_built():
+    # 'PER' built an index whose state from_state refused (a model saved and never loaded); an int label failed in
+    # sorted() naming nothing
+    words, paths = ["John", "Smith"], [("person",), ("person",)]
+    with pytest.raises(ValueError, match=r"citations\[0\]\.labels\[0\] = 'PER' is not a BIO label"):
+        FeatureIndex([Citation(words, paths, ["PER", "PER"])])
+    with pytest.raises(TypeError, match=r"citations\[1\]\.labels\[1\] must be a str, got int 5"):
+        FeatureIndex([Citation(words, paths, ["B-person", "I-person"]), Citation(words, paths, ["O", 5])])
