@@ -7,6 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -108,8 +109,9 @@ def _fast(potentials: ChainPotentials, observed: Tensor, rate: float, population
     rows = []
     for b in range(node.shape[0]):
         n = int(potentials.lengths[b])
-        out = mirror_descent(node[b, :n], edge[b, :n - 1], y[b, :n], rate, population, tol, max_iter,
-                             None if delta is None else delta[b, :n])
+        with np.errstate(all="ignore"):         # overflow or 0/0 makes it hand over (None), not warn the user
+            out = mirror_descent(node[b, :n], edge[b, :n - 1], y[b, :n], rate, population, tol, max_iter,
+                                 None if delta is None else delta[b, :n])
         if out is None:
             return None
         rows.append(out)
@@ -119,9 +121,12 @@ def _fast(potentials: ChainPotentials, observed: Tensor, rate: float, population
     for b, row in enumerate(rows):
         n = row[0].shape[0]
         mu[b, :n], offset[b, :n] = torch.from_numpy(row[0]).to(dtype), torch.from_numpy(row[1]).to(dtype)
-    tilde = potentials.shifted(offset, None)
     as_tensor = lambda i, kind: torch.tensor([r[i] for r in rows], dtype=kind)  # noqa: E731
-    return CGMResult(population * mu, as_tensor(2, dtype), as_tensor(3, torch.long), as_tensor(4, torch.bool), 0.0,
+    objective = as_tensor(2, dtype)
+    if not (bool(torch.isfinite(objective).all()) and bool(torch.isfinite(offset).all())):
+        return None                      # beyond the dtype's range (float32): the generic solver says why
+    tilde = potentials.detach().shifted(offset, None)          # nothing returned requires grad, as solve()'s
+    return CGMResult(population * mu, objective, as_tensor(3, torch.long), as_tensor(4, torch.bool), 0.0,
                      tilde, float(population), _residual=as_tensor(5, dtype), _safeguarded=as_tensor(6, torch.bool))
 
 
@@ -155,6 +160,9 @@ def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, popul
         if warm_start is not None and warm_start.node.dtype != potentials.node.dtype:   # as solve() refuses it
             raise TypeError(f"warm_start must have the potentials' dtype {potentials.node.dtype}, got "
                             f"{warm_start.node.dtype}")
+        if warm_start is not None and not torch.equal(warm_start.lengths, potentials.lengths):
+            raise ValueError("warm_start has other lengths than the potentials: the potentials of other examples "
+                             "(pass a result of this problem)")
         result = _fast(potentials, observed, float(rate), float(population), tol, max_iter, warm_start)
         if result is not None:
             result.seconds = time.perf_counter() - start

@@ -392,6 +392,30 @@ def test_a_warm_start_of_another_dtype_is_refused_on_the_fast_path_too():
         map_counts(inst.potentials, inst.observed, 0.5, 100, warm_start=warm32)
 
 
+def test_a_warm_start_of_other_lengths_is_refused_on_the_fast_path_too():
+    """solve() refuses it; the NumPy path took it."""
+    from betheproj.oracles import ChainPotentials
+
+    inst = simulate(default_model(3, 5, seed=4), population=5000, rate=0.3, seasons=3, seed=4)
+    short = ChainPotentials(inst.potentials.node, inst.potentials.edge, torch.tensor([5, 3, 2]))
+    with pytest.raises(ValueError, match="warm_start has other lengths than the potentials"):
+        map_counts(short, inst.observed, 0.3, 5000, warm_start=inst.potentials)
+
+
+def test_an_objective_beyond_float32_is_left_to_the_generic_solver():
+    """The NumPy path (float64 inside) returned an objective of inf marked converged where float32 cannot hold
+    its 1.4e39; the generic solver names the problem.  And what the fast path returns requires no grad."""
+    from betheproj.oracles import ChainPotentials
+
+    pot = ChainPotentials(torch.zeros(1, 2, 2), torch.zeros(1, 1, 2, 2))
+    with pytest.raises(ValueError, match="the objective is not finite at the base marginals"):
+        map_counts(pot, torch.tensor([[[1e7, 0.0], [1e7, 0.0]]]), 1.0, 1e-30)
+    inst = _small_instance()
+    node = inst.potentials.node.clone().requires_grad_(True)
+    result = map_counts(ChainPotentials(node, inst.potentials.edge), inst.observed, 0.5, 100)
+    assert not result.potentials.node.requires_grad
+
+
 def test_observed_counts_the_potentials_cannot_hold_exactly_are_refused():
     """Checked as given: float32 potentials used to round 2**24 + 1 to 2**24 and 2**25 + 0.5 to a whole 2**25."""
     from betheproj.cgm import check_observations
