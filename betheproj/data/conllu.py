@@ -318,7 +318,15 @@ def _placed(s: Sentence, number: int) -> list[tuple[int, list[str]]]:
 
 def _lines_of(s: Sentence, number: int) -> list[str]:
     """The lines of sentence ``number``, checked to read back as they are: ``ValueError`` for a comment that does
-    not start with ``#`` or a line of other than 10 tab-separated columns, or either with a line break."""
+    not start with ``#``, a line of other than 10 tab-separated columns or of white space alone (read as a
+    sentence break), or either with a line break (``\n`` or ``\r``: the reader's universal newlines)."""
+    if not isinstance(s, Sentence):
+        raise TypeError(f"sentence {number} must be a Sentence, got {type(s).__name__}")
+    for cols in [*s.words, *(cols for _, cols in s.extra)]:
+        bad = next((c for c in cols if not isinstance(c, str)), None)
+        if bad is not None:
+            raise TypeError(f"sentence {number}: the columns of a line must be str, got {type(bad).__name__} "
+                            f"{bad!r} in {list(cols)!r}")
     lines = list(s.comments)
     done = 0
     for k, cols in _placed(s, number):
@@ -330,9 +338,9 @@ def _lines_of(s: Sentence, number: int) -> list[str]:
         if j < len(s.comments):
             if not line.startswith("#"):
                 raise ValueError(f"sentence {number}: the comment {line!r} does not start with '#'")
-            if "\n" in line:
+            if "\n" in line or "\r" in line:
                 raise ValueError(f"sentence {number}: the comment {line!r} holds a line break")
-        elif line.count("\t") != _COLUMNS - 1 or "\n" in line:
+        elif line.count("\t") != _COLUMNS - 1 or "\n" in line or "\r" in line or not line.strip():
             raise ValueError(f"sentence {number}: the line {line!r} is not {_COLUMNS} tab-separated columns on one "
                              "line")
     return lines

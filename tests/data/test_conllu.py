@@ -293,6 +293,10 @@ def test_head_cycle_names_heads_that_are_not_words_or_the_root(heads, error, mes
     (lambda s: s.extra[0][1].__setitem__(1, "do\tnot"), r"sentence 1: the line '2-3\\tdo\\tnot.*' is not 10 tab"),
     (lambda s: s.comments.append("sent_id = x"), r"sentence 1: the comment 'sent_id = x' does not start with '#'"),
     (lambda s: s.comments.append("# a\n1"), r"sentence 1: the comment '# a\\n1' holds a line break"),
+    # a carriage return splits a line as the reader's universal newlines read it; white space alone is a break
+    (lambda s: s.comments.append("# a\rb"), r"sentence 1: the comment '# a\\rb' holds a line break"),
+    (lambda s: s.words[1].__setitem__(1, "a\rb"), r"sentence 1: the line '2\\ta\\rb\\t.*' is not 10 tab-sep"),
+    (lambda s: s.words.__setitem__(1, [" "] * 10), r"sentence 1: the line ' \\t \\t.*' is not 10 tab-separated"),
 ])
 def test_the_writer_refuses_lines_it_could_not_read_back(edit, message):
     # format_conllu wrote these silently: a 9-column word or a tab in a field (a file read_conllu rejects), a
@@ -300,4 +304,14 @@ def test_the_writer_refuses_lines_it_could_not_read_back(edit, message):
     s = parse_conllu(SAMPLE)[0]
     edit(s)
     with pytest.raises(ValueError, match=f"^{message}"):
+        format_conllu([s])
+
+
+def test_the_writer_names_what_is_not_a_sentence_or_a_column():
+    # an AttributeError ('str' object has no attribute 'comments') and str.join's TypeError, naming nothing
+    with pytest.raises(TypeError, match="sentence 1 must be a Sentence, got str"):
+        format_conllu(["abc"])
+    s = parse_conllu(SAMPLE)[0]
+    s.words[0][6] = 0
+    with pytest.raises(TypeError, match=r"sentence 1: the columns of a line must be str, got int 0 in \['1', "):
         format_conllu([s])
