@@ -83,6 +83,7 @@ class BPResult:
 
     def ties(self, tol: float = 1e-9) -> list[int]:
         """Variables whose two largest beliefs are within ``tol`` (relative): their decoding is ambiguous."""
+        tol = check_nonnegative("tol", tol)
         out = []
         for i, b in enumerate(self.variable_beliefs):
             if b.size > 1:

@@ -256,3 +256,14 @@ def test_damping_keeps_hard_zeros_and_converges(mode):
     res = belief_propagation(graph, mode, damping=0.5, max_iter=100)
     assert res.converged                                   # the zero only halved each iteration before
     assert np.allclose(res.variable_beliefs[1], [1.0, 0.0])
+
+
+def test_ties_names_a_bad_tolerance():
+    # "can't multiply sequence by non-int" for a str; NaN returned [] whatever the beliefs
+    g = FactorGraph([2, 2])
+    g.set_unary(0, [0.0, 1.0])
+    res = belief_propagation(g)
+    assert res.ties() == [1]
+    for tol, error in (("a", TypeError), (None, TypeError), (float("nan"), ValueError), (-1.0, ValueError)):
+        with pytest.raises(error, match="tol must be"):
+            res.ties(tol)
