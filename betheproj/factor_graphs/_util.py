@@ -25,7 +25,10 @@ def as_log_array(name: str, x: object, ndim: int | None = None) -> np.ndarray:
     x = as_numpy(x)
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be an array of floats, got {type(x).__name__}")
-    arr = np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except ValueError as err:                   # ragged nesting: "inhomogeneous shape ..."
+        raise ValueError(f"{name} must be a rectangular array ({err})") from None
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
         raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
     arr = np.array(arr, dtype=np.float64)  # a copy: later edits of the caller's array do not leak in

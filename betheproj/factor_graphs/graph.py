@@ -191,6 +191,8 @@ class FactorGraph:
     def score(self, assignment: Sequence[int]) -> float:
         """``sum_i unary_i(y_i) + sum_C log psi_C(y_C)`` (``-inf`` if a hard constraint is violated)."""
         y = np.asarray(as_numpy(assignment))
+        if y.size == 0 and self.num_variables == 0:
+            y = y.astype(np.int64)                 # [] reads as a float array: no labels, none of them a float
         if y.shape != (self.num_variables,) or not np.issubdtype(y.dtype, np.integer):
             raise ValueError(f"assignment must be {self.num_variables} integer labels, got {assignment!r}")
         if ((y < 0) | (y >= np.array(self._cards, dtype=np.int64))).any():

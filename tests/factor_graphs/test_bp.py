@@ -267,3 +267,12 @@ def test_ties_names_a_bad_tolerance():
     for tol, error in (("a", TypeError), (None, TypeError), (float("nan"), ValueError), (-1.0, ValueError)):
         with pytest.raises(error, match="tol must be"):
             res.ties(tol)
+
+
+def test_an_empty_graph_scores_the_empty_assignment_and_a_ragged_table_is_named():
+    # [] read as a float array was refused as "not integer labels"; a ragged table gave numpy's message alone
+    from betheproj.factor_graphs import Dense
+
+    assert FactorGraph().score([]) == 0.0
+    with pytest.raises(ValueError, match=r"table must be a rectangular array \("):
+        Dense([0, 1], [[1.0], [1.0, 2.0]])
