@@ -151,6 +151,10 @@ class FeatureIndex:
                              f"on; train again")
         obj = cls.__new__(cls)
         try:
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in dict(state["features"]).values()):
+                raise TypeError("features must map each feature to an int id")
+            if not isinstance(state["labels"], list | tuple):     # a str would read as a list of characters
+                raise TypeError(f"labels must be a list, got {type(state['labels']).__name__}")
             obj.features, obj.labels = dict(state["features"]), list(state["labels"])
             obj.lexicon = {w: set(v) for w, v in state["lexicon"].items()}
             if "O" not in obj.labels:                 # encode maps unseen labels to it

@@ -162,6 +162,9 @@ def test_a_state_whose_features_labels_or_lexicon_do_not_number_or_name_one_thin
                        ({**state, "labels": [y if y == "O" else f"{y[2:]}{i}" for i, y in enumerate(state["labels"])]},
                         r"labels must be 'O', 'B-<type>' or 'I-<type>', got 'title0'"),
                        ({**state, "labels": ["B-", *state["labels"][1:]]}, r"got 'B-'"),
+                       ({**state, "labels": "O"}, r"labels must be a list, got str"),        # read as ['O']
+                       ({**state, "features": {**state["features"], first: True}}, r"features must map each feature "
+                                                                                     r"to an int id"),
                        ({**state, "lexicon": {**state["lexicon"], "a": "title"}}, r"lexicon must map each word")):
         with pytest.raises(ValueError, match=f"state: a malformed feature index state .*{match}"):
             FeatureIndex.from_state(bad)
