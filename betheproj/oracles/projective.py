@@ -20,14 +20,13 @@ from torch import Tensor
 
 from .base import _split_sum
 from .dependency import (
-    _check_range,
-    _column_max,
     _DependencyOracle,
     _differentiable,
     _lse,
     _prepare,
     _raise_no_tree,
     _raise_overflow,
+    _shifted_columns,
 )
 
 __all__ = ["eisner", "eisner_map", "Projective"]
@@ -98,9 +97,8 @@ def _column_shifted(s: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Scores with each modifier's column shifted by its (finite) maximum, and the total shift [B] in two parts
     (:func:`~betheproj.oracles.base._split_sum`): every tree has one arc into each word, so this only rescales
     Z, and a huge constant cannot absorb O(1) scores."""
-    col = _column_max(s)
-    _check_range(s, col)
-    return s - col, _split_sum(col[:, 0])
+    shifted, top = _shifted_columns(s)
+    return shifted, _split_sum(top)
 
 
 def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:
