@@ -14,6 +14,7 @@ from torch import Tensor
 from .._checks import check_count, check_nonnegative, check_positive
 from ..energies import Poisson
 from ..inference import Solution, solve
+from ..inference.state import _warm_offsets
 from ..oracles import ChainPotentials, LinearChain, PairwisePotentials
 from .fast import mirror_descent
 
@@ -101,11 +102,13 @@ class CGMResult:
 
 def _fast(potentials: ChainPotentials, observed: Tensor, rate: float, population: float, tol: float, max_iter: int,
           warm_start: ChainPotentials | None) -> CGMResult | None:
-    """Every example through the NumPy small-problem path; ``None`` if any needs the generic solver."""
+    """Every example through the NumPy small-problem path; ``None`` if any needs the generic solver.  A warm start
+    is checked as :func:`~betheproj.solve` checks it."""
+    warm, _ = _warm_offsets(warm_start, potentials, False, "md")
     node = potentials.node.detach().double().numpy()
     edge = potentials.full_edge().detach().double().numpy()
     y = observed.detach().double().numpy()
-    delta = None if warm_start is None else (warm_start.node - potentials.node).detach().double().numpy()
+    delta = None if warm is None else warm.detach().double().numpy()
     rows = []
     for b in range(node.shape[0]):
         n = int(potentials.lengths[b])
@@ -155,14 +158,6 @@ def map_counts(potentials: ChainPotentials, observed: Tensor, rate: float, popul
         raise ValueError(f"warm_start is on {warm_start.node.device} but potentials are on {potentials.node.device}")
     start = time.perf_counter()
     if method == "md" and potentials.node.device.type == "cpu" and potentials.node.shape[2] <= _FAST_CELLS:
-        if warm_start is not None and warm_start.node.shape != potentials.node.shape:
-            raise ValueError("warm_start must be potentials of the same shape as potentials")
-        if warm_start is not None and warm_start.node.dtype != potentials.node.dtype:   # as solve() refuses it
-            raise TypeError(f"warm_start must have the potentials' dtype {potentials.node.dtype}, got "
-                            f"{warm_start.node.dtype}")
-        if warm_start is not None and not torch.equal(warm_start.lengths, potentials.lengths):
-            raise ValueError("warm_start has other lengths than the potentials: the potentials of other examples "
-                             "(pass a result of this problem)")
         result = _fast(potentials, observed, float(rate), float(population), tol, max_iter, warm_start)
         if result is not None:
             result.seconds = time.perf_counter() - start
