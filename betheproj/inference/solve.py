@@ -251,11 +251,13 @@ def _primal_where_loose(oracle: Oracle, state: SolverState, energy: Energy, marg
     Bethe-RDA reaches on energies of huge weight: it reported 0 or -256 for 2.82); there the primal form
     ``-H(mu) - <theta, mu> + L`` at the same marginals (:func:`objective`)."""
     f = state.f
-    inner = (state.delta_node * marg.node).flatten(1).abs().sum(-1)
+    # the terms' sizes at the last accepted point (marg's: the same point), read off the state: marg's edge
+    # marginals stay lazy
+    inner = (state.delta_node * state.mu_node).flatten(1).abs().sum(-1)
     if state.delta_edge is not None:
-        inner = inner + (state.delta_edge * (marg.edge_total() if state.totals else marg.edge)).flatten(1).abs().sum(-1)
+        inner = inner + (state.delta_edge * state.mu_edge).flatten(1).abs().sum(-1)
     eps = torch.finfo(f.dtype).eps
-    loose = state.noise * (inner + marg.log_partition.abs()) > eps ** 0.5 * f.abs().clamp_min(1.0)
+    loose = state.noise * (inner + state.log_z.abs()) > eps ** 0.5 * f.abs().clamp_min(1.0)
     if not bool((loose & torch.isfinite(f)).any()):
         return f
     with torch.no_grad():
