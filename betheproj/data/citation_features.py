@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_count
-from .citations import Citation, bio_segments, check_citations
+from .citations import Citation, _is_bio_label, bio_segments, check_citations
 
 __all__ = ["token_features", "FeatureIndex"]
 
@@ -161,7 +161,7 @@ class FeatureIndex:
                 raise ValueError(f"labels must hold 'O', got {obj.labels[:5]}")
             if len(set(obj.labels)) != len(obj.labels) or not all(isinstance(y, str) for y in obj.labels):
                 raise ValueError(f"labels must be distinct strings (one id each), got {obj.labels[:5]}...")
-            bad = next((y for y in obj.labels if y != "O" and (y[:2] not in ("B-", "I-") or len(y) == 2)), None)
+            bad = next((y for y in obj.labels if not _is_bio_label(y)), None)
             if bad is not None:                       # else tagging failed later, naming no file
                 raise ValueError(f"labels must be 'O', 'B-<type>' or 'I-<type>', got {bad!r}")
             if sorted(obj.features.values()) != list(range(1, len(obj.features) + 1)):   # the weight table's rows

@@ -52,6 +52,12 @@ class Citation:
         return bio_segments(self.labels)
 
 
+def _is_bio_label(label: str) -> bool:
+    """``"O"``, or ``"B-type"`` / ``"I-type"`` with a non-empty type."""
+    tag, _, name = label.partition("-")
+    return label == "O" or (tag in ("B", "I") and bool(name))
+
+
 def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
     """Spans ``(type, start, end)`` of a BIO sequence; an ``I-`` that does not continue its type starts a span.
     Every label must be ``"O"`` or ``"B-type"`` / ``"I-type"`` (a non-empty type); anything else is a ValueError."""
@@ -62,9 +68,9 @@ def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
     for i, label in enumerate([*labels, "O"]):
         if not isinstance(label, str):
             raise TypeError(f"labels[{i}] must be a str, got {type(label).__name__} {label!r}")
-        tag, _, name = label.partition("-")
-        if label != "O" and (tag not in ("B", "I") or not name):
+        if not _is_bio_label(label):
             raise ValueError(f"labels[{i}] = {label!r} is not a BIO label: expected 'O', 'B-<type>' or 'I-<type>'")
+        tag, _, name = label.partition("-")
         if label == "O" or tag == "B" or name != kind:
             if kind is not None:
                 spans.append((kind, start, i))
