@@ -15,7 +15,7 @@ from .base import (
 from .brute_force import BruteForce
 from .chain import LinearChain
 from .dependency import DependencyMarginals, arc_potentials, arcs_to_heads, heads_to_arcs
-from .nonprojective import NonProjective, chu_liu_edmonds, matrix_tree
+from .nonprojective import NonProjective, chu_liu_edmonds, log_arc_marginals, matrix_tree
 from .projective import Projective, eisner, eisner_map
 from .tree import Tree
 
@@ -23,4 +23,4 @@ __all__ = ["BruteForce", "ChainPotentials", "LinearChain", "Marginals", "Oracle"
            "Tree", "bethe_entropy", "log_partition", "tree_parents", "has_pairwise_factors", "keeps_width",
            "edge_row_ends",
            "DependencyMarginals", "NonProjective", "Projective", "arc_potentials", "arcs_to_heads",
-           "chu_liu_edmonds", "eisner", "eisner_map", "heads_to_arcs", "matrix_tree"]
+           "chu_liu_edmonds", "eisner", "eisner_map", "heads_to_arcs", "log_arc_marginals", "matrix_tree"]

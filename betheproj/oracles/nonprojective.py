@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_real
 from .base import PairwisePotentials, _split_sum, _unchecked
 from .dependency import (
     _check_range,
@@ -43,7 +44,7 @@ from .dependency import (
     _shifted_columns,
 )
 
-__all__ = ["matrix_tree", "chu_liu_edmonds", "NonProjective"]
+__all__ = ["matrix_tree", "log_arc_marginals", "chu_liu_edmonds", "NonProjective"]
 
 
 def matrix_tree(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[Tensor, Tensor]:
@@ -69,6 +70,174 @@ def matrix_tree(scores: Tensor, lengths: Tensor, single_root: bool = False) -> t
     return _differentiable(scores, log_z, marg), marg
 
 
+def log_arc_marginals(scores: Tensor, lengths: Tensor, single_root: bool = False,
+                      rtol: float | None = None) -> tuple[Tensor, Tensor]:
+    """Log-partition [B] and the logarithms of the arc marginals [B, N+1, N+1] (head-major, ``-inf`` at ignored
+    arcs and at arcs in no tree), each to a relative accuracy ``rtol`` (default ``max(1e-6, sqrt(eps))``) however
+    small the marginal.  Not differentiable.
+
+    :func:`matrix_tree`'s closed form ``A[h, m] (L^{-1}[m, m] - L^{-1}[m, h])`` is accurate only absolutely: an
+    arc that closes a cycle with likely arcs (``m -> h`` where ``h -> m`` is near certain) has two nearly equal
+    terms, and its marginal, ``e^-300`` say, comes out as rounding noise or ``0``.  Each closed-form marginal
+    is kept where a first-order rounding bound (:func:`_marginal_error_bound`) certifies it to ``rtol``; the
+    others (and all of an example with ``n kappa eps > 0.01``, or with weights or marginals near the subnormal
+    range) are recomputed by elimination without subtraction: with several roots one elimination per column
+    for all its arcs (:func:`_column_log_marginals`, ``O(n^3)``), with one root child one forced ``log Z`` per
+    arc (``O(n^4)``)."""
+    if not isinstance(single_root, bool):
+        raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
+    masked, lengths = _prepare(scores, lengths)
+    if rtol is None:
+        rtol = max(1e-6, torch.finfo(masked.dtype).eps ** 0.5)
+    rtol = check_real("rtol", rtol, 0.0, low_open=True)
+    with torch.no_grad():
+        shifted, shift = _shifted_columns(masked)
+        log_z, marg, ok, (root, words, keep, inv, kappa, lu, piv) = _fast_parts(shifted, lengths, single_root)
+        slow = torch.nonzero(~ok).flatten()
+        if slow.numel():
+            log_z[slow] = _exact_log_z(shifted[slow], lengths[slow], single_root)
+        _raise_no_tree(log_z, single_root=single_root)
+        real = torch.isfinite(shifted)
+        eps, tiny = torch.finfo(shifted.dtype).eps, torch.finfo(shifted.dtype).tiny
+        bound = _marginal_error_bound(root, words, keep, inv, lu, piv, lengths, single_root)
+        # a first-order bound, so only where n kappa eps is small; and not near the subnormal range, where the
+        # weights' and the marginals' digits are lost to underflow
+        certified = ((bound <= rtol * marg) & (marg >= tiny / eps) & (torch.exp(shifted) >= tiny / eps)
+                     & (lengths * kappa * eps <= 1e-2)[:, None, None])
+        loose = ~certified
+        log_marg = torch.where(real & ~loose, torch.log(marg),
+                               torch.full((), -math.inf, dtype=marg.dtype, device=marg.device))
+        refine = torch.nonzero(real & loose)
+        if refine.numel() and single_root:
+            log_marg[tuple(refine.T)] = _forced_log_marginals(shifted, lengths, log_z, refine)
+        elif refine.numel():
+            log_marg[tuple(refine.T)] = _column_log_marginals(shifted, lengths, refine)
+        big, small = _split_sum(shift)
+        log_z = big + (small + log_z)
+        _raise_overflow(log_z)
+    return log_z, log_marg
+
+
+def _marginal_error_bound(root: Tensor, words: Tensor, keep: Tensor, inv: Tensor, lu: Tensor, piv: Tensor,
+                          lengths: Tensor, single_root: bool) -> Tensor:
+    """A first-order bound [B, N+1, N+1] on the rounding error of the fast path's marginals: ``L^{-1}`` solved
+    from ``P L_f U_f = L`` has ``|X^ - X| <= 3 n eps |X| P |L_f| |U_f| |X|`` (componentwise backward stability of
+    the triangular solves, Higham, *Accuracy and Stability*, sec. 14.3), and each marginal is an arc weight
+    times one or a difference of two entries of ``X``."""
+    p, lower, upper = torch.lu_unpack(lu, piv)
+    factors = p @ (lower.abs() @ upper.abs())
+    err = (3 * torch.finfo(inv.dtype).eps) * lengths[:, None, None] * (inv.abs() @ factors @ inv.abs())
+    err = err + torch.finfo(inv.dtype).eps * inv.abs()                   # and the subtraction's own rounding
+    d = torch.diagonal(err, dim1=-2, dim2=-1)
+    bound = torch.zeros(root.shape[0], root.shape[1] + 1, root.shape[1] + 1, dtype=inv.dtype, device=inv.device)
+    bound[:, 0, 1:] = root * (err[:, :, 0] if single_root else d)
+    bound[:, 1:, 1:] = words * (d[:, None, :] * keep[None, :] + err.transpose(1, 2) * keep[:, None])
+    return bound
+
+
+def _column_log_marginals(s: Tensor, lengths: Tensor, arcs: Tensor) -> Tensor:
+    """``log P(h -> m)`` for the rows ``(b, h, m)`` of ``arcs`` [K, 3] (several roots), one elimination per column
+    ``(b, m)``.  With ``m``'s column eliminated last, the other pivots do not depend on it and ``det L`` is linear
+    in that column: ``Z = det(minor) c(A[:, m])`` and ``Z(h -> m forced) = A[h, m] det(minor) c(e_h)``, where
+    ``c(v)`` is the excess left in a column ``v`` carried through the elimination of the other words (``e_0``: a
+    unit root weight).  So ``log P(h -> m) = theta[h, m] + log c(e_h) - log c(A[:, m])``, every column carried
+    in log space as :func:`_gth_log_det` does: no subtraction, ``O(n^3)`` per column whatever its number of
+    arcs."""
+    c = s.shape[1]
+    column, which = torch.unique(arcs[:, 0] * c + arcs[:, 2], return_inverse=True)
+    count = torch.bincount(which)
+    order = torch.argsort(which, stable=True)
+    slot = torch.empty_like(which)
+    slot[order] = torch.arange(len(which), device=s.device) - (count.cumsum(0) - count)[which[order]]
+    heads = torch.full((len(column), int(count.max())), -1, dtype=torch.long, device=s.device)
+    heads[which, slot] = arcs[:, 1]
+    b_col, m_col = column // c, column % c
+    ninf = torch.full((), -math.inf, dtype=s.dtype, device=s.device)
+    zero = torch.zeros((), dtype=s.dtype, device=s.device)
+    out_col = torch.empty(heads.shape, dtype=s.dtype, device=s.device)
+    per = max(1, (1 << 22) // max(1, (c - 1) * (c + heads.shape[1])))
+    for chunk in torch.argsort(lengths[b_col]).split(per):        # similar lengths together, each cut to its own
+        b, m, hs = b_col[chunk], m_col[chunk], heads[chunk, : int(count[chunk].max())]
+        n = int(lengths[b].max())
+        k = torch.arange(len(chunk), device=s.device)[:, None]
+        words = torch.arange(1, n + 1, device=s.device).expand(len(chunk), n)
+        perm = words.gather(1, torch.sort((words == m[:, None]).long(), dim=1, stable=True).indices)   # m last
+        sb = s[b]
+        pivots = perm[:, :-1]
+        full = torch.cat([sb[k[:, :, None], perm[:, :, None], pivots[:, None, :]],       # words -> pivots
+                          sb[k, perm, m[:, None]][:, :, None],                          # the column itself
+                          torch.where(perm[:, :, None] == hs[:, None, :], zero, ninf)], 2)   # unit columns e_h
+        pad = pivots > lengths[b][:, None]                        # padded words: isolated, unit excess
+        excess = torch.cat([torch.where(pad, zero, sb[k, 0, pivots]), sb[k[:, 0], 0, m][:, None],
+                            torch.where(hs == 0, zero, ninf)], 1)
+        carried, underflow = _eliminate_scaled(full, excess)
+        if underflow.any():
+            carried[underflow] = _eliminate_log(full[underflow], excess[underflow])
+        out_col[chunk, : hs.shape[1]] = carried[:, 1:] - carried[:, :1]
+    return s[arcs[:, 0], arcs[:, 1], arcs[:, 2]] + out_col[which, slot]
+
+
+def _eliminate_log(full: Tensor, excess: Tensor) -> Tensor:
+    """Log excesses [K, J] of the carried columns once the ``n - 1`` pivots of ``full`` [K, n, n - 1 + J] (log
+    arc weights: rows the pivots then the kept word, columns the pivots then the carried columns) and
+    ``excess`` [K, n - 1 + J] (log root weights) are eliminated, in log space (Grassmann-Taksar-Heyman)."""
+    zero = torch.zeros((), dtype=full.dtype, device=full.device)
+    for left in range(full.shape[1] - 2, -1, -1):
+        col = full[:, 1:, 0]
+        d = torch.logsumexp(torch.cat([excess[:, :1], col], 1), 1)
+        d = torch.where(torch.isfinite(d), d, zero)               # a singular pivot: Z = 0 already
+        row = full[:, 0, 1:]
+        full = torch.logaddexp(full[:, 1:, 1:], col[:, :, None] + row[:, None, :] - d[:, None, None])
+        full[:, :left, :left].diagonal(dim1=1, dim2=2).fill_(-math.inf)
+        excess = torch.logaddexp(excess[:, 1:], row + (excess[:, :1] - d[:, None]))
+    return excess
+
+
+def _eliminate_scaled(full: Tensor, excess: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`_eliminate_log` in linear space (the weights are at most 1: column-shifted scores), several times
+    faster, with the examples [K] where a weight or a product fell below ``tiny / eps`` (its digits lost to
+    underflow: those go to the log space).  Every operation adds, multiplies or divides non-negative numbers, so
+    the result keeps its relative accuracy."""
+    floor = torch.finfo(full.dtype).tiny / torch.finfo(full.dtype).eps
+    a, r = torch.exp(full), torch.exp(excess)
+    low = math.log(floor)
+    underflow = ((full < low) & (full > -math.inf)).flatten(1).any(1) | ((excess < low) & (excess > -math.inf)).any(1)
+    big = torch.full((), math.inf, dtype=a.dtype, device=a.device)
+
+    def smallest(x: Tensor) -> Tensor:                            # smallest non-zero entry of each row of x [K, J]
+        return torch.where(x > 0, x, big).amin(1)
+
+    for left in range(a.shape[1] - 2, -1, -1):
+        col = a[:, 1:, 0]
+        d = r[:, 0] + col.sum(1)
+        d = torch.where(d > 0, d, torch.ones_like(d))
+        row = a[:, 0, 1:]
+        ratio = torch.cat([col, r[:, :1]], 1) / d[:, None]
+        underflow |= smallest(ratio) * smallest(row) < floor      # a product that could underflow
+        a = a[:, 1:, 1:] + ratio[:, :-1, None] * row[:, None, :]
+        a[:, :left, :left].diagonal(dim1=1, dim2=2).fill_(0.0)
+        r = r[:, 1:] + ratio[:, -1:] * row
+    return torch.log(r), underflow
+
+
+def _forced_log_marginals(s: Tensor, lengths: Tensor, log_z: Tensor, arcs: Tensor) -> Tensor:
+    """``s[b, h, m] + log Z(b; h -> m forced) - log_z[b]`` for the rows ``(b, h, m)`` of ``arcs`` [K, 3] with one
+    root child (``O(n^4)`` each), in chunks that keep the elimination's tensors to a few million entries."""
+    n = s.shape[1] - 1
+    per = max(1, (1 << 22) // max(1, n ** 3))
+    order = torch.argsort(lengths[arcs[:, 0]])                 # similar lengths together, each chunk cut to its own
+    out = torch.empty(len(arcs), dtype=s.dtype, device=s.device)
+    for chunk in order.split(per):
+        b, h, m = arcs[chunk].T
+        c = int(lengths[b].max()) + 1
+        forced = s[b, :c, :c].clone()
+        k = torch.arange(len(chunk), device=s.device)
+        forced[k, :, m] = -math.inf
+        forced[k, h, m] = 0.0
+        out[chunk] = s[b, h, m] + _exact_log_z(forced, lengths[b], True) - log_z[b]
+    return out
+
+
 def _matrix_tree(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:
     """``strict``: raise for an example with no tree (else its ``log Z`` is ``-inf``)."""
     log_z, marg, ok = _fast_matrix_tree(s, lengths, single_root)
@@ -89,7 +258,8 @@ def _fast_matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Te
 
 def _fast_parts(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor, Tensor, tuple]:
     """The fast path's ``log Z`` [B], marginals (head-major, not clamped), whether each example passed its checks,
-    and ``(root, words, keep, inv)``: column-scaled arc weights, the rows the Laplacian keeps and ``L^{-1}``."""
+    and ``(root, words, keep, inv, kappa, lu, piv)``: column-scaled arc weights, the rows the Laplacian keeps,
+    ``L^{-1}``, ``L``'s 1-norm condition number [B] and its LU factorisation."""
     b, c, _ = s.shape
     n = c - 1
     dtype, device = s.dtype, s.device
@@ -126,7 +296,7 @@ def _fast_parts(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, 
     kappa = torch.linalg.matrix_norm(lap, ord=1) * torch.linalg.matrix_norm(inv, ord=1)
     ok = ((info == 0) & (sign > 0) & torch.isfinite(log_z) & (lengths * kappa * eps <= eps ** 0.5)
           & torch.isfinite(marg).flatten(1).all(-1) & (marg >= -(eps ** 0.5)).flatten(1).all(-1))
-    return log_z, marg, ok, (root, words, keep, inv)
+    return log_z, marg, ok, (root, words, keep, inv, kappa, lu, piv)
 
 
 def _fast_covariance(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
@@ -138,7 +308,7 @@ def _fast_covariance(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Ten
     inference per arc."""
     b, c, _ = s.shape
     n = c - 1
-    _, _, ok, (root, words, keep, inv) = _fast_parts(s, lengths, single_root)
+    _, _, ok, (root, words, keep, inv, *_) = _fast_parts(s, lengths, single_root)
     t = inv.transpose(1, 2)                                               # t[m, j] = L^{-1}[j, m]
     r_root = root[:, :, None] * (t[:, :1] if single_root else t)         # [B, N(m), N(j)]
     r_word = words.transpose(1, 2)[..., None] * (keep[:, None, None] * t[:, :, None, :]
@@ -163,17 +333,21 @@ def _gth_log_det(la: Tensor, lr: Tensor) -> Tensor:
     zero = torch.zeros((), dtype=la.dtype, device=la.device)
     off = ~torch.eye(n, dtype=torch.bool, device=la.device)
     la = torch.where(off, la, ninf)
+    if torch.is_grad_enabled() and (la.requires_grad or lr.requires_grad):
+        lse, pair = _lse, lambda x, y: _lse(torch.stack([x, y], -1), -1)
+    else:                                          # forward only: torch's own, -inf safe in the forward pass
+        lse, pair = torch.logsumexp, torch.logaddexp
     for k in range(n):
         col = la[:, 1:, 0]
-        ld = _lse(torch.cat([lr[:, :1], col], 1), 1)
+        ld = lse(torch.cat([lr[:, :1], col], 1), 1)
         total = total + ld
         if k == n - 1:
             break
         ls = torch.where(torch.isfinite(ld), ld, zero)               # a singular pivot: Z = 0 already
         row = la[:, 0, 1:]
         upd = col[:, :, None] + row[:, None, :] - ls[:, None, None]
-        la = torch.where(off[k + 1:, k + 1:], _lse(torch.stack([la[:, 1:, 1:], upd], -1), -1), ninf)
-        lr = _lse(torch.stack([lr[:, 1:], row + (lr[:, :1] - ls[:, None])], -1), -1)
+        la = torch.where(off[k + 1:, k + 1:], pair(la[:, 1:, 1:], upd), ninf)
+        lr = pair(lr[:, 1:], row + (lr[:, :1] - ls[:, None]))
     return total
 
 

@@ -20,6 +20,7 @@ from betheproj.oracles import (
     eisner,
     eisner_map,
     heads_to_arcs,
+    log_arc_marginals,
     matrix_tree,
     nonprojective,
 )
@@ -417,6 +418,87 @@ def test_float32_agrees_with_float64(cls, offset):
     assert torch.allclose(m32.log_partition.double(), m64.log_partition, rtol=1e-5)
     assert torch.allclose(cls().entropy(m32).double(), cls().entropy(m64), atol=2e-5)
     assert torch.equal(cls().map(arc_potentials(s32, lengths)), cls().map(arc_potentials(s32.double(), lengths)))
+
+
+def _brute_log_marginals(scores: torch.Tensor, n: int, single_root: bool) -> torch.Tensor:
+    """``log P(h -> m)`` [n+1, n+1] of one sentence by enumeration in log space (``-inf``: in no tree)."""
+    trees = _trees(n, False, single_root)
+    mods = torch.arange(1, n + 1)
+    tree_scores = scores[trees, mods].sum(-1)
+    out = torch.full((n + 1, n + 1), -INF, dtype=scores.dtype)
+    for h in range(n + 1):
+        for m in range(1, n + 1):
+            mine = trees[:, m - 1] == h
+            if mine.any():
+                out[h, m] = torch.logsumexp(tree_scores[mine], 0) - torch.logsumexp(tree_scores, 0)
+    return out
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+@pytest.mark.parametrize("scale", [1.0, 20.0, 300.0])
+def test_log_arc_marginals_match_enumeration_to_relative_accuracy(single_root, scale):
+    """Every arc's log marginal, however small (e^-2000 at scale 300) and in examples the fast path refuses,
+    against enumeration: matrix_tree's marginals are only accurate absolutely (0 or noise below ~1e-16)."""
+    torch.manual_seed(int(scale) + single_root)
+    scores = _scores(8, 5, scale, forbid=0.3)
+    lengths = torch.tensor([5, 5, 4, 5, 3, 5, 2, 5])
+    refs = [_brute_log_marginals(scores[i, : n + 1, : n + 1], n, single_root) for i, n in enumerate(lengths.tolist())]
+    # the default certifies 1e-6 of each marginal; 1e-300 sends every arc to the elimination
+    for rtol, tol in ((None, 1e-6), (1e-300, 1e-10)):
+        log_z, log_marg = log_arc_marginals(scores, lengths, single_root, rtol=rtol)
+        assert torch.allclose(log_z, matrix_tree(scores, lengths, single_root)[0], rtol=1e-12, atol=0)
+        for i, n in enumerate(lengths.tolist()):
+            ref, got = refs[i], log_marg[i, : n + 1, : n + 1]
+            assert torch.equal(torch.isinf(got), torch.isinf(ref))               # the arcs in no tree, exactly
+            finite = torch.isfinite(ref)
+            assert ((got - ref)[finite].abs() <= tol * ref[finite].abs().clamp_min(1.0)).all()
+            assert (log_marg[i, n + 1:] == -INF).all() and (log_marg[i, :, n + 1:] == -INF).all()
+    if scale > 1:                               # the case that needs it: arcs matrix_tree puts at 0 or noise
+        finite = torch.isfinite(log_marg)
+        assert ((matrix_tree(scores, lengths, single_root)[1].log() - log_marg)[finite].abs() > 1.0).any()
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+def test_log_arc_marginals_of_an_arc_closing_a_likely_cycle(single_root):
+    # 1 -> 2 and 2 -> 1 both score 300, root arcs 0 (word 1) and -300 (word 2): the tree 0 -> 1 -> 2 has almost
+    # all the mass, and 2 -> 1 lies only in 0 -> 2 -> 1, weight e^0: log P(2 -> 1) = -log(e^300 + 1 [+ e^-300])
+    s = torch.full((1, 3, 3), -INF, dtype=DT)
+    s[0, 0, 1], s[0, 1, 2], s[0, 2, 1], s[0, 0, 2] = 0.0, 300.0, 300.0, -300.0
+    log_z, log_marg = log_arc_marginals(s, torch.tensor([2]), single_root)
+    assert float(log_z[0]) == 300.0
+    assert float(log_marg[0, 2, 1]) == -300.0 and float(log_marg[0, 0, 2]) == -300.0
+    assert float(log_marg[0, 0, 1]) == 0.0 and float(log_marg[0, 1, 2]) == 0.0
+    if not single_root:                          # the closed form's two terms cancel: 0 for e^-300 = 5e-131
+        assert float(matrix_tree(s, torch.tensor([2]), single_root)[1][0, 2, 1]) == 0.0
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+def test_log_arc_marginals_in_float32(single_root):
+    # at scale 100 some marginals (e^-91) lie below float32's smallest normal number: they come from the
+    # elimination in log space, not from the subnormal closed form (which read -87.3 = log(tiny))
+    torch.manual_seed(7)
+    s64 = _scores(16, 6, 100.0)
+    lengths = torch.randint(1, 7, (16,))
+    lz64, lm64 = log_arc_marginals(s64.float().double(), lengths, single_root)
+    lz32, lm32 = log_arc_marginals(s64.float(), lengths, single_root)
+    assert lm32.dtype == torch.float32
+    assert torch.equal(torch.isinf(lm32), torch.isinf(lm64))
+    finite = torch.isfinite(lm64)
+    assert (lm64[finite] < -87.4).any()
+    assert ((lm32.double() - lm64)[finite].abs() <= 1e-4 * lm64[finite].abs().clamp_min(1.0)).all()
+    assert torch.allclose(lz32.double(), lz64, rtol=1e-6)
+
+
+def test_log_arc_marginals_bad_inputs():
+    with pytest.raises(TypeError, match="single_root"):
+        log_arc_marginals(_scores(1, 3), torch.tensor([3]), single_root=1)
+    for bad in (0.0, -1e-6, math.nan, math.inf):
+        with pytest.raises(ValueError, match="rtol"):
+            log_arc_marginals(_scores(1, 3), torch.tensor([3]), rtol=bad)
+    s = torch.full((1, 3, 3), -INF, dtype=DT)
+    s[0, 1, 2] = s[0, 2, 1] = 0.0                                  # no root arc: no tree
+    with pytest.raises(ValueError, match="no .*tree"):
+        log_arc_marginals(s, torch.tensor([2]))
 
 
 def test_chu_liu_edmonds_and_eisner_map_directly():
