@@ -18,7 +18,7 @@ from ..inference.decode import decode
 from ..inference.solve import Solution, solve
 from ..oracles.base import PairwisePotentials, _check_lengths
 from ..oracles.dependency import _arc_mask, check_arc_potentials
-from ..oracles.nonprojective import NonProjective, matrix_tree
+from ..oracles.nonprojective import NonProjective, log_arc_marginals
 from .parser import GreedyFirst
 
 __all__ = ["BPResult", "loopy_bp", "loopy_bp_parse", "mean_field_parse"]
@@ -70,14 +70,14 @@ def _structural(arcs: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tenso
     return tuple(torch.cat([m.new_zeros(m.shape[0], m.shape[2], 1), m.transpose(1, 2)], 2) for m in found)
 
 
-def _tree_logit(marg: Tensor) -> Tensor:
-    """``log p - log(1 - p)`` of head-major arc marginals, with ``1 - p(h -> m) = sum_{h' != h} p(h' -> m)``
-    summed without cancellation (exclusive prefix plus suffix sums)."""
-    zero = marg.new_zeros(marg.shape[0], 1, marg.shape[2])
-    pre = torch.cat([zero, marg.cumsum(1)[:, :-1]], 1)
-    suf = torch.cat([marg.flip(1).cumsum(1)[:, :-1].flip(1), zero], 1)
-    tiny = torch.finfo(marg.dtype).tiny
-    return torch.log(marg.clamp_min(tiny)) - torch.log((pre + suf).clamp_min(tiny))
+def _tree_logit(log_marg: Tensor) -> Tensor:
+    """``log p - log(1 - p)`` of head-major log arc marginals, with ``1 - p(h -> m) = sum_{h' != h} p(h' -> m)``
+    summed in log space without cancellation (exclusive prefix and suffix log-sum-exps): ``inf`` for an arc in
+    every tree, ``-inf`` for one in none."""
+    ninf = log_marg.new_full((log_marg.shape[0], 1, log_marg.shape[2]), -math.inf)
+    pre = torch.cat([ninf, log_marg.logcumsumexp(1)[:, :-1]], 1)
+    suf = torch.cat([log_marg.flip(1).logcumsumexp(1)[:, :-1].flip(1), ninf], 1)
+    return log_marg - torch.logaddexp(pre, suf)
 
 
 @torch.no_grad()
@@ -90,15 +90,16 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     floating-point scores, or ``None`` for no such factors).
 
     Messages are log-odds (eqs. 4-5 for binary variables): the TREE factor sends ``logit(MARG_a) - l_a``
-    (Table 1; ``MARG`` by the matrix-tree theorem on the incoming log-odds ``l``), a pairwise factor sends
+    (Table 1; ``MARG`` by the matrix-tree theorem on the incoming log-odds ``l``, to a relative accuracy, so an
+    arc that closes a cycle with near-certain arcs gets its logit, -80 say, not the rounding floor's -708:
+    :func:`betheproj.oracles.nonprojective.log_arc_marginals`), a pairwise factor sends
     :func:`_pair_message`.  The scores come as dense [B, C, C, C] tensors; the factors that exist (both arcs
     present, non-zero log-potential) are gathered once into flat index vectors, and every iteration updates all
     messages of the batch at once: a few gathers / ``index_add`` over the factors (``O(#parts)``, not
     ``O(B C^3)``: pruning leaves few parts) and one batched matrix-tree call, no Python loop over parts.
-    ``damping`` mixes old and new messages in probability space, and then the TREE factor's messages to arcs
-    in no tree (every tree) are sent as exact ``-inf`` (``inf``), which damping keeps (:func:`_structural`);
-    without damping they are the matrix-tree's rounding-level logits.  BP stops when the largest log-odds change
-    is below ``tol`` or after ``max_iter`` iterations.
+    The TREE factor's messages to arcs in no tree (every tree) are exact ``-inf`` (``inf``; :func:`_structural`),
+    which ``damping``, a mix of old and new messages in probability space, keeps.  BP stops when the largest
+    log-odds change is below ``tol`` or after ``max_iter`` iterations.
     """
     if not isinstance(theta, Tensor) or theta.dim() != 3 or theta.shape[1] != theta.shape[2]:
         raise ValueError("theta must be head-major arc scores [B, C, C]")
@@ -147,10 +148,9 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     to_x = torch.zeros_like(w)                    # message of each factor to its arc x (log-odds)
     to_y = torch.zeros_like(w)
 
-    if damping > 0.0:
-        in_none, in_all = _structural(arcs, lengths, single_root)
-        exact = torch.where(in_none, ninf, torch.where(in_all, -ninf, zero))
-        structural = in_none | in_all
+    in_none, in_all = _structural(arcs, lengths, single_root)
+    exact = torch.where(in_none, ninf, torch.where(in_all, -ninf, zero))
+    structural = in_none | in_all
 
     def pairwise_in() -> Tensor:
         out = th.new_zeros(b * c * c).index_add_(0, x, to_x).index_add_(0, y, to_y)
@@ -160,10 +160,9 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     for it in range(1, max_iter + 1):                                         # noqa: B007
         cavity = th + pairwise_in()                                           # messages into TREE
         total = (cavity + tree).flatten()
-        _, marg = matrix_tree(cavity, lengths, single_root)
-        new_tree = torch.where(arcs, _tree_logit(marg) - cavity, zero)
-        if damping > 0.0:
-            new_tree = _damp(torch.where(structural, exact, new_tree), tree, damping)
+        _, log_marg = log_arc_marginals(cavity, lengths, single_root)
+        new_tree = torch.where(structural, exact, torch.where(arcs, _tree_logit(log_marg) - cavity, zero))
+        new_tree = _damp(new_tree, tree, damping)
         # factor -> x from the cavity of y (its total without this factor's message to y), and vice versa
         new_x = _damp(_pair_message(total[y] - to_y, w), to_x, damping)
         new_y = _damp(_pair_message(total[x] - to_x, w), to_y, damping)

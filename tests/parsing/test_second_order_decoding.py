@@ -4,12 +4,14 @@ force, and mean-field parsing (Bethe-RDA)."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 import torch
 
 from betheproj.factor_graphs import FactorGraph, Tree, belief_propagation
+from betheproj.oracles import chu_liu_edmonds
 from betheproj.oracles.base import PairwisePotentials
 from betheproj.parsing.second_order_decoding import loopy_bp, loopy_bp_parse, mean_field_parse
 from tests.trees import reaches_root
@@ -36,12 +38,13 @@ def _arcs(theta: torch.Tensor, n: int) -> list[tuple[int, int]]:
     return [(h, m) for h in range(n + 1) for m in range(1, n + 1) if h != m and theta[h, m] > -torch.inf]
 
 
-def _reference_bp(theta, s, g, n, damping, iters):
-    """The same model built with betheproj.factor_graphs (per-message Python BP)."""
+def _reference_bp(theta, s, g, n, damping, iters, single_root=False, log_odds=False):
+    """The same model built with betheproj.factor_graphs (per-message Python BP): beliefs ``b(y_hm = 1)``, or with
+    ``log_odds`` ``log b(1) - log b(0)`` (``nan`` at absent arcs and where a belief is 0 or 1)."""
     arcs = _arcs(theta, n)
     graph = FactorGraph()
     var = {a: graph.add_variable(2, [0.0, float(theta[a])]) for a in arcs}
-    graph.add_factor(Tree([var[a] for a in arcs], arcs, n))
+    graph.add_factor(Tree([var[a] for a in arcs], arcs, n, single_root=single_root))
     for h in range(n + 1):
         for m, s_ in itertools.combinations(range(1, n + 1), 2):
             if (h, m) in var and (h, s_) in var:
@@ -50,9 +53,10 @@ def _reference_bp(theta, s, g, n, damping, iters):
         if m >= 1 and (gp, h) in var and (h, m) in var:
             graph.add_dense([var[(gp, h)], var[(h, m)]], [[0.0, 0.0], [0.0, float(g[gp, h, m])]])
     res = belief_propagation(graph, "sum", damping=damping, tol=0.0, max_iter=iters)
-    out = torch.zeros(n + 1, n + 1, dtype=torch.float64)
+    out = torch.full((n + 1, n + 1), math.nan if log_odds else 0.0, dtype=torch.float64)
     for a in arcs:
-        out[a] = res.variable_beliefs[var[a]][1]
+        b0, b1 = res.variable_beliefs[var[a]]
+        out[a] = (math.log(b1) - math.log(b0) if 0 < b1 < 1 else math.nan) if log_odds else b1
     return out
 
 
@@ -146,6 +150,36 @@ def test_bp_exact_when_every_loop_passes_a_forced_arc():
     theta, s, g, lengths = _random_problem([3], seed=3, scale=1.0)
     loopy = loopy_bp(theta, s, g, lengths, max_iter=200, damping=0.5, tol=1e-12).beliefs[0]
     assert (loopy - _brute_marginals(theta[0], s[0], g[0], 3)).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bp_log_odds_of_unlikely_arcs_match_the_factor_graph(single_root, seed):
+    """Arc scores of scale 20 put arcs that close a cycle with near-certain arcs at marginals e^-30 to e^-80,
+    which the matrix-tree's closed form gives only to ~1e-16 absolutely: their TREE logits read log(tiny) = -708
+    (600 nats off), and the pairwise factors carried the error to other arcs.  They match the factor-graph BP,
+    whose TREE factor takes such arcs' ratios from determinants."""
+    theta, s, g, lengths = _random_problem([6], seed=seed, scale=3.0)
+    theta = 20.0 * theta
+    res = loopy_bp(theta, s, g, lengths, max_iter=15, tol=0.0, single_root=single_root)
+    ref = _reference_bp(theta[0], s[0], g[0], 6, 0.0, 15, single_root, log_odds=True)
+    arcs = torch.isfinite(ref)
+    assert (ref[arcs] < -30.0).any()
+    torch.testing.assert_close(res.log_odds[0][arcs], ref[arcs], atol=1e-6, rtol=1e-9)
+
+
+@pytest.mark.parametrize("scale", [1e3, 1e17, 1e30])
+def test_undamped_bp_parse_at_huge_magnitudes(scale):
+    """Second-order scores of scale 0.7 beside arc scores of scale 1e3 to 1e30 leave the first-order best tree; at
+    1e30 the TREE logits floored at +-708 left beliefs of 0.2 to 0.6 and another tree."""
+    theta, s, g, lengths = _random_problem([6, 5], seed=5)
+    theta = scale * theta
+    node = theta[:, :, 1:].transpose(1, 2).contiguous()
+    heads, res = loopy_bp_parse(PairwisePotentials(node, node.new_zeros(7, 7), lengths), s, g, max_iter=20)
+    assert res.converged
+    assert (torch.minimum(res.beliefs, 1.0 - res.beliefs) < 1e-12).all()
+    for b, n in enumerate(lengths.tolist()):
+        assert heads[b, :n].tolist() == chu_liu_edmonds(theta[b, : n + 1, : n + 1]).tolist()
 
 
 def test_bp_parse_and_mean_field_parse_return_trees():
