@@ -102,7 +102,7 @@ def log_arc_marginals(scores: Tensor, lengths: Tensor, single_root: bool = False
         bound = _marginal_error_bound(root, words, keep, inv, lu, piv, lengths, single_root)
         # a first-order bound, so only where n kappa eps is small; and not near the subnormal range, where the
         # weights' and the marginals' digits are lost to underflow
-        certified = ((bound <= rtol * marg) & (marg >= tiny / eps) & (torch.exp(shifted) >= tiny / eps)
+        certified = ((bound <= rtol * marg) & (marg >= tiny / eps) & (shifted >= math.log(tiny / eps))
                      & (lengths * kappa * eps <= 1e-2)[:, None, None])
         loose = ~certified
         log_marg = torch.where(real & ~loose, torch.log(marg),
@@ -121,13 +121,16 @@ def log_arc_marginals(scores: Tensor, lengths: Tensor, single_root: bool = False
 def _marginal_error_bound(root: Tensor, words: Tensor, keep: Tensor, inv: Tensor, lu: Tensor, piv: Tensor,
                           lengths: Tensor, single_root: bool) -> Tensor:
     """A first-order bound [B, N+1, N+1] on the rounding error of the fast path's marginals: ``L^{-1}`` solved
-    from ``P L_f U_f = L`` has ``|X^ - X| <= 3 n eps |X| P |L_f| |U_f| |X|`` (componentwise backward stability of
-    the triangular solves, Higham, *Accuracy and Stability*, sec. 14.3), and each marginal is an arc weight
-    times one or a difference of two entries of ``X``."""
+    from ``P L_f U_f = L`` has ``|X^ - X| <= gamma_3n |X| P |L_f| |U_f| |X|`` (``gamma_k = k u / (1 - k u)``,
+    ``u = eps / 2``; componentwise backward stability of the triangular solves, Higham, *Accuracy and
+    Stability*, Theorem 9.4 and sec. 14.3), and each marginal is an arc weight times one or a difference of two
+    entries of ``X``."""
     p, lower, upper = torch.lu_unpack(lu, piv)
     factors = p @ (lower.abs() @ upper.abs())
-    err = (3 * torch.finfo(inv.dtype).eps) * lengths[:, None, None] * (inv.abs() @ factors @ inv.abs())
-    err = err + torch.finfo(inv.dtype).eps * inv.abs()                   # and the subtraction's own rounding
+    x = inv.abs()
+    k_u = 1.5 * torch.finfo(inv.dtype).eps * lengths.to(inv.dtype)       # 3 n u
+    err = (k_u / (1.0 - k_u).clamp_min(0.5))[:, None, None] * (x @ factors @ x)
+    err = err + torch.finfo(inv.dtype).eps * x                           # and the subtraction's own rounding
     d = torch.diagonal(err, dim1=-2, dim2=-1)
     bound = torch.zeros(root.shape[0], root.shape[1] + 1, root.shape[1] + 1, dtype=inv.dtype, device=inv.device)
     bound[:, 0, 1:] = root * (err[:, :, 0] if single_root else d)
@@ -207,16 +210,15 @@ def _eliminate_scaled(full: Tensor, excess: Tensor) -> tuple[Tensor, Tensor]:
     def smallest(x: Tensor) -> Tensor:                            # smallest non-zero entry of each row of x [K, J]
         return torch.where(x > 0, x, big).amin(1)
 
-    for left in range(a.shape[1] - 2, -1, -1):
+    for _ in range(a.shape[1] - 1):
+        # the diagonal entries an update writes are never read (a pivot's own column and row leave them out)
         col = a[:, 1:, 0]
-        d = r[:, 0] + col.sum(1)
-        d = torch.where(d > 0, d, torch.ones_like(d))
+        d = (r[:, 0] + col.sum(1)).clamp_min_(floor)             # > 0: column totals are kept, a tree exists
         row = a[:, 0, 1:]
         ratio = torch.cat([col, r[:, :1]], 1) / d[:, None]
         underflow |= smallest(ratio) * smallest(row) < floor      # a product that could underflow
-        a = a[:, 1:, 1:] + ratio[:, :-1, None] * row[:, None, :]
-        a[:, :left, :left].diagonal(dim1=1, dim2=2).fill_(0.0)
-        r = r[:, 1:] + ratio[:, -1:] * row
+        a = torch.addcmul(a[:, 1:, 1:], ratio[:, :-1, None], row[:, None, :])
+        r = torch.addcmul(r[:, 1:], ratio[:, -1:], row)
     return torch.log(r), underflow
 
 
