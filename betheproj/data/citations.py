@@ -90,6 +90,11 @@ def check_citations(citations: object, empty: bool = True) -> list[Citation]:
         if not len(c.paths) == len(c.labels) == len(c.tokens):
             raise ValueError(f"citations[{i}] has {len(c.tokens)} tokens but {len(c.paths)} paths and "
                              f"{len(c.labels)} labels: one of each per token")
+        for name in ("tokens", "labels"):          # a list label was an unhashable-type error at encode
+            j = next((j for j, x in enumerate(getattr(c, name)) if not isinstance(x, str)), None)
+            if j is not None:
+                wrong = getattr(c, name)[j]
+                raise TypeError(f"citations[{i}].{name}[{j}] must be a str, got {type(wrong).__name__} {wrong!r}")
     return list(citations)
 
 

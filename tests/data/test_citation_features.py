@@ -133,6 +133,10 @@ def test_citations_need_one_path_and_one_label_per_token():
         for f, args in ((FeatureIndex, ()), (index.encode, ()), (citation_constraints, (["O", "B-title"],))):
             with pytest.raises(ValueError, match=r"citations\[1\] has \d tokens but \d paths and \d labels"):
                 f([good, bad], *args)
+    for bad in (Citation(["a"], [("title",)], [["B-title"]]), Citation([1], [("title",)], ["B-title"])):
+        for f, args in ((FeatureIndex, ()), (index.encode, ()), (citation_constraints, (["O", "B-title"],))):
+            with pytest.raises(TypeError, match=r"citations\[1\]\.(labels|tokens)\[0\] must be a str, got (list|int)"):
+                f([good, bad], *args)
 
 
 def test_a_malformed_state_is_a_value_error_naming_the_state():
