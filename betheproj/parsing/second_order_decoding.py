@@ -50,9 +50,10 @@ def _damp(new: Tensor, old: Tensor, d: float) -> Tensor:
     if d == 0.0:
         return new
     ld, lk = math.log(d), math.log1p(-d)
-    ls = torch.nn.functional.logsigmoid
-    on = torch.logaddexp(lk + ls(new), ld + ls(old))
-    off = torch.logaddexp(lk + ls(-new), ld + ls(-old))
+    ls_new, ls_old = torch.nn.functional.logsigmoid(new), torch.nn.functional.logsigmoid(old)
+    on = torch.logaddexp(lk + ls_new, ld + ls_old)
+    # log sigmoid(-x) = log sigmoid(x) - x (0 at x = -inf); where it cancels, x < -36, the true value is below 1e-16
+    off = torch.logaddexp(lk + (ls_new - new), ld + torch.where(old == -math.inf, 0.0, ls_old - old))
     return torch.where(torch.isinf(new), new, on - off)
 
 
@@ -64,10 +65,12 @@ def _change(new: Tensor, old: Tensor) -> float:
 
 
 def _structural(arcs: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
-    """The arcs (head-major [B, C, C] mask) in no tree and in every tree made of the arcs in ``arcs``, exactly
-    (``NonProjective._structural`` on the node layout)."""
-    found = NonProjective(single_root=single_root)._structural(_node_layout(arcs), lengths)
-    return tuple(torch.cat([m.new_zeros(m.shape[0], m.shape[2], 1), m.transpose(1, 2)], 2) for m in found)
+    """The arcs (head-major [B, C, C] mask) in no tree and in every tree made of the arcs in ``arcs``, exactly:
+    where the log marginals under equal scores (:func:`log_arc_marginals`, exact zeros included) give the
+    logits ``-inf`` and ``inf``."""
+    scores = torch.zeros(arcs.shape, dtype=torch.float64, device=arcs.device).masked_fill(~arcs, -math.inf)
+    logit = _tree_logit(log_arc_marginals(scores, lengths, single_root)[1])
+    return arcs & (logit == -math.inf), arcs & (logit == math.inf)
 
 
 def _tree_logit(log_marg: Tensor) -> Tensor:
