@@ -118,6 +118,16 @@ def log_arc_marginals(scores: Tensor, lengths: Tensor, single_root: bool = False
     return log_z, log_marg
 
 
+def _arc_logits(log_marg: Tensor) -> Tensor:
+    """``log p - log(1 - p)`` of head-major log arc marginals, with ``1 - p(h -> m) = sum_{h' != h} p(h' -> m)``
+    summed in log space without cancellation (exclusive prefix and suffix log-sum-exps): ``inf`` for an arc in
+    every tree, ``-inf`` for one in none."""
+    ninf = log_marg.new_full((log_marg.shape[0], 1, log_marg.shape[2]), -math.inf)
+    pre = torch.cat([ninf, log_marg.logcumsumexp(1)[:, :-1]], 1)
+    suf = torch.cat([log_marg.flip(1).logcumsumexp(1)[:, :-1].flip(1), ninf], 1)
+    return log_marg - torch.logaddexp(pre, suf)
+
+
 def _marginal_error_bound(root: Tensor, words: Tensor, keep: Tensor, inv: Tensor, lu: Tensor, piv: Tensor,
                           lengths: Tensor, single_root: bool) -> Tensor:
     """A first-order bound [B, N+1, N+1] on the rounding error of the fast path's marginals: ``L^{-1}`` solved
@@ -552,6 +562,24 @@ class NonProjective(_DependencyOracle):
 
     def _marginals_core(self, scores: Tensor, lengths: Tensor, strict: bool = True) -> tuple[Tensor, Tensor]:
         return _matrix_tree(scores, lengths, self.single_root, strict)
+
+    def _structural(self, support: Tensor, lengths: Tensor, in_all_too: bool = True) -> tuple[Tensor, Tensor]:
+        """The base class's exact answer read off :func:`log_arc_marginals` under equal scores, whose zeros are
+        exact (logit ``-inf``: in no tree, ``inf``: in every tree): one call instead of a forced inference per
+        candidate arc.  A batch with an example without any tree goes to the base class."""
+        if not support.any():
+            return torch.zeros_like(support), torch.zeros_like(support)
+        b, n, c = support.shape
+        scores = torch.full((b, c, c), -math.inf, dtype=torch.float64, device=support.device)
+        scores[:, :, 1:] = torch.zeros((), dtype=torch.float64, device=support.device).masked_fill(
+            ~support, -math.inf).transpose(1, 2)
+        try:
+            log_marg = log_arc_marginals(scores, lengths, self.single_root)[1]
+        except ValueError:
+            return super()._structural(support, lengths, in_all_too)
+        logit = _arc_logits(log_marg)[:, :, 1:].transpose(1, 2)
+        in_all = support & (logit == math.inf) if in_all_too else torch.zeros_like(support)
+        return support & (logit == -math.inf), in_all
 
     def _covariance(self, theta: Tensor, mu: Tensor, support: Tensor, lengths: Tensor) -> Tensor:
         """Closed form (:func:`_fast_covariance`) where the fast path certifies the example, else one inference per

@@ -18,7 +18,7 @@ from ..inference.decode import decode
 from ..inference.solve import Solution, solve
 from ..oracles.base import PairwisePotentials, _check_lengths
 from ..oracles.dependency import _arc_mask, check_arc_potentials
-from ..oracles.nonprojective import NonProjective, log_arc_marginals
+from ..oracles.nonprojective import NonProjective, _arc_logits, log_arc_marginals
 from .parser import GreedyFirst
 
 __all__ = ["BPResult", "loopy_bp", "loopy_bp_parse", "mean_field_parse"]
@@ -65,22 +65,10 @@ def _change(new: Tensor, old: Tensor) -> float:
 
 
 def _structural(arcs: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
-    """The arcs (head-major [B, C, C] mask) in no tree and in every tree made of the arcs in ``arcs``, exactly:
-    where the log marginals under equal scores (:func:`log_arc_marginals`, exact zeros included) give the
-    logits ``-inf`` and ``inf``."""
-    scores = torch.zeros(arcs.shape, dtype=torch.float64, device=arcs.device).masked_fill(~arcs, -math.inf)
-    logit = _tree_logit(log_arc_marginals(scores, lengths, single_root)[1])
-    return arcs & (logit == -math.inf), arcs & (logit == math.inf)
-
-
-def _tree_logit(log_marg: Tensor) -> Tensor:
-    """``log p - log(1 - p)`` of head-major log arc marginals, with ``1 - p(h -> m) = sum_{h' != h} p(h' -> m)``
-    summed in log space without cancellation (exclusive prefix and suffix log-sum-exps): ``inf`` for an arc in
-    every tree, ``-inf`` for one in none."""
-    ninf = log_marg.new_full((log_marg.shape[0], 1, log_marg.shape[2]), -math.inf)
-    pre = torch.cat([ninf, log_marg.logcumsumexp(1)[:, :-1]], 1)
-    suf = torch.cat([log_marg.flip(1).logcumsumexp(1)[:, :-1].flip(1), ninf], 1)
-    return log_marg - torch.logaddexp(pre, suf)
+    """The arcs (head-major [B, C, C] mask) in no tree and in every tree made of the arcs in ``arcs``, exactly
+    (``NonProjective._structural`` on the node layout)."""
+    found = NonProjective(single_root=single_root)._structural(_node_layout(arcs), lengths)
+    return tuple(torch.cat([m.new_zeros(m.shape[0], m.shape[2], 1), m.transpose(1, 2)], 2) for m in found)
 
 
 @torch.no_grad()
@@ -164,7 +152,7 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
         cavity = th + pairwise_in()                                           # messages into TREE
         total = (cavity + tree).flatten()
         _, log_marg = log_arc_marginals(cavity, lengths, single_root)
-        new_tree = torch.where(structural, exact, torch.where(arcs, _tree_logit(log_marg) - cavity, zero))
+        new_tree = torch.where(structural, exact, torch.where(arcs, _arc_logits(log_marg) - cavity, zero))
         new_tree = _damp(new_tree, tree, damping)
         # factor -> x from the cavity of y (its total without this factor's message to y), and vice versa
         new_x = _damp(_pair_message(total[y] - to_y, w), to_x, damping)

@@ -566,6 +566,36 @@ def test_support_of_a_sentence_without_a_tree_is_empty(cls):
     assert support[1].tolist() == [[True, False, True], [True, True, False]]   # every non-loop arc of 2 words
 
 
+@pytest.mark.parametrize("single_root", [False, True])
+def test_nonprojective_structural_arcs_match_enumeration(single_root):
+    """NonProjective reads the arcs in no tree and in every tree off log_arc_marginals under equal scores (one
+    call, exact zeros); against enumeration of the trees, on sparse supports where many arcs are in none or all."""
+    torch.manual_seed(11 + single_root)
+    n_max, b = 5, 24
+    lengths = torch.randint(1, n_max + 1, (b,))
+    support = torch.rand(b, n_max, n_max + 1) < 0.45
+    support[torch.arange(b), 0, 0] = True                          # word 1 may attach to the root
+    for i in range(b):
+        for m in range(1, n_max):                                  # and each word to the one before: a tree exists
+            support[i, m, m] = True
+    support &= _mask_head_major(torch.zeros(b, n_max + 1, n_max + 1), lengths)[:, :, 1:].transpose(1, 2) == 0
+    in_none, in_all = NonProjective(single_root=single_root)._structural(support, lengths)
+    for i, n in enumerate(lengths.tolist()):
+        trees = _trees(n, False, single_root)
+        allowed = support[i, torch.arange(n)[None, :], trees].all(1)        # the trees made of supported arcs
+        used = torch.zeros(n, n + 1, dtype=torch.long)
+        for t in trees[allowed]:
+            used[torch.arange(n), t] += 1
+        expect_none = support[i, :n, : n + 1] & (used == 0)
+        expect_all = support[i, :n, : n + 1] & (used == int(allowed.sum()))
+        assert torch.equal(in_none[i, :n, : n + 1], expect_none)
+        assert torch.equal(in_all[i, :n, : n + 1], expect_all)
+        assert not in_none[i, n:].any() and not in_all[i, n:].any()
+    assert in_none.any() and in_all.any()
+    none_only = NonProjective(single_root=single_root)._structural(support, lengths, in_all_too=False)
+    assert torch.equal(none_only[0], in_none) and not none_only[1].any()
+
+
 def _flow_lp_best(s):
     """Score of the best tree of ``s[h, m]`` by the multi-commodity flow LP (integral for arborescences)."""
     from betheproj.factor_graphs import FactorGraph, Tree, lp_map
