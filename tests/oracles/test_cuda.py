@@ -17,6 +17,7 @@ from betheproj.oracles import (
     eisner,
     eisner_map,
     heads_to_arcs,
+    log_arc_marginals,
     matrix_tree,
 )
 from betheproj.oracles import chain as chain_module
@@ -235,6 +236,25 @@ def test_matrix_tree_fast_and_exact_paths(accelerator, monkeypatch, single_root,
     _on_both(core, (scores.detach(), lengths), accelerator)
     # O(1) scores: the LU path; scores of 1000: ill-conditioned Laplacians, the exact log-space elimination
     assert ({d.type for d in calls} == {"cpu", accelerator.type}) if scale > 1 else not calls
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+@pytest.mark.parametrize(("scale", "dtype"), [(1.0, torch.float64), (20.0, torch.float64), (300.0, torch.float64),
+                                              (20.0, torch.float32)])
+def test_log_arc_marginals(accelerator, monkeypatch, single_root, scale, dtype):
+    """The certified closed form, the column elimination in linear space and its log-space fallback (scale 300),
+    and the forced log Z per arc with one root child, each on the device."""
+    fallbacks = []
+    log_space = nonprojective_module._eliminate_log
+    monkeypatch.setattr(nonprojective_module, "_eliminate_log", lambda f, e: fallbacks.append(f.device) or
+                        log_space(f, e))
+    scores = _dependency_scores(6, 6, scale, torch.Generator().manual_seed(5), forbid=0.2).to(dtype)
+    lengths = torch.tensor([6, 3, 1, 5, 6, 2])
+    log_z, log_marg = _on_both(lambda s, n: log_arc_marginals(s, n, single_root), (scores, lengths), accelerator,
+                               dtype)
+    assert (log_marg[torch.isfinite(log_marg)] < -25.0).any() if scale > 1 else True
+    if dtype == torch.float64:                    # (float32's subnormal range starts at e^-87: scale 20 reaches it)
+        assert bool(fallbacks) == (scale > 100 and not single_root)
 
 
 @pytest.mark.parametrize("single_root", [False, True])
