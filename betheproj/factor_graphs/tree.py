@@ -13,9 +13,11 @@ in (the column of ``m`` restricted to ``h``) or out, so a max-product update cos
 footnote 9 makes the same remark).
 
 Clamped arcs (``l_a = +inf``: forced on; ``-inf``: forced off) are handled exactly: a forced arc ``h -> m``
-removes the other arcs into ``m``, and the message to a clamped arc (or to an arc whose marginal is within
-1e-6 of 0 or 1) is ``log Z(arc on) - log Z(arc off)`` over its cavity (the other arcs only), two extra
-matrix-tree determinants per such arc (batched).  The LP relaxation uses
+removes the other arcs into ``m``, and the message to a clamped arc is ``log Z(arc on) - log Z(arc off)`` over
+its cavity (the other arcs only), the logit of the arc at score 0.  Every logit comes from
+:func:`betheproj.oracles.nonprojective.log_arc_marginals`, to a relative accuracy however close the marginal is
+to 0 or 1 (``logit(MARG)`` of the closed-form marginals was accurate only where it stayed away from them).
+The LP relaxation uses
 the multi-commodity flow formulation of the arborescence polytope (Martins, Smith & Xing 2009), which is
 exact: ``z`` lies in ``Z_tree`` (Table 1's local agreement constraint).
 """
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 
 from ..oracles.dependency import chu_liu_edmonds, matrix_tree
+from ..oracles.nonprojective import _arc_logits, log_arc_marginals
 from ._util import as_config, as_index, as_numpy, as_variables, log_ratio, log_sigmoid, ratio_to_log_message, xlogy
 from .factors import Factor, FactorBelief, _check_mode
 
@@ -169,36 +172,27 @@ class Tree(Factor):
         return self._sum_ratios(l, base) if mode == "sum" else self._max_ratios(l, base)
 
     def _sum_ratios(self, l: np.ndarray, base: np.ndarray) -> np.ndarray:
-        """``logit(MARG_a) - l_a`` from one matrix-tree evaluation; arcs that are clamped, or whose marginal is
-        within ``1e-6`` of 0 or 1 (where the logit of a rounded marginal loses digits, or a structural 0/1 would
-        come out finite), get the exact cavity ratio ``log Z(a on) - log Z(a off)`` instead (two more
-        determinants per such arc, batched)."""
-        log_z, marg = self._matrix_tree([base])
-        if log_z[0] == -np.inf:
+        """``logit(MARG_a) - l_a`` from :func:`~betheproj.oracles.nonprojective.log_arc_marginals`, which gives
+        every arc's log marginal to a relative accuracy (an arc at ``1e-30`` included, exactly ``-inf`` / ``inf``
+        logits for arcs in no / every tree).  A clamped arc's message is the logit of its cavity, its own score
+        set to 0 (one more matrix-tree problem per such arc, batched), and so is that of an arc with ``|l_a| >
+        1e3``, where ``logit - l_a`` would round away O(1) parts (1e30 + 1.043 - 1e30 is 0)."""
+        clamped = np.nonzero(~(np.abs(l) <= 1e3))[0]
+        batch = [base]
+        for k in clamped:
+            lk = l.copy()
+            lk[k] = 0.0
+            batch.append(self._scores(lk))       # never None: base's forced arcs minus one
+        scores = torch.as_tensor(np.stack(batch), dtype=torch.float64)
+        lengths = torch.full((len(batch),), self.n, dtype=torch.long)
+        try:
+            log_marg = log_arc_marginals(scores, lengths, self.single_root)[1]
+        except ValueError:                       # no tree (then in every problem), or log Z beyond float64
             return np.full(self.arity, np.nan)
-        p = marg[0, self._h, self._m]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out = np.log(p) - np.log1p(-p) - l                  # logit(MARG_a) - l_a
-        refine = np.nonzero(~np.isfinite(l) | (np.minimum(p, 1.0 - p) < 1e-6))[0]
-        if refine.size:
-            batch, shifts, empty = [], [], np.full_like(base, -np.inf)
-            for k in refine:
-                for clamp in (np.inf, -np.inf):                 # a forced on (score 0) / removed
-                    lk = l.copy()
-                    lk[k] = clamp
-                    s = self._scores(lk)
-                    s = empty if s is None else s
-                    # every tree takes one arc into each word, so taking each word's best incoming score off its
-                    # column shifts log Z by their sum exactly; the two sums are then differenced word by word, so
-                    # a huge score both sides share cancels exactly (1e30 - 1.043 - 1e30 was 0, not -1.043)
-                    top = s.max(0)
-                    shift = np.where(np.isfinite(top), top, 0.0)
-                    batch.append(s - shift)
-                    shifts.append(shift)
-            lz = self._matrix_tree(batch)[0].reshape(-1, 2)
-            shift = np.stack(shifts).reshape(-1, 2, self.n + 1)
-            with np.errstate(invalid="ignore"):
-                out[refine] = lz[:, 0] - lz[:, 1] + (shift[:, 0] - shift[:, 1]).sum(-1)
+        logit = _arc_logits(log_marg).numpy()
+        with np.errstate(invalid="ignore"):
+            out = logit[0, self._h, self._m] - l
+        out[clamped] = logit[1 + np.arange(clamped.size), self._h[clamped], self._m[clamped]]
         return out
 
     def _max_ratios(self, l: np.ndarray, base: np.ndarray) -> np.ndarray:

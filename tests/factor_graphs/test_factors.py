@@ -358,6 +358,30 @@ def test_tree_max_product_keeps_small_differences_beside_a_huge_arc_score():
         assert res.decode().tolist() == [0, 1, 0, 1] and res.variable_beliefs[0][1] == pytest.approx(np.exp(-0.5))
 
 
+def test_tree_sum_product_messages_match_enumeration_at_mixed_scales():
+    """Every arc's sum-product message, ``log Z(a on) - log Z(a off)`` over its cavity, against enumeration of
+    the trees of 5 words, with log-ratios of scale 1 to 100: the logits of the closed-form marginals were off by
+    up to 7e-9 of the message (not near 0 or 1, where exact determinants took over)."""
+    from tests.trees import reaches_root
+
+    n, rng = 5, np.random.default_rng(0)
+    arcs = Tree.all_arcs(n)
+    tree = Tree(range(len(arcs)), arcs)
+    index = {a: k for k, a in enumerate(arcs)}
+    trees = [[index[(h, m)] for m, h in enumerate(heads, 1)]
+             for heads in itertools.product(range(n + 1), repeat=n)
+             if all(h != m for m, h in enumerate(heads, 1)) and reaches_root(heads)]
+    worst = 0.0
+    for _ in range(30):
+        l = rng.normal(size=len(arcs)) * rng.choice([1, 10, 30, 100])
+        out = tree.ratio_messages(l, "sum")
+        for k in range(len(arcs)):
+            on = np.logaddexp.reduce([sum(l[j] for j in t if j != k) for t in trees if k in t])
+            off = np.logaddexp.reduce([sum(l[j] for j in t) for t in trees if k not in t])
+            worst = max(worst, abs(out[k] - (on - off)) / max(1.0, abs(on - off)))
+    assert worst < 1e-9
+
+
 def test_tree_sum_product_keeps_small_differences_beside_a_huge_arc_score():
     """A clamped or near-certain arc's sum-product message is log Z(a on) - log Z(a off): beside an arc at 1e30 in
     both, 1e30 - 1.043 - 1e30 came out 0.  Each word's best incoming score now comes off before the determinant, and
