@@ -18,7 +18,8 @@ Two regimes, chosen per example (as ``chain.py`` does):
   column diagonally dominant M-matrix, so the pivots, the off-diagonals and the column excesses of every Schur
   complement are sums of positive terms), marginals by autograd.  With one root child,
   ``Z = sum_r A[0, r] T_r`` where ``T_r`` is the weight of the spanning arborescences of the words rooted at
-  ``r`` (the minor of the word Laplacian without ``r``), so this path costs ``O(n^4)``.
+  ``r`` (the minor of the word Laplacian without ``r``): the linear term of ``det`` in the root weights, which
+  one elimination carries (:func:`_gth_single_root_log_z`), ``O(n^3)`` as well.
 
 The closed-form marginals are accurate absolutely, not relatively: an arc that closes a cycle with near-certain
 arcs (true marginal ``e^-80``) comes out as ``0`` or rounding noise.  :func:`log_arc_marginals` gives every
@@ -88,7 +89,7 @@ def log_arc_marginals(scores: Tensor, lengths: Tensor, single_root: bool = False
     others (and all of an example with ``n kappa eps > 0.01``, or with weights or marginals near the subnormal
     range) are recomputed by elimination without subtraction: with several roots one elimination per column
     for all its arcs (:func:`_column_log_marginals`, ``O(n^3)``), with one root child one forced ``log Z`` per
-    arc (``O(n^4)``)."""
+    arc (``O(n^3)``)."""
     if not isinstance(single_root, bool):
         raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
     masked, lengths = _prepare(scores, lengths)
@@ -239,9 +240,9 @@ def _eliminate_scaled(full: Tensor, excess: Tensor) -> tuple[Tensor, Tensor]:
 
 def _forced_log_marginals(s: Tensor, lengths: Tensor, log_z: Tensor, arcs: Tensor) -> Tensor:
     """``s[b, h, m] + log Z(b; h -> m forced) - log_z[b]`` for the rows ``(b, h, m)`` of ``arcs`` [K, 3] with one
-    root child (``O(n^4)`` each), in chunks that keep the elimination's tensors to a few million entries."""
+    root child (``O(n^3)`` each), in chunks that keep the elimination's tensors to a few million entries."""
     n = s.shape[1] - 1
-    per = max(1, (1 << 22) // max(1, n ** 3))
+    per = max(1, (1 << 22) // max(1, n ** 2))
     order = torch.argsort(lengths[arcs[:, 0]])                 # similar lengths together, each chunk cut to its own
     out = torch.empty(len(arcs), dtype=s.dtype, device=s.device)
     for chunk in order.split(per):
@@ -376,13 +377,53 @@ def _exact_log_z(x: Tensor, lengths: Tensor, single_root: bool) -> Tensor:
     la, lr = x[:, 1:, 1:], x[:, 0, 1:]
     if not single_root:
         return _gth_log_det(la, torch.where(pad, zero, lr))
-    # Z = sum_r A[0, r] T_r, T_r = det of the word Laplacian without r, whose excesses are the arcs out of r
-    others = torch.stack([torch.cat([torch.arange(r), torch.arange(r + 1, n)]) for r in range(n)]).to(x.device)
-    sub = la[:, others[:, :, None], others[:, None, :]]                 # [B, n, n-1, n-1]
-    excess = la[:, torch.arange(n, device=x.device)[:, None], others]   # [B, n, n-1]
-    excess = torch.where(pad[:, others], zero, excess)
-    log_t = _gth_log_det(sub.reshape(b * n, n - 1, n - 1), excess.reshape(b * n, n - 1)).reshape(b, n)
-    return _lse(lr + log_t, 1)
+    return _gth_single_root_log_z(la, lr, pad)
+
+
+def _gth_single_root_log_z(la: Tensor, lr: Tensor, pad: Tensor) -> Tensor:
+    """``log Z`` [B] of the trees with one root child, from log word arcs ``la`` [B, n, n] and log root arcs
+    ``lr`` [B, n] (``pad`` [B, n]: padded words, isolated), in ``O(n^3)``.
+
+    With root weights ``eps r``, ``det L(eps) = sum_S eps^|S| prod_{r in S} r_r Z_S`` (``S``: the root
+    children), whose linear coefficient is ``Z``.  Eliminated last, a word ``w`` from which word arcs reach every
+    word leaves every other pivot non-zero at ``eps = 0`` (each word still has an arc in from outside what was
+    eliminated: the last arc of a path from ``w``), and the last pivot is ``O(eps)``.  So ``Z = prod_{k != w}
+    d_k(0) rho_w``, the root weights carried through Grassmann-Taksar-Heyman elimination as a second excess
+    ``rho`` (linearly), no subtraction.  Without such a word no tree has one root child (``Z = 0``); padded
+    words come first, pivot 1."""
+    b, n, _ = la.shape
+    dev, dt = la.device, la.dtype
+    ninf = torch.full((), -torch.inf, dtype=dt, device=dev)
+    zero = torch.zeros((), dtype=dt, device=dev)
+    off = ~torch.eye(n, dtype=torch.bool, device=dev)
+    la = torch.where(off, la, ninf)
+    reach = ((la > -torch.inf) | torch.eye(n, dtype=torch.bool, device=dev)).to(dt)     # i reaches j
+    for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
+        reach = ((reach @ reach) > 0).to(dt)
+    source = ((reach > 0) | pad[:, None, :]).all(2) & ~pad               # [B, n]: reaches every word
+    last = torch.argmax(source.to(torch.int8), dim=1)
+    key = torch.where(pad, 0, 1).scatter(1, last[:, None], 2)
+    order = torch.argsort(key, dim=1, stable=True)
+    la = la.gather(1, order[:, :, None].expand(b, n, n)).gather(2, order[:, None, :].expand(b, n, n))
+    pad, lr = pad.gather(1, order), lr.gather(1, order)
+    base = torch.where(pad, zero, ninf)                                   # eps^0 excess: 1 on padded words
+    rho = torch.where(pad, ninf, lr)                                      # eps^1 excess: the root weights
+    if torch.is_grad_enabled() and (la.requires_grad or lr.requires_grad):
+        lse, pair = _lse, lambda u, v: _lse(torch.stack([u, v], -1), -1)
+    else:
+        lse, pair = torch.logsumexp, torch.logaddexp
+    total = la.new_zeros(b)
+    for k in range(n - 1):
+        col = la[:, 1:, 0]
+        d = lse(torch.cat([base[:, :1], col], 1), 1)
+        total = total + d
+        ls = torch.where(torch.isfinite(d), d, zero)                     # a zero pivot: Z = 0 already
+        row = la[:, 0, 1:]
+        upd = col[:, :, None] + row[:, None, :] - ls[:, None, None]
+        la = torch.where(off[k + 1:, k + 1:], pair(la[:, 1:, 1:], upd), ninf)
+        base = pair(base[:, 1:], row + (base[:, :1] - ls[:, None]))
+        rho = pair(rho[:, 1:], row + (rho[:, :1] - ls[:, None]))
+    return torch.where(source.any(1), total + rho[:, 0], ninf)
 
 
 def _exact_matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:

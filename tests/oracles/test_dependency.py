@@ -241,6 +241,32 @@ def test_fast_and_exact_matrix_tree_agree(single_root):
     assert torch.allclose(marg[0, 0, 1:], torch.tensor([0.5, 0.5], dtype=DT))
 
 
+def test_single_root_exact_log_z_eliminates_a_word_that_reaches_every_word_last():
+    """The exact single-root log Z is one elimination (O(n^3), was one determinant per root child, O(n^4)) with
+    the root weights carried as a second excess; the pivot order matters: words 1 and 2 point only at each
+    other and at 3, so eliminating 1 and 2 before 3 meets a zero pivot; 1 (or 2) must come last."""
+    s = torch.full((1, 4, 4), -INF, dtype=DT)
+    s[0, 0, 1] = s[0, 0, 2] = -1000.0
+    s[0, 1, 2] = s[0, 2, 1] = 0.0
+    s[0, :3, 3] = 0.0
+    # one root child: 1 or 2 (e^-1000), the other below it, word 3 under 1 or 2: 4 trees
+    assert float(_exact_matrix_tree(s, torch.tensor([3]), True)[0][0]) == pytest.approx(-1000.0 + math.log(4.0),
+                                                                                          abs=1e-12)
+    s[0, 1, 2] = -INF                                             # 1 -> 2 gone: only 2 reaches every word
+    lz, marg = _exact_matrix_tree(s, torch.tensor([3]), True)
+    assert float(lz[0]) == pytest.approx(-1000.0 + math.log(2.0), abs=1e-12)
+    assert float(marg[0, 0, 2]) == pytest.approx(1.0, abs=1e-12) and float(marg[0, 2, 1]) == pytest.approx(1.0)
+    s[0, 2, 1] = -INF                                             # no word reaches both others: no such tree
+    assert float(_exact_matrix_tree(s, torch.tensor([3]), True)[0][0]) == -INF
+    # and on 40 words, against the LU path
+    torch.manual_seed(3)
+    scores = _mask_head_major(_scores(3, 40, 1.0), torch.tensor([40, 33, 7]))
+    lz_fast, m_fast, ok = _fast_matrix_tree(scores, torch.tensor([40, 33, 7]), True)
+    lz_exact, m_exact = _exact_matrix_tree(scores, torch.tensor([40, 33, 7]), True)
+    assert ok.all()
+    assert torch.allclose(lz_exact, lz_fast, rtol=1e-13, atol=0) and torch.allclose(m_exact, m_fast, atol=1e-11)
+
+
 @pytest.mark.parametrize("single_root", [False, True])
 def test_matrix_tree_exact_path_with_huge_columns(single_root):
     # strong arcs 1 <-> 2 over weak root arcs (the fast path refuses the Laplacian), in columns offset by +-1e15:
