@@ -110,10 +110,9 @@ def log_arc_marginals(scores: Tensor, lengths: Tensor, single_root: bool = False
         # weights' and the marginals' digits are lost to underflow
         certified = ((bound <= rtol * marg) & (marg >= tiny / eps) & (shifted >= math.log(tiny / eps))
                      & (lengths * kappa * eps <= 1e-2)[:, None, None])
-        loose = ~certified
-        log_marg = torch.where(real & ~loose, torch.log(marg),
+        log_marg = torch.where(real & certified, torch.log(marg),
                                torch.full((), -math.inf, dtype=marg.dtype, device=marg.device))
-        refine = torch.nonzero(real & loose)
+        refine = torch.nonzero(real & ~certified)
         if refine.numel() and single_root:
             log_marg[tuple(refine.T)] = _forced_log_marginals(shifted, lengths, log_z, refine)
         elif refine.numel():
