@@ -19,7 +19,14 @@ __all__ = ["main"]
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with usage errors as one line on stderr."""
+    """argparse, with usage errors as one line on stderr, and ``-inf``, ``-nan`` or ``-1e-3`` read as a value
+    (argparse's own test for a negative number, ``-1`` or ``-.5``, read ``--rate -inf`` as a second option and
+    said "expected one argument" instead of the range)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$|^-(inf|infinity|nan)$",
+                                                   re.IGNORECASE)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

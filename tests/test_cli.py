@@ -341,8 +341,10 @@ def test_cgm_runs_compares_learns_and_writes(tmp_path, capsys):
 
 
 def test_cgm_bad_arguments_are_one_line():
+    # ("--rate -inf" and "--rate -1e-3" were "expected one argument": argparse read them as options)
     for args, word in ((["--rate", "-1"], "rate"), (["--grid", "0"], "grid"), (["--population", "0"], "population"),
-                       (["--steps", "1"], "steps"), (["--grid", "-2"], "grid")):
+                       (["--steps", "1"], "steps"), (["--grid", "-2"], "grid"), (["--rate", "-inf"], "rate"),
+                       (["--rate", "-1e-3"], "rate"), (["--rate", "-NaN"], "rate")):
         proc = _cli("cgm", *args, "--out", "/tmp/never-written")
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, args
         assert proc.stderr.startswith(f"betheproj cgm: error: --{word} must be"), proc.stderr
