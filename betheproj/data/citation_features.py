@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_count
-from .citations import Citation, _is_bio_label, bio_segments, check_citations
+from .citations import Citation, _check_strings, _is_bio_label, bio_segments, check_citations
 
 __all__ = ["token_features", "FeatureIndex"]
 
@@ -53,19 +53,11 @@ def _context(tokens: Sequence[str], lower: Sequence[str], years: Sequence[bool])
     return out
 
 
-def _check_tokens(tokens: object, name: str = "tokens") -> None:
-    if isinstance(tokens, str) or not isinstance(tokens, Sequence):
-        raise TypeError(f"{name} must be a sequence of strings (one a token), got {type(tokens).__name__} {tokens!r}")
-    bad = next((i for i, t in enumerate(tokens) if not isinstance(t, str)), None)
-    if bad is not None:
-        raise TypeError(f"{name}[{bad}] must be a str, got {type(tokens[bad]).__name__} {tokens[bad]!r}")
-
-
 def token_features(tokens: Sequence[str], lexicon: dict[str, set[str]] | None = None) -> list[list[str]]:
     """The feature strings of every token of a citation (``tokens``: a list of strings, not one string), read in
     Unicode NFC: a decomposed ``e`` + combining circumflex (text copied from a PDF) is featurised as the ``ê`` of
     the data (whose tokens are all NFC)."""
-    _check_tokens(tokens)
+    _check_strings(tokens, "tokens", "token")
     tokens = [unicodedata.normalize("NFC", t) for t in tokens]
     n = len(tokens)
     lower = [t.lower() for t in tokens]
@@ -120,11 +112,10 @@ class FeatureIndex:
         min_count, lexicon_count = check_count("min_count", min_count), check_count("lexicon_count", lexicon_count)
         leaves: dict[str, Counter] = defaultdict(Counter)
         for i, c in enumerate(citations):
-            _check_tokens(c.tokens, f"citations[{i}].tokens")
             try:                                    # the labels a saved index must hold (from_state checks them)
                 bio_segments(c.labels)
-            except (TypeError, ValueError) as err:
-                raise type(err)(f"citations[{i}].{err}") from None
+            except ValueError as err:
+                raise ValueError(f"citations[{i}].{err}") from None
             for tok, path in zip(c.tokens, c.paths, strict=True):
                 if path:
                     leaves[unicodedata.normalize("NFC", tok).lower()][path[-1]] += 1     # as token_features reads it

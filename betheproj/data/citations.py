@@ -90,12 +90,18 @@ def check_citations(citations: object, empty: bool = True) -> list[Citation]:
         if not len(c.paths) == len(c.labels) == len(c.tokens):
             raise ValueError(f"citations[{i}] has {len(c.tokens)} tokens but {len(c.paths)} paths and "
                              f"{len(c.labels)} labels: one of each per token")
-        for name in ("tokens", "labels"):          # a list label was an unhashable-type error at encode
-            j = next((j for j, x in enumerate(getattr(c, name)) if not isinstance(x, str)), None)
-            if j is not None:
-                wrong = getattr(c, name)[j]
-                raise TypeError(f"citations[{i}].{name}[{j}] must be a str, got {type(wrong).__name__} {wrong!r}")
+        _check_strings(c.tokens, f"citations[{i}].tokens", "token")
+        _check_strings(c.labels, f"citations[{i}].labels", "label")   # a list label failed as unhashable at encode
     return list(citations)
+
+
+def _check_strings(values: object, name: str, one: str) -> None:
+    """``TypeError`` unless ``values`` is a sequence of str (not one str), naming the first entry that is not."""
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a sequence of strings (one a {one}), got {type(values).__name__} {values!r}")
+    bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+    if bad is not None:
+        raise TypeError(f"{name}[{bad}] must be a str, got {type(values[bad]).__name__} {values[bad]!r}")
 
 
 def parse_citation(line: str) -> Citation:
