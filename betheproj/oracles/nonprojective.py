@@ -198,17 +198,8 @@ def _column_log_marginals(s: Tensor, lengths: Tensor, arcs: Tensor) -> Tensor:
 def _eliminate_log(full: Tensor, excess: Tensor) -> Tensor:
     """Log excesses [K, J] of the carried columns once the ``n - 1`` pivots of ``full`` [K, n, n - 1 + J] (log
     arc weights: rows the pivots then the kept word, columns the pivots then the carried columns) and
-    ``excess`` [K, n - 1 + J] (log root weights) are eliminated, in log space (Grassmann-Taksar-Heyman)."""
-    zero = torch.zeros((), dtype=full.dtype, device=full.device)
-    for left in range(full.shape[1] - 2, -1, -1):
-        col = full[:, 1:, 0]
-        d = torch.logsumexp(torch.cat([excess[:, :1], col], 1), 1)
-        d = torch.where(torch.isfinite(d), d, zero)               # a singular pivot: Z = 0 already
-        row = full[:, 0, 1:]
-        full = torch.logaddexp(full[:, 1:, 1:], col[:, :, None] + row[:, None, :] - d[:, None, None])
-        full[:, :left, :left].diagonal(dim1=1, dim2=2).fill_(-math.inf)
-        excess = torch.logaddexp(excess[:, 1:], row + (excess[:, :1] - d[:, None]))
-    return excess
+    ``excess`` [K, n - 1 + J] (log root weights) are eliminated (:func:`_gth_steps`)."""
+    return _gth_steps(full, excess, full.shape[1] - 1)[1]
 
 
 def _eliminate_scaled(full: Tensor, excess: Tensor) -> tuple[Tensor, Tensor]:
@@ -337,35 +328,45 @@ def _fast_covariance(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Ten
     return cov, ok
 
 
-def _gth_log_det(la: Tensor, lr: Tensor) -> Tensor:
-    """``log det L`` [B] of ``L = diag(r + sum_h a[h, :]) - a`` from ``log a`` [B, n, n] (diagonal ignored) and
-    the column excesses ``log r`` [B, n], by Gaussian elimination in log space without subtraction: eliminating
-    pivot ``k`` maps ``a[i, j] += a[i, k] a[k, j] / d_k`` and ``r[j] += a[k, j] r[k] / d_k``, with
-    ``d_k = r[k] + sum_i a[i, k]`` (Grassmann-Taksar-Heyman)."""
-    b, n, _ = la.shape
-    total = la.new_zeros(b)
-    if n == 0:
-        return total
+def _gth_steps(la: Tensor, excess: Tensor, steps: int, carried: Tensor | None = None
+               ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Grassmann-Taksar-Heyman elimination in log space, without subtraction, of the first ``steps`` pivots of
+    ``L = diag(excess + column sums) - a``: ``la`` [K, R, C] is ``log a`` (rows the pivots then other words,
+    columns the pivots then other columns; the pivots' diagonal is ignored), ``excess`` [K, C] the log column
+    excesses.  Eliminating pivot ``k`` maps ``a[i, j] += a[i, k] a[k, j] / d_k`` and ``excess[j] += a[k, j]
+    excess[k] / d_k``, with ``d_k = excess[k] + sum_i a[i, k]``; ``carried`` [K, C], a second excess, is
+    carried the same way without entering the pivots.  Returns ``sum_k log d_k`` [K] and what is left of
+    ``excess`` and ``carried``.  Differentiable (a zero gradient where every term is ``-inf``) when an input
+    requires grad."""
+    k_, r, c = la.shape
     ninf = torch.full((), -torch.inf, dtype=la.dtype, device=la.device)
     zero = torch.zeros((), dtype=la.dtype, device=la.device)
-    off = ~torch.eye(n, dtype=torch.bool, device=la.device)
+    off = ~torch.eye(r, c, dtype=torch.bool, device=la.device)
     la = torch.where(off, la, ninf)
-    if torch.is_grad_enabled() and (la.requires_grad or lr.requires_grad):
+    if torch.is_grad_enabled() and (la.requires_grad or excess.requires_grad
+                                     or (carried is not None and carried.requires_grad)):
         lse, pair = _lse, lambda x, y: _lse(torch.stack([x, y], -1), -1)
     else:                                          # forward only: torch's own, -inf safe in the forward pass
         lse, pair = torch.logsumexp, torch.logaddexp
-    for k in range(n):
+    total = la.new_zeros(k_)
+    for k in range(steps):
         col = la[:, 1:, 0]
-        ld = lse(torch.cat([lr[:, :1], col], 1), 1)
+        ld = lse(torch.cat([excess[:, :1], col], 1), 1)
         total = total + ld
-        if k == n - 1:
-            break
         ls = torch.where(torch.isfinite(ld), ld, zero)               # a singular pivot: Z = 0 already
         row = la[:, 0, 1:]
         upd = col[:, :, None] + row[:, None, :] - ls[:, None, None]
         la = torch.where(off[k + 1:, k + 1:], pair(la[:, 1:, 1:], upd), ninf)
-        lr = pair(lr[:, 1:], row + (lr[:, :1] - ls[:, None]))
-    return total
+        excess = pair(excess[:, 1:], row + (excess[:, :1] - ls[:, None]))
+        if carried is not None:
+            carried = pair(carried[:, 1:], row + (carried[:, :1] - ls[:, None]))
+    return total, excess, carried
+
+
+def _gth_log_det(la: Tensor, lr: Tensor) -> Tensor:
+    """``log det L`` [B] of ``L = diag(r + sum_h a[h, :]) - a`` from ``log a`` [B, n, n] (diagonal ignored) and
+    the column excesses ``log r`` [B, n]: the sum of the ``n`` log pivots of :func:`_gth_steps`."""
+    return _gth_steps(la, lr, la.shape[1])[0]
 
 
 def _exact_log_z(x: Tensor, lengths: Tensor, single_root: bool) -> Tensor:
@@ -407,21 +408,7 @@ def _gth_single_root_log_z(la: Tensor, lr: Tensor, pad: Tensor) -> Tensor:
     pad, lr = pad.gather(1, order), lr.gather(1, order)
     base = torch.where(pad, zero, ninf)                                   # eps^0 excess: 1 on padded words
     rho = torch.where(pad, ninf, lr)                                      # eps^1 excess: the root weights
-    if torch.is_grad_enabled() and (la.requires_grad or lr.requires_grad):
-        lse, pair = _lse, lambda u, v: _lse(torch.stack([u, v], -1), -1)
-    else:
-        lse, pair = torch.logsumexp, torch.logaddexp
-    total = la.new_zeros(b)
-    for k in range(n - 1):
-        col = la[:, 1:, 0]
-        d = lse(torch.cat([base[:, :1], col], 1), 1)
-        total = total + d
-        ls = torch.where(torch.isfinite(d), d, zero)                     # a zero pivot: Z = 0 already
-        row = la[:, 0, 1:]
-        upd = col[:, :, None] + row[:, None, :] - ls[:, None, None]
-        la = torch.where(off[k + 1:, k + 1:], pair(la[:, 1:, 1:], upd), ninf)
-        base = pair(base[:, 1:], row + (base[:, :1] - ls[:, None]))
-        rho = pair(rho[:, 1:], row + (rho[:, :1] - ls[:, None]))
+    total, _, rho = _gth_steps(la, base, n - 1, carried=rho)
     return torch.where(source.any(1), total + rho[:, 0], ninf)
 
 
