@@ -64,13 +64,6 @@ def _change(new: Tensor, old: Tensor) -> float:
     return float(torch.where(new == old, torch.zeros((), dtype=new.dtype), (new - old).abs()).max())
 
 
-def _structural(arcs: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
-    """The arcs (head-major [B, C, C] mask) in no tree and in every tree made of the arcs in ``arcs``, exactly
-    (``NonProjective._structural`` on the node layout)."""
-    found = NonProjective(single_root=single_root)._structural(_node_layout(arcs), lengths)
-    return tuple(torch.cat([m.new_zeros(m.shape[0], m.shape[2], 1), m.transpose(1, 2)], 2) for m in found)
-
-
 @torch.no_grad()
 def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, lengths: Tensor,
              max_iter: int = 20, damping: float = 0.0, tol: float = 1e-6, single_root: bool = False) -> BPResult:
@@ -88,9 +81,9 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     present, non-zero log-potential) are gathered once into flat index vectors, and every iteration updates all
     messages of the batch at once: a few gathers / ``index_add`` over the factors (``O(#parts)``, not
     ``O(B C^3)``: pruning leaves few parts) and one batched matrix-tree call, no Python loop over parts.
-    The TREE factor's messages to arcs in no tree (every tree) are exact ``-inf`` (``inf``; :func:`_structural`),
-    which ``damping``, a mix of old and new messages in probability space, keeps.  BP stops when the largest
-    log-odds change is below ``tol`` or after ``max_iter`` iterations.
+    The TREE factor's messages to arcs in no tree (every tree) are exact ``-inf`` (``inf``: those log marginals
+    are exact zeros), which ``damping``, a mix of old and new messages in probability space, keeps.  BP stops
+    when the largest log-odds change is below ``tol`` or after ``max_iter`` iterations.
     """
     if not isinstance(theta, Tensor) or theta.dim() != 3 or theta.shape[1] != theta.shape[2]:
         raise ValueError("theta must be head-major arc scores [B, C, C]")
@@ -139,10 +132,6 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     to_x = torch.zeros_like(w)                    # message of each factor to its arc x (log-odds)
     to_y = torch.zeros_like(w)
 
-    in_none, in_all = _structural(arcs, lengths, single_root)
-    exact = torch.where(in_none, ninf, torch.where(in_all, -ninf, zero))
-    structural = in_none | in_all
-
     def pairwise_in() -> Tensor:
         out = th.new_zeros(b * c * c).index_add_(0, x, to_x).index_add_(0, y, to_y)
         return out.reshape(b, c, c)
@@ -152,7 +141,7 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
         cavity = th + pairwise_in()                                           # messages into TREE
         total = (cavity + tree).flatten()
         _, log_marg = log_arc_marginals(cavity, lengths, single_root)
-        new_tree = torch.where(structural, exact, torch.where(arcs, _arc_logits(log_marg) - cavity, zero))
+        new_tree = torch.where(arcs, _arc_logits(log_marg) - cavity, zero)
         new_tree = _damp(new_tree, tree, damping)
         # factor -> x from the cavity of y (its total without this factor's message to y), and vice versa
         new_x = _damp(_pair_message(total[y] - to_y, w), to_x, damping)
