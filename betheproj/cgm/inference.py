@@ -90,9 +90,10 @@ class CGMResult:
         """The full :class:`~betheproj.inference.Solution` (marginals with edges on demand).  From the NumPy
         small-problem path it holds the final objective alone as ``objectives`` and no oracle-call count."""
         if self._solution is None:
-            marginals = LinearChain().marginals(self.potentials)
-            self._solution = Solution(marginals, self.potentials, self.iterations, self.converged, self.objective,
-                                      self.objective[:, None], self._safeguarded, self._residual, 0, "md")
+            chain = LinearChain()
+            self._solution = Solution(chain.marginals(self.potentials), self.potentials, self.iterations,
+                                      self.converged, self.objective, self.objective[:, None], self._safeguarded,
+                                      self._residual, 0, "md", chain)
         return self._solution
 
     def flows(self) -> Tensor:

@@ -21,6 +21,10 @@ def decode(oracle: Oracle, solution: Solution, method: str = "map") -> Tensor:
     check_oracle(oracle, ("map",))
     if not isinstance(solution, Solution):
         raise TypeError(f"solution must be a Solution from betheproj.solve, got {type(solution).__name__}")
+    if solution.oracle is not None and solution.oracle is not oracle \
+            and _structure(solution.oracle) != _structure(oracle):
+        raise ValueError(f"solution was solved with {_structure(solution.oracle)} but oracle is {_structure(oracle)}: "
+                         "decode with the oracle that solved it")
     if method == "map":
         return oracle.map(solution.potentials)
     if method == "marginal":
@@ -28,3 +32,14 @@ def decode(oracle: Oracle, solution: Solution, method: str = "map") -> Tensor:
         labels = mu.node.argmax(-1)
         return torch.where(mu.node_mask(), labels, torch.full_like(labels, -1))
     raise ValueError(f"method must be 'map' or 'marginal', got {method!r}")
+
+
+def _structure(oracle: object) -> str:
+    """What identifies an oracle's structure: its ``repr`` (``Tree(parents=[...])``) where its class defines one,
+    else that of the oracle it wraps (``.oracle``, as :class:`~betheproj.parsing.GreedyFirst`'s), else its class
+    name (two instances of a class without a ``repr`` are taken for the same structure)."""
+    kind = type(oracle)
+    if kind.__repr__ is not object.__repr__:
+        return repr(oracle)
+    inner = vars(oracle).get("oracle") if hasattr(oracle, "__dict__") else None
+    return _structure(inner) if inner is not None and inner is not oracle else kind.__qualname__

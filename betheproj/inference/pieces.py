@@ -93,4 +93,4 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     marginals = Marginals(mu_node, edges, log_z, potentials.lengths)
     return Solution(marginals=marginals, potentials=tilde, iterations=iterations, converged=converged,
                     objective=best, objectives=best[:, None], safeguarded=safeguarded, residual=residual,
-                    oracle_calls=calls, method=f"global-{method}")
+                    oracle_calls=calls, method=f"global-{method}", oracle=oracle)

@@ -86,6 +86,8 @@ class Solution:
             objective at its averages reads ``oracle.entropy`` of marginals no oracle call returned; for the
             dependency-tree oracles that entropy solves for their parameters with further marginal inferences
             (a Newton iteration), which are not counted here.
+        oracle: the oracle that solved it (``None`` where unknown): :func:`~betheproj.inference.decode` refuses
+            a solution of another structure.
     """
 
     marginals: Marginals
@@ -98,6 +100,7 @@ class Solution:
     residual: Tensor
     oracle_calls: int
     method: str
+    oracle: object | None = None
 
 
 def check_oracle(oracle: object, needs: tuple[str, ...]) -> None:
@@ -228,7 +231,7 @@ def solve(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method
         objectives[:, -1] = f
     sol = Solution(marginals=marg, potentials=final, iterations=state.iterations, converged=state.converged,
                    objective=f, objectives=objectives, safeguarded=state.safeguarded,
-                   residual=state.residual, oracle_calls=calls, method=method)
+                   residual=state.residual, oracle_calls=calls, method=method, oracle=oracle)
     if method == "accelerated":
         # last resort: an example that did not converge (its L grew past _STALL_L, it needed step-size control,
         # or max_iter ran out) is finished by backtracked mirror descent from the best oracle point found; its
@@ -288,7 +291,7 @@ def _merge(sol: Solution, other: Solution, rows: Tensor) -> Solution:
                     objectives=objectives,
                     safeguarded=pick(sol.safeguarded, sol.safeguarded | other.safeguarded | (other.iterations > 0)),
                     residual=pick(sol.residual, other.residual), oracle_calls=sol.oracle_calls + other.oracle_calls,
-                    method=sol.method)
+                    method=sol.method, oracle=sol.oracle)
 
 
 def objective(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, marginals: Marginals) -> Tensor:

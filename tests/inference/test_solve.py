@@ -247,6 +247,25 @@ def test_decode_map_and_marginal():
         bp.decode(bp.LinearChain(), sol, method="viterbi")
 
 
+def test_decode_refuses_a_solution_of_another_structure():
+    theta = bp.PairwisePotentials(torch.randn(2, 4, 3, dtype=DT), torch.randn(2, 3, 3, 3, dtype=DT))
+    energy = LinearMeasurements(node=torch.randn(1, 3, dtype=DT), loss="squared", psi=1.0)
+    sol = bp.solve(bp.Tree([-1, 0, 0, 1]), theta, energy)
+    assert sol.oracle is not None
+    assert torch.equal(bp.decode(bp.Tree([-1, 0, 0, 1]), sol), bp.BruteForce([-1, 0, 0, 1]).map(sol.potentials))
+    for other in (bp.LinearChain(), bp.Tree([-1, 0, 1, 2]), bp.BruteForce([-1, 0, 0, 1])):
+        with pytest.raises(ValueError, match=r"solution was solved with Tree\(parents=\[-1, 0, 0, 1\]\)"):
+            bp.decode(other, sol)
+
+    class Plain(bp.LinearChain):                     # no repr of its own: its instances are one structure
+        __repr__ = object.__repr__
+
+    sol = bp.solve(Plain(), theta, energy)
+    assert torch.equal(bp.decode(Plain(), sol), bp.LinearChain().map(sol.potentials))
+    with pytest.raises(ValueError, match="solved with .*Plain but oracle is LinearChain"):
+        bp.decode(bp.LinearChain(), sol)
+
+
 def test_the_default_method_is_mirror_descent():
     # that it meets the tolerance on the README's example, where Bethe-RDA does not: tests/test_readme.py
     theta, energy = _theta(), _convex_energy()
