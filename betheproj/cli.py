@@ -88,6 +88,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="folder for results.json, the PNGs and model.pt (default citations-results)")
     cit.add_argument("--seed", type=_seed, default=None,
                      help="seed of Algorithm 3's minibatch order when learning the constraint weights (default 0)")
+    cit.add_argument("--cross-fit", type=int_type(2), default=None, metavar="K",
+                     help="learn the constraint weights on dev and on the training split's K-fold cross-fitted "
+                          "potentials (each fold scored by a CRF trained on the others); default: on dev alone, as "
+                          "the paper")
     cit.add_argument("--predict", metavar="FILE",
                      help="tag the raw citation strings of FILE (one a line; - for standard input) with the model "
                           "in --out; prints nested tags")
@@ -347,6 +351,9 @@ def _citations(args: argparse.Namespace) -> None:
         if args.seed is not None:
             raise ValueError("--seed is for training (Algorithm 3's minibatch order); --predict uses the model "
                              "already in --out and draws nothing at random")
+        if args.cross_fit is not None:
+            raise ValueError("--cross-fit is for training (how the constraint weights are learned); --predict uses the "
+                             "model already in --out")
         if args.predict == "":
             raise ValueError("--predict: give a file (or - for standard input), got an empty name")
         if not args.out:                         # Path("") is the working folder
@@ -383,7 +390,7 @@ def _citations(args: argparse.Namespace) -> None:
     _need_matplotlib()
     out = _out_folder(args.out, ("results.json", "f1_vs_iterations.png", "iterations_histogram.png", "model.pt"))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
-    config = citations.CitationConfig(seed=0 if args.seed is None else args.seed)
+    config = citations.CitationConfig(seed=0 if args.seed is None else args.seed, cross_fit=args.cross_fit or 0)
     results = citations.run(data, config, progress=not args.quiet, log=log, save=out / "model.pt")
     print(citations.format_table(results))
     from ._files import write_json

@@ -105,11 +105,29 @@ def other_feature_version(state: dict) -> object | None:
 
 
 class FeatureIndex:
-    """Feature and label numbering fitted on training citations; ``encode`` gives padded index tensors."""
+    """Feature and label numbering fitted on training citations; ``encode`` gives padded index tensors.
 
-    def __init__(self, citations: Sequence[Citation], min_count: int = 1, lexicon_count: int = 2):
+    ``labels``: the label list to number (default: the sorted labels of ``citations`` and ``O``), e.g. a larger
+    index's, so that a model fitted on part of the citations scores the same labels; it must hold ``O`` and every
+    label of ``citations``."""
+
+    def __init__(self, citations: Sequence[Citation], min_count: int = 1, lexicon_count: int = 2,
+                 labels: Sequence[str] | None = None):
         citations = check_citations(citations, empty=False)
         min_count, lexicon_count = check_count("min_count", min_count), check_count("lexicon_count", lexicon_count)
+        seen = {label for c in citations for label in c.labels} | {"O"}
+        if labels is not None:
+            if isinstance(labels, str) or not all(isinstance(y, str) for y in labels):
+                raise TypeError("labels must be a sequence of label strings or None")
+            labels = list(labels)
+            if len(set(labels)) != len(labels):
+                raise ValueError("labels must be distinct (one id each)")
+            bad = next((y for y in labels if not _is_bio_label(y)), None)
+            if bad is not None:
+                raise ValueError(f"labels must be 'O', 'B-<type>' or 'I-<type>', got {bad!r}")
+            missing = sorted(seen - set(labels))
+            if missing:
+                raise ValueError(f"labels must hold 'O' and every label of citations; it lacks {missing[:5]}")
         leaves: dict[str, Counter] = defaultdict(Counter)
         for i, c in enumerate(citations):
             try:                                    # the labels a saved index must hold (from_state checks them)
@@ -122,7 +140,7 @@ class FeatureIndex:
         self.lexicon = {w: {leaf for leaf, k in cnt.items() if k >= lexicon_count} for w, cnt in leaves.items()}
         counts = Counter(f for c in citations for fs in token_features(c.tokens, self.lexicon) for f in fs)
         self.features = {f: i + 1 for i, f in enumerate(sorted(f for f, k in counts.items() if k >= min_count))}
-        self.labels = sorted({label for c in citations for label in c.labels} | {"O"})
+        self.labels = sorted(seen) if labels is None else labels
         self.label_ids = {label: i for i, label in enumerate(self.labels)}
 
     def state(self) -> dict:

@@ -9,7 +9,8 @@
    measurements of :class:`~betheproj.energies.Precedence`) and on the name-format templates (two bigrams of
    name labels that never share a citation, :class:`~betheproj.energies.BigramExclusion`), the weights ``c_j``
    learned on the development split by Algorithm 3 with theta fixed; terms with ``c_j < 0`` are ignored at
-   train and test time (``c_j`` enters as ``max(c_j, 0)``).
+   train and test time (``c_j`` enters as ``max(c_j, 0)``).  ``CitationConfig.cross_fit = K`` learns them on dev
+   and on the training split's K-fold cross-fitted potentials together (:func:`cross_fit_potentials`).
 3. Both rows decode the same base model: Viterbi in ``theta`` for the baseline, Viterbi in
    ``theta - grad L(mu*)`` at the solution of (2) for the non-local row (Proposition 1).
 
@@ -19,13 +20,14 @@ and a group where a token sits directly under it, such as ``authors`` for the "a
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .._checks import (
     check_count,
@@ -55,11 +57,12 @@ from ..learning import ConstantPsi, NonLocalCRF, SparseChainCRF, fit_crf
 from ..learning.crf import length_chunks
 from ..learning.metrics import segment_f1
 from ..learning.train import History, fit_doubly_stochastic
-from ..oracles import LinearChain
+from ..oracles import LinearChain, PairwisePotentials
 from ..progress import progress_bar
 from ._plot import figure
 
 __all__ = ["PAPER", "CitationConfig", "train_baseline", "templates", "constraint_model", "learn_weights",
+           "cross_fit_potentials", "learn_pooled_weights",
            "viterbi_predictor", "nonlocal_predictor", "f1_of", "run", "format_table", "plot_iterations",
            "plot_histogram", "tag_strings", "to_nested_tags", "save_model", "load_model", "load_run"]
 
@@ -90,12 +93,14 @@ class CitationConfig:
     method: str = "md"
     test_iters: tuple[int, ...] = (1, 2, 5, 10, 20, 40)   # Figure 1's x axis; the last is the row's
     seed: int = 0
+    cross_fit: int = 0              # >= 2: c learned on dev and on the training split's cross-fitted potentials
+    cross_fit_epochs: int = 3       # Algorithm 3's passes over that pool (dev and training split together)
 
     def __post_init__(self) -> None:
         """Every field checked here, not minutes into a run under an internal argument's name, and kept as the
         Python value its check returns (a NumPy or 0-d tensor scalar would make the results no JSON and the saved
         model one that ``torch.load(weights_only=True)`` refuses)."""
-        for name in ("crf_iter", "chunk_size", "min_support", "batch_size", "epochs", "train_iter"):
+        for name in ("crf_iter", "chunk_size", "min_support", "batch_size", "epochs", "train_iter", "cross_fit_epochs"):
             setattr(self, name, check_count(name, getattr(self, name)))
         for name in ("crf_l2", "crf_gamma"):
             setattr(self, name, check_nonnegative(name, getattr(self, name)))
@@ -118,6 +123,9 @@ class CitationConfig:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         self.test_iters = check_increasing_counts("test_iters", self.test_iters)
         self.seed = check_int("seed", self.seed, 0)
+        self.cross_fit = check_int("cross_fit", self.cross_fit, 0)
+        if self.cross_fit == 1:
+            raise ValueError("cross_fit must be 0 (c learned on dev alone) or a number of folds >= 2, got 1")
 
 
 def _progress_log(log: Callable[[str], None] | None, text: str) -> None:
@@ -214,6 +222,91 @@ def learn_weights(model: NonLocalCRF, encoded: tuple[Tensor, Tensor, Tensor], co
                                  seed=config.seed if seed is None else seed, progress=progress)
 
 
+class _Stored(nn.Module):
+    """A theta that is given, not learned: stored potentials, node [M, N, C] and edge [M, C, C], looked up by the
+    example's number, which its features [B, N', 1] carry (plus one) at every position."""
+
+    def __init__(self, node: Tensor, edge: Tensor):
+        super().__init__()
+        self.register_buffer("node", node)
+        self.register_buffer("edge", edge)
+
+    def forward(self, features: Tensor, lengths: Tensor) -> PairwisePotentials:
+        ids = features[:, 0, 0] - 1
+        width = features.shape[1]
+        edge = self.edge[ids]
+        if bool((edge == edge[:1]).all()):              # one model's transitions: the chain's shared-table path
+            edge = edge[0]
+        else:
+            edge = edge[:, None].expand(-1, width - 1, -1, -1).contiguous()
+        return PairwisePotentials(self.node[ids, :width], edge, lengths)
+
+    @staticmethod
+    def features(count: int, width: int) -> Tensor:
+        """Features [count, width, 1] that address the examples ``0 .. count-1``."""
+        return torch.arange(1, count + 1)[:, None, None].expand(count, width, 1).contiguous()
+
+
+def cross_fit_potentials(train: Sequence[Citation], index: FeatureIndex, config: CitationConfig,
+                         progress: bool = False, log: Callable[[str], None] | None = None) -> tuple[Tensor, Tensor]:
+    """Held-out potentials of the ``train`` citations, node [M, N, C] and transitions [M, C, C]: the split cut
+    into ``config.cross_fit`` folds (at random, ``config.seed``), each fold's scored by a base CRF trained on the
+    other folds with a feature index of its own (features and lexicon from those folds alone, the labels of
+    ``index``), so that they are as wrong as the base's on new citations (dev and test) and not as right as on its
+    own training data, where the constraints are met already."""
+    folds = check_count("config.cross_fit", config.cross_fit)
+    if folds < 2 or folds > len(train):
+        raise ValueError(f"config.cross_fit must be between 2 and the {len(train)} training citations, got {folds}")
+    order = list(range(len(train)))
+    random.Random(config.seed).shuffle(order)
+    width = max(len(c.tokens) for c in train)
+    node = torch.zeros(len(train), width, len(index.labels), dtype=torch.float64)
+    edge = torch.zeros(len(train), len(index.labels), len(index.labels), dtype=torch.float64)
+    for k in range(folds):
+        held = sorted(order[k::folds])
+        out = set(held)
+        rest = [c for i, c in enumerate(train) if i not in out]
+        _progress_log(log, f"cross-fitting: fold {k + 1} of {folds}, a base CRF on {len(rest)} training citations")
+        fold_index = FeatureIndex(rest, labels=index.labels)
+        model = train_baseline(fold_index, fold_index.encode(rest), config, progress=progress)
+        x, _, n = fold_index.encode([train[i] for i in held])
+        with torch.no_grad():
+            pot = model(x, n)
+        node[held, : x.shape[1]] = pot.node.detach()
+        edge[held] = pot.edge.detach()
+    return node, edge
+
+
+def learn_pooled_weights(model: NonLocalCRF, held_out: tuple[Tensor, Tensor], train: tuple[Tensor, Tensor, Tensor],
+                         dev: tuple[Tensor, Tensor, Tensor], config: CitationConfig, progress: bool = False
+                         ) -> History:
+    """Algorithm 3 with theta fixed, as :func:`learn_weights`, on dev (``model``'s own potentials) and the
+    training split's ``held_out`` potentials (:func:`cross_fit_potentials`) together, ``config.cross_fit_epochs``
+    passes; ``train`` and ``dev`` are the encoded splits (their labels and lengths are read)."""
+    with torch.no_grad():
+        dev_pot = model.theta(dev[0], dev[2])
+    node, edge = held_out
+    m, d = node.shape[0], dev[0].shape[0]
+    width = max(node.shape[1], dev[0].shape[1])
+    c = node.shape[2]
+    pool_node = node.new_zeros(m + d, width, c)
+    pool_node[:m, : node.shape[1]] = node
+    pool_node[m:, : dev[0].shape[1]] = dev_pot.node.detach()
+    pool_edge = torch.cat([edge, dev_pot.edge.detach().to(edge).expand(d, c, c)])
+
+    def labels(y: Tensor) -> Tensor:
+        return torch.cat([y, y.new_full((y.shape[0], width - y.shape[1]), -1)], 1)
+
+    pooled = NonLocalCRF(_Stored(pool_node, pool_edge), model.energy_fn, psi=model.psi, oracle=model.oracle,
+                         method=model.method, max_iter=model.max_iter, tol=model.tol)
+    with torch.no_grad():
+        model.psi.value.fill_(config.psi_init)
+    return fit_doubly_stochastic(pooled, _Stored.features(m + d, width), torch.cat([labels(train[1]), labels(dev[1])]),
+                                 torch.cat([train[2], dev[2]]), epochs=config.cross_fit_epochs,
+                                 batch_size=config.batch_size, lr=config.psi_lr, psi_lr=config.psi_lr,
+                                 learn_theta=False, train_iter=config.train_iter, seed=config.seed, progress=progress)
+
+
 def viterbi_predictor(base: SparseChainCRF) -> Callable[[Tensor, Tensor], Tensor]:
     """``(features, lengths) -> labels``: the baseline row, Viterbi in ``theta``."""
     def predict(x: Tensor, n: Tensor) -> Tensor:
@@ -261,6 +354,9 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
         if bare is not None:                      # train: a CRF length error; dev, test: after the training
             raise ValueError(f"data[{split!r}][{bare}] has no tokens: every citation must hold one (read_citations "
                              "skips the lines of tags alone)")
+    if config.cross_fit > len(data["train"]):
+        raise ValueError(f"config.cross_fit must be at most the {len(data['train'])} training citations (one fold "
+                         f"each), got {config.cross_fit}")
     if save is not None:                          # before the training, not minutes into it
         if Path(save).is_dir():
             raise ValueError(f"save: {save} is a folder: give the model file's path (e.g. {Path(save) / 'model.pt'})")
@@ -279,10 +375,19 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     names = constraints.names + (order.names if order else []) + (formats.names if formats else [])
     rows = {"baseline": _Row(*(f1_of(viterbi, index, data[s], enc[s])[0] for s in ("dev", "test")))}
     _progress_log(log, f"baseline: dev {rows['baseline'].dev:.2f} test {rows['baseline'].test:.2f}; "
-                       f"learning {len(names)} constraint weights on dev ({len(constraints)} count, "
+                       f"learning {len(names)} constraint weights on dev"
+                       f"{f' and the {config.cross_fit}-fold cross-fitted training split' if config.cross_fit else ''}"
+                       f" ({len(constraints)} count, "
                        f"{len(order or [])} order, {len(formats or [])} name-format)")
     t = time.perf_counter()
-    history = learn_weights(model, enc["dev"], config, progress=progress)
+    cross_seconds = 0.0
+    if config.cross_fit:
+        held_out = cross_fit_potentials(data["train"], index, config, progress=progress, log=log)
+        cross_seconds = time.perf_counter() - t
+        t = time.perf_counter()
+        history = learn_pooled_weights(model, held_out, enc["train"], enc["dev"], config, progress=progress)
+    else:
+        history = learn_weights(model, enc["dev"], config, progress=progress)
     learn_seconds = time.perf_counter() - t
     c = model.psi.value.detach()
     curves: dict[str, list[float]] = {"dev": [], "test": []}
@@ -311,7 +416,8 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
         "active_constraints": [{"name": name, "c": v} for v, name in active],
         "labels": len(index.labels),
         "features": index.num_features - 1,
-        "seconds": {"base": base_seconds, "constraints": learn_seconds, "total": time.perf_counter() - start},
+        "seconds": {"base": base_seconds, "cross_fit": cross_seconds, "constraints": learn_seconds,
+                    "total": time.perf_counter() - start},
         "learning_loss": history.loss,
         "config": asdict(config),
     }
@@ -328,6 +434,9 @@ def format_table(results: dict) -> str:
     gain = results["rows"]["non-local"]["test"] - results["rows"]["baseline"]["test"]
     lines.append(f"gain of the non-local energy on test: {gain:+.2f} (paper: +1.00); "
                  f"{len(results['active_constraints'])} of {results['constraints']} constraints active")
+    folds = results.get("config", {}).get("cross_fit", 0)
+    pool = f" and the {folds}-fold cross-fitted training split" if folds else ""
+    lines.append(f"constraint weights learned on dev{pool}")
     return "\n".join(lines)
 
 

@@ -50,6 +50,24 @@ def test_index_encodes_with_padding_and_drops_the_unseen():
     assert int(ids.max()) < index.num_features
 
 
+def test_an_index_numbers_the_labels_it_is_given():
+    cits = [*(parse_citation(line) for line in LINES), parse_citation("<title> Zebra </title> <note> x </note>")]
+    full = FeatureIndex(cits)
+    part = FeatureIndex(cits[:1], labels=full.labels)          # one citation's features, every citation's labels
+    assert part.labels == full.labels and part.label_ids == full.label_ids
+    assert "w=Jones" in full.features and "w=Jones" not in part.features
+    assert torch.equal(part.encode(cits)[1], full.encode(cits)[1])
+    assert "B-note" in full.labels and "B-note" not in FeatureIndex(cits[:1]).labels
+    with pytest.raises(ValueError, match=r"labels must hold 'O' and every label of citations; it lacks \['O'\]"):
+        FeatureIndex(cits, labels=[y for y in full.labels if y != "O"])
+    with pytest.raises(ValueError, match="labels must be distinct"):
+        FeatureIndex(cits, labels=[*full.labels, "O"])
+    with pytest.raises(ValueError, match="labels must be 'O', 'B-<type>' or 'I-<type>', got 'title'"):
+        FeatureIndex(cits, labels=[*full.labels, "title"])
+    with pytest.raises(TypeError, match="labels must be a sequence of label strings"):
+        FeatureIndex(cits, labels="O")
+
+
 def test_sparse_crf_scores_and_learns():
     cits = [parse_citation(line) for line in LINES]
     index = FeatureIndex(cits)

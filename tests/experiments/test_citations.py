@@ -332,6 +332,11 @@ def test_cli_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["citations", "--seed", "one"])
     assert exit_.value.code == 2 and "argument --seed: must be an integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["citations", "--cross-fit", "1"])
+    assert exit_.value.code == 2 and "argument --cross-fit: must be an integer >= 2, got '1'" in capsys.readouterr().err
+    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--cross-fit", "5"]) == 2
+    assert "--cross-fit is for training" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("field, value, error", [
@@ -345,7 +350,8 @@ def test_cli_errors(tmp_path, capsys):
     ("order_agreement", 0.0, ValueError), ("format_together", -0.1, ValueError), ("format_together", 1.0, ValueError),
     ("crf_loss", "svm", ValueError),
     ("method", "newton", ValueError), ("test_iters", (40, 20), ValueError), ("test_iters", (), ValueError),
-    ("seed", -1, ValueError),
+    ("seed", -1, ValueError), ("cross_fit", 1, ValueError), ("cross_fit", -2, ValueError),
+    ("cross_fit_epochs", 0, ValueError),
 ])
 def test_every_config_field_is_checked_at_construction(field, value, error):
     """A bad setting is named at construction (psi_lr=-1 was reported as 'lr' by Algorithm 3, minutes in)."""
@@ -415,3 +421,76 @@ def test_f1_of_counts_the_citations_on_its_bar(monkeypatch):
     predict = citations.viterbi_predictor(SparseChainCRF(index.num_features, len(index.labels)).double())
     citations.f1_of(predict, index, cites, index.encode(cites), chunk_size=1, progress=True)
     assert updates == [1, 1, "closed"]
+
+
+def _named_citations(count):
+    return [parse_citation(f"<authors> <person> <person-last> Name{i} </person-last> </person> </authors> <title> "
+                           f"Title{i} of things . </title>") for i in range(count)]
+
+
+def test_cross_fitted_potentials_come_from_a_model_that_never_saw_the_citation(monkeypatch):
+    from betheproj.data.citation_features import FeatureIndex
+
+    cites = _named_citations(7)
+    index = FeatureIndex(cites)
+    fitted = []
+    train = citations.train_baseline
+
+    def spy(fold_index, encoded, config, progress=False):
+        fitted.append((fold_index, train(fold_index, encoded, config, progress)))
+        return fitted[-1][1]
+
+    monkeypatch.setattr(citations, "train_baseline", spy)
+    node, edge = citations.cross_fit_potentials(cites, index, citations.CitationConfig(cross_fit=3, crf_iter=5))
+    c = len(index.labels)
+    assert len(fitted) == 3 and node.shape == (7, 5, c) and edge.shape == (7, c, c)
+    for i, cite in enumerate(cites):
+        blind = [k for k, (fold_index, _) in enumerate(fitted) if f"w=Name{i}" not in fold_index.features]
+        assert len(blind) == 1                          # one fold model scored it, the others trained on it
+        fold_index, model = fitted[blind[0]]
+        assert fold_index.labels == index.labels
+        x, _, n = fold_index.encode([cite])
+        with torch.no_grad():
+            pot = model(x, n)
+        assert torch.equal(node[i], pot.node[0]) and torch.equal(edge[i], pot.edge)
+    with pytest.raises(ValueError, match="config.cross_fit must be between 2 and the 7 training citations, got 8"):
+        citations.cross_fit_potentials(cites, index, citations.CitationConfig(cross_fit=8))
+    with pytest.raises(ValueError, match="config.cross_fit must be at most the 7 training citations"):
+        citations.run({"train": cites, "dev": cites, "test": cites}, citations.CitationConfig(cross_fit=8))
+
+
+def test_pooled_weights_without_held_out_citations_are_those_learned_on_dev():
+    """The pool's stored potentials and its labels padded to the pool's width change nothing: with no training
+    citations in it, Algorithm 3 takes the very steps it takes on dev."""
+    from betheproj.data.citation_features import FeatureIndex
+    from betheproj.learning import SparseChainCRF
+
+    cites = _named_citations(5)
+    config = citations.CitationConfig(epochs=2, cross_fit_epochs=2, batch_size=2, min_support=1, train_iter=5)
+    index = FeatureIndex(cites)
+    base = SparseChainCRF(index.num_features, len(index.labels)).double()
+    with torch.no_grad():
+        torch.manual_seed(0)
+        base.weights.weight.normal_()
+        base.transitions.normal_()
+    constraints, order, formats = citations.templates(cites, index.labels, config)
+    model = citations.constraint_model(base, constraints, config, order, formats)
+    dev = index.encode(cites)
+    citations.learn_weights(model, dev, config)
+    alone = model.psi.value.detach().clone()
+    c = len(index.labels)
+    none = (torch.zeros(0, 9, c, dtype=torch.float64), torch.zeros(0, c, c, dtype=torch.float64))
+    train = (dev[0][:0], torch.zeros(0, 9, dtype=torch.long), dev[2][:0])
+    citations.learn_pooled_weights(model, none, train, dev, config)
+    assert (alone > 0).any() and torch.allclose(model.psi.value, alone, rtol=1e-12, atol=1e-14)
+
+
+@needs_data
+def test_a_small_cross_fitted_run(tmp_path, capsys):
+    data = load_citations(DATA)
+    small = {"train": data["train"][:60], "dev": data["dev"][:30], "test": data["test"][:30]}
+    config = citations.CitationConfig(crf_iter=20, cross_fit=2, cross_fit_epochs=1, test_iters=(5,), min_support=5)
+    results = citations.run(small, config)
+    assert results["seconds"]["cross_fit"] > 0 and results["config"]["cross_fit"] == 2
+    assert 50 < results["rows"]["non-local"]["test"] <= 100
+    assert "learned on dev and the 2-fold cross-fitted training split" in citations.format_table(results)
