@@ -237,8 +237,8 @@ class _Stored(nn.Module):
         edge = self.edge[ids]
         if bool((edge == edge[:1]).all()):              # one model's transitions: the chain's shared-table path
             edge = edge[0]
-        else:
-            edge = edge[:, None].expand(-1, width - 1, -1, -1).contiguous()
+        else:                                           # a stride-0 view: the chain's per-example-table path
+            edge = edge[:, None].expand(-1, width - 1, -1, -1)
         return PairwisePotentials(self.node[ids, :width], edge, lengths)
 
     @staticmethod

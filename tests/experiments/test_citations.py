@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from betheproj import PairwisePotentials
 from betheproj.cli import main
 from betheproj.data.citations import load_citations, parse_citation, tokenize_citation
 from betheproj.experiments import citations
@@ -494,3 +495,21 @@ def test_a_small_cross_fitted_run(tmp_path, capsys):
     assert results["seconds"]["cross_fit"] > 0 and results["config"]["cross_fit"] == 2
     assert 50 < results["rows"]["non-local"]["test"] <= 100
     assert "learned on dev and the 2-fold cross-fitted training split" in citations.format_table(results)
+
+
+def test_stored_potentials_hand_the_chain_one_transition_table_per_example():
+    """Examples of different folds keep their own transitions as a stride-0 view over the positions (the chain's
+    per-example path, which gives the same marginals as the materialised tables); one fold's share one table."""
+    from betheproj import LinearChain
+
+    torch.manual_seed(0)
+    node, edge = torch.randn(3, 4, 2, dtype=torch.float64), torch.randn(3, 2, 2, dtype=torch.float64)
+    edge[1] = edge[0]
+    stored = citations._Stored(node, edge)
+    lengths = torch.tensor([4, 3])
+    mixed = stored(citations._Stored.features(3, 4)[[0, 2]], lengths)
+    assert mixed.edge.shape == (2, 3, 2, 2) and mixed.edge.stride(1) == 0
+    assert torch.equal(mixed.edge[1, 2], edge[2]) and torch.equal(mixed.node[1], node[2])
+    dense = PairwisePotentials(mixed.node, mixed.edge.contiguous(), lengths)
+    assert torch.allclose(LinearChain().marginals(mixed).node, LinearChain().marginals(dense).node, atol=1e-14)
+    assert stored(citations._Stored.features(3, 4)[[0, 1]], lengths).edge.shape == (2, 2)
