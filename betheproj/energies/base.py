@@ -274,6 +274,38 @@ class Scaled(Energy):
         weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight")
         self.energy.validate(marginals)
 
+    @property
+    def pieces(self) -> Callable[[Tensor], tuple[Tensor, Energy]]:
+        """``w L = min_k w L_k``: the wrapped energy's convex pieces (for
+        :func:`~betheproj.inference.solve_global`), each scaled by its example's weight, which must be non-negative
+        (``w < 0`` turns them concave).  An AttributeError where the wrapped energy has none."""
+        return self._scaled_split("pieces")
+
+    @property
+    def remainder(self) -> Callable[[Tensor], tuple[Tensor, Energy]]:
+        """The wrapped energy's ``remainder`` (the examples its :attr:`pieces` leave out), scaled likewise."""
+        return self._scaled_split("remainder")
+
+    def _scaled_split(self, name: str) -> Callable[[Tensor], tuple[Tensor, Energy]]:
+        split = getattr(self.energy, name, None)
+        if not callable(split):
+            raise AttributeError(f"{type(self.energy).__name__} has no {name}(lengths), so {type(self).__name__} "
+                                 f"has none")
+
+        def scaled(lengths: Tensor) -> tuple[Tensor, Energy]:
+            w = self.weight
+            if isinstance(w, Tensor) and w.dim() == 1 and w.shape[0] != lengths.shape[0]:
+                raise ValueError(f"weight must be a scalar or have shape [B]=({lengths.shape[0]},), got "
+                                 f"{tuple(w.shape)}")
+            if bool((torch.as_tensor(w) < 0).any()):
+                raise ValueError(f"weight must be non-negative for {name}(lengths): w < 0 makes each convex piece "
+                                 f"concave (w * energy folds w into a nearest-prototype energy's own psi instead)")
+            rows, part = split(lengths)
+            if isinstance(w, Tensor) and w.dim() == 1:
+                w = w[rows.to(w.device)]
+            return rows, Scaled(part, w)
+        return scaled
+
     def __repr__(self) -> str:
         return f"{self.weight!r} * {self.energy!r}"
 

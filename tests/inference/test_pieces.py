@@ -258,6 +258,33 @@ def test_a_scaled_nearest_prototype_energy_keeps_its_pieces():
         float("inf") * base
 
 
+def test_an_explicit_scaled_energy_forwards_its_pieces():
+    """``Scaled(NearestPrototype(...), w)`` (as ``lambda psi: Scaled(energy, psi)`` builds it) had no pieces:
+    solve_global refused it; it now scales the wrapped energy's pieces and remainder by each example's weight."""
+    theta = _theta()
+    protos, lengths = _words(WORDS)
+    psi = torch.tensor([0.7, -0.5, 0.3], dtype=DT)               # example 1 is the wrapped energy's remainder
+    inner = NearestPrototype(protos, psi, "word", lengths)
+    w = torch.tensor([2.0, 3.0, 0.0], dtype=DT)
+    options = dict(max_iter=300, tol=1e-10)
+    sol = solve_global(bp.LinearChain(), theta, bp.energies.Scaled(inner, w), **options)
+    ref = solve_global(bp.LinearChain(), theta, NearestPrototype(protos, w * psi, "word", lengths), **options)
+    assert torch.allclose(sol.objective, ref.objective, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(sol.marginals.node, ref.marginals.node, rtol=0, atol=1e-9)
+    rows, piece = bp.energies.Scaled(inner, w).pieces(theta.lengths)
+    assert torch.equal(piece.weight, w[rows])
+    rest, part = bp.energies.Scaled(inner, 2.0).remainder(theta.lengths)
+    assert rest.tolist() == [1] and part.weight == 2.0
+    with pytest.raises(ValueError, match="weight must be non-negative for pieces"):
+        solve_global(bp.LinearChain(), theta, bp.energies.Scaled(inner, -w), **options)
+    with pytest.raises(ValueError, match=r"weight must be a scalar or have shape \[B\]=\(3,\)"):
+        bp.energies.Scaled(inner, torch.ones(2, dtype=DT)).pieces(theta.lengths)
+    plain = bp.energies.Scaled(FunctionEnergy(lambda mu: mu.node.sum((1, 2))), 2.0)
+    assert getattr(plain, "pieces", None) is None and not hasattr(plain, "remainder")
+    with pytest.raises(TypeError, match="solve_global needs an energy with pieces"):
+        solve_global(bp.LinearChain(), theta, plain)
+
+
 def test_returned_potentials_never_require_grad():
     # the transitions came back as the caller's tensor, still requiring grad
     node = torch.randn(2, 3, 3, dtype=DT, requires_grad=True)
