@@ -15,6 +15,8 @@ import threading
 import warnings
 from collections.abc import Callable
 
+from . import __version__
+
 __all__ = ["main"]
 
 
@@ -67,6 +69,7 @@ def _path(text: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="betheproj", description="Structured prediction with non-local "
                      "energies on marginals (Bethe projections).")
+    parser.add_argument("--version", action="version", version=f"betheproj {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("demo", help="solve generated problems with every method and print the results")
     ocr = sub.add_parser("ocr", help="the handwriting experiment of section 8.2 (Table 3, Figures 1 and 2)")

@@ -11,6 +11,7 @@ import threading
 import pytest
 import torch
 
+from betheproj import __version__
 from betheproj.cli import main
 from betheproj.demo import run_demo
 
@@ -802,3 +803,8 @@ def test_an_empty_input_path_is_named(args, capsys):
     flag = args[args.index("") - 1]
     assert capsys.readouterr().err.startswith(f"betheproj {' '.join(args[:2]) if args[0] == 'parse' else args[0]}: "
                                               f"error: argument {flag}: must name a file or folder, got an empty path")
+
+
+def test_version_is_printed():
+    proc = _cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"betheproj {__version__}"
