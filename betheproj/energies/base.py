@@ -294,16 +294,13 @@ class Scaled(Energy):
 
         def scaled(lengths: Tensor) -> tuple[Tensor, Energy]:
             w = self.weight
-            if isinstance(w, Tensor) and w.dim() == 1 and w.shape[0] != lengths.shape[0]:
-                raise ValueError(f"weight must be a scalar or have shape [B]=({lengths.shape[0]},), got "
-                                 f"{tuple(w.shape)}")
+            if isinstance(w, Tensor):                    # [B] (the shape checked as validate checks it)
+                w = weight_per_example(w, lengths.shape[0], w, "weight")
             if bool((torch.as_tensor(w) < 0).any()):
                 raise ValueError(f"weight must be non-negative for {name}(lengths): w < 0 makes each convex piece "
                                  f"concave (w * energy folds w into a nearest-prototype energy's own psi instead)")
             rows, part = split(lengths)
-            if isinstance(w, Tensor) and w.dim() == 1:
-                w = w[rows.to(w.device)]
-            return rows, Scaled(part, w)
+            return rows, Scaled(part, w[rows.to(w.device)] if isinstance(w, Tensor) else w)
         return scaled
 
     def __repr__(self) -> str:
