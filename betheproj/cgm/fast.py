@@ -20,7 +20,12 @@ _TINY = np.finfo(np.float64).tiny
 
 
 class _Chain:
-    """Forward-backward for one chain with fixed edge factors and shifted node scores."""
+    """Forward-backward for one chain with fixed edge factors and shifted node scores.
+
+    Every forward and backward vector is rescaled to sum 1, as the generic chain oracle does.  Rescaling only
+    where needed would halve the NumPy calls (about 25% off a solve at 25 cells), but it rounds differently, and on
+    rounding-limited instances the iterates then part from the generic solver's (883 iterations against its 839
+    in ``test_mirror_descent_never_ends_above_its_start``)."""
 
     def __init__(self, node: np.ndarray, edge: np.ndarray):
         self.node = node                                               # [T, L]
