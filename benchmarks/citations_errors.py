@@ -16,7 +16,9 @@ segments each one misses, by kind:
 
 and lists the most frequent (gold field -> predicted field or "boundary") confusions of the non-local row. A
 count or order constraint moves whole fields, so it can fix ``label`` and ``level`` errors; a boundary error is
-a local decision that the templates reach only through a field's length.
+a local decision that the templates reach only through a field's length.  ``repeated``: the wrong citations
+whose prediction has two or more segments of a field that gold has at most once (a second title), the kind of
+error an ``at_most_one`` template names directly.
 
 Then it asks whether the non-local row's remaining errors are the search's or the model's: for each citation it
 gets wrong, is the gold labelling's score under the learned model, ``<theta, S(y)> - L_c(S(y))``
@@ -39,14 +41,17 @@ from betheproj.experiments.citations import f1_of, load_model, nonlocal_predicto
 from betheproj.learning import NonLocalCRF
 
 
-def breakdown(gold: list[list[str]], pred: list[list[str]]) -> tuple[Counter, Counter, int]:
-    """Missed gold segments by kind, by (gold field, predicted field or "boundary"), and the citations with any."""
+def breakdown(gold: list[list[str]], pred: list[list[str]]) -> tuple[Counter, Counter, int, int]:
+    """Missed gold segments by kind, by (gold field, predicted field or "boundary"), the citations with any, and
+    those of them with a field repeated that gold has at most once."""
     kinds: Counter = Counter()
     pairs: Counter = Counter()
-    wrong = 0
+    wrong = repeated = 0
     for g, p in zip(gold, pred, strict=True):
         gs, ps = set(bio_segments(g)), set(bio_segments(p))
         wrong += gs != ps
+        gold_counts, pred_counts = Counter(q[0] for q in gs), Counter(q[0] for q in ps)
+        repeated += any(k > 1 and gold_counts[field] <= 1 for field, k in pred_counts.items())
         extra = ps - gs
         for field, start, end in sorted(gs - ps):
             same_span = [q for q in extra if q[1] == start and q[2] == end]
@@ -61,7 +66,7 @@ def breakdown(gold: list[list[str]], pred: list[list[str]]) -> tuple[Counter, Co
             else:
                 kinds["other"] += 1
                 pairs[(field, "other")] += 1
-    return kinds, pairs, wrong
+    return kinds, pairs, wrong, repeated
 
 
 def search_or_model(model: NonLocalCRF, index: FeatureIndex, cites: list[Citation],
@@ -106,11 +111,12 @@ def main() -> None:
     n_gold = sum(len(bio_segments(g)) for g in gold)
     predictors = {"baseline": viterbi_predictor(model.theta), "non-local": nonlocal_predictor(model, model.max_iter)}
     print(f"{args.split}: {len(cites)} citations, {n_gold} gold segments")
-    print(f"{'':<12}{'F1':>7}{'wrong cit.':>12}{'missed':>8}{'label':>7}{'level':>7}{'boundary':>10}{'other':>7}")
+    print(f"{'':<12}{'F1':>7}{'wrong cit.':>12}{'repeated':>10}{'missed':>8}{'label':>7}{'level':>7}"
+          f"{'boundary':>10}{'other':>7}")
     for name, predict in predictors.items():
         f1, pred = f1_of(predict, index, cites, enc)
-        kinds, pairs, wrong = breakdown(gold, pred)
-        print(f"{name:<12}{f1:>7.2f}{wrong:>12}{sum(kinds.values()):>8}{kinds['label']:>7}{kinds['level']:>7}"
+        kinds, pairs, wrong, repeated = breakdown(gold, pred)
+        print(f"{name:<12}{f1:>7.2f}{wrong:>12}{repeated:>10}{sum(kinds.values()):>8}{kinds['label']:>7}{kinds['level']:>7}"
               f"{kinds['boundary']:>10}{kinds['other']:>7}")
     print("most frequent misses of the non-local row (gold field -> predicted):")
     for (field, got), count in pairs.most_common(args.top):                  # pairs: the last row's
