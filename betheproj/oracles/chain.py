@@ -220,13 +220,22 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         # 1e-23 read as an exact 0 looks forbidden to the solver.  Recomputed: any product alpha * beta that
         # underflowed, and a 0 from an alpha or beta that underflowed where the marginal may be a normal number
         ok &= ~(zeros & (alpha > 0) & (beta > 0)).any(-1).any(0)
-        # first with every transition factor taken as 1 (cheap), then with the transitions where that is not enough
+        # first with every transition factor taken as 1 (cheap); then, where that is not enough, without the labels
+        # that no labelling of finite score passes through (forbidden labels, unreachable states: exact zeros), and
+        # with the transitions for the rest
         maybe = torch.nonzero(ok & (_lost_marginal(alpha, beta, s, r, d, node, None, lengths) >= math.log(tiny)))
         if maybe.numel():
             k = maybe.flatten()
             sub_edge = edge if shared else (edge[k, 0] if per_example else edge[k])
-            lost = _lost_marginal(alpha[:, k], beta[:, k], s[:, k], r[:, k], d[:, k], node[k], sub_edge, lengths[k])
-            ok[k] = lost < math.log(tiny)
+            reach = _reachable(node[k], sub_edge, lengths[k])
+            still = _lost_marginal(alpha[:, k], beta[:, k], s[:, k], r[:, k], d[:, k], node[k], None, lengths[k],
+                                   reach) >= math.log(tiny)
+            k, reach = k[still], reach[:, still]
+            if k.numel():
+                sub_edge = edge if shared else (edge[k, 0] if per_example else edge[k])
+                lost = _lost_marginal(alpha[:, k], beta[:, k], s[:, k], r[:, k], d[:, k], node[k], sub_edge,
+                                      lengths[k], reach)
+                ok[k] = lost < math.log(tiny)
     # the nodes' checks do not see an edge marginal that rests on a factor that underflowed (see _lost_edge).  None
     # did in the common case: alpha_t >= alpha_t beta_t, and p_{t+1} beta_{t+1} >= alpha_{t+1} beta_{t+1} s_{t+1}
     # (as alpha_{t+1} = (alpha_t M) p_{t+1} / s_{t+1} with alpha_t M <= 1).  Where alpha_{t+1} beta_{t+1} is 0, the
@@ -328,13 +337,47 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     return mu
 
 
+def _reachable(node: Tensor, edge: Tensor, lengths: Tensor) -> Tensor:
+    """[N, B, C]: whether some labelling of finite score passes through each label, by a forward and a backward
+    pass over the supports of the node scores [B, N, C] (zeroed past each length) and of the edge scores ([C, C],
+    [B, C, C] per example or [B, N-1, C, C]): the marginals' exact zeros are the other labels'.  Supports are 0 / 1
+    in float32, tested ``> 0`` after each product (a sum of at most C ones); the backward pass starts at each
+    example's last position."""
+    n = node.shape[1]
+    live = (node > -torch.inf).transpose(0, 1)                              # [N, B, C]
+    if n == 1:
+        return live
+    a = (edge > -torch.inf).to(torch.float32)
+    if a.dim() == 4:
+        a = a.transpose(0, 1)                                               # [N-1, B, C, C]
+
+    def step(x: Tensor, t: int, back: bool) -> Tensor:
+        x = x.to(torch.float32)
+        table = a[t] if a.dim() == 4 else a
+        if table.dim() == 2:
+            return (x @ table.t() if back else x @ table) > 0
+        return (torch.bmm(table, x[:, :, None])[..., 0] if back else torch.bmm(x[:, None], table)[:, 0]) > 0
+
+    fwd = torch.empty_like(live)
+    fwd[0] = live[0]
+    for t in range(1, n):
+        fwd[t] = step(fwd[t - 1], t - 1, False) & live[t]
+    bwd = torch.empty_like(live)
+    bwd[n - 1] = live[n - 1]
+    last = (lengths - 1)[:, None]
+    for t in range(n - 2, -1, -1):
+        bwd[t] = torch.where(t >= last, live[t], step(bwd[t + 1], t, True) & live[t])
+    return fwd & bwd
+
+
 def _lost_marginal(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor, node: Tensor, edge: Tensor | None,
-                   lengths: Tensor) -> Tensor:
+                   lengths: Tensor, reach: Tensor | None = None) -> Tensor:
     """[B]: the log of an upper estimate of the largest node marginal that the fast path returns as 0, ``-inf`` if
     none: ``alpha beta / d`` with the ``alpha``, ``beta`` [N, B, C] entries that underflowed to 0 re-estimated in log
     space from their predecessors (successors), to a factor C per step (max instead of sum).  ``edge`` is [C, C],
     [B, C, C] or [B, N-1, C, C]; ``None`` takes every transition factor and every predecessor (successor) as 1, the
-    most they can be (a cruder estimate, with no recursion)."""
+    most they can be (a cruder estimate, with no recursion).  ``reach`` [N, B, C] (optional): the labels whose zeros
+    may be lost (see :func:`_reachable`); the others' are exact."""
     n, c = alpha.shape[0], alpha.shape[-1]
     log_p = (node - _finite_max(node, -1)).transpose(0, 1)                   # [N, B, C]
     tiny = torch.finfo(alpha.dtype).tiny                  # no logs of 0 or subnormals: several times slower
@@ -353,7 +396,8 @@ def _lost_marginal(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor,
             best = ((log_m if log_m.dim() < 4 else log_m[:, t]) + nxt).amax(-1)
             log_b[t] = torch.where(beta[t] > 0, log_b[t], best - torch.log(r[t] / c)[:, None])
     valid = (torch.arange(n, device=lengths.device)[:, None] < lengths)[..., None]
-    lost = torch.where(valid & (alpha * beta == 0), log_a + log_b - torch.log(d)[..., None], -torch.inf)
+    lost_zero = valid & (alpha * beta == 0) if reach is None else valid & (alpha * beta == 0) & reach
+    lost = torch.where(lost_zero, log_a + log_b - torch.log(d)[..., None], -torch.inf)
     return lost.amax(-1).amax(0)
 
 

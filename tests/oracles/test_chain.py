@@ -468,3 +468,60 @@ def test_viterbi_shifts_each_table_once_and_recentres_without_a_maximum_per_posi
     assert len(shapes) == 2                       # node scores and edge tables, once each
     if layout == "per-example":
         assert shapes[1] == (b, 1, c, c)          # one table per example, not every position's view of it
+
+
+def _pair_state_chain(layout, lengths):
+    # a second-order chain over two labels as a first-order one over pair states (y_{t-1}, y_t), START = 2: the
+    # states (START, y) only at position 0 (the others' node score -inf there), a transition (a, b) -> (b', c) only
+    # where b = b'; no state is reachable at every position, so the fast path's marginals hold exact zeros
+    states = [(2, 0), (2, 1), (0, 0), (0, 1), (1, 0), (1, 1)]
+    gen = torch.Generator().manual_seed(1)
+    b, n, c = len(lengths), int(max(lengths)), len(states)
+    node = torch.randn(b, n, c, generator=gen, dtype=DT)
+    node[:, 0, 2:] = -INF
+    allowed = torch.tensor([[s[1] == t[0] for t in states] for s in states])
+    table = torch.where(allowed, torch.randn(b, c, c, generator=gen, dtype=DT), -INF)
+    edges = {"shared": table[0], "per-example": table[:, None].expand(b, n - 1, c, c),
+             "per-position": torch.where(allowed, torch.randn(b, n - 1, c, c, generator=gen, dtype=DT), -INF)}
+    return bp.ChainPotentials(node, edges[layout], torch.tensor(lengths))
+
+
+@pytest.mark.parametrize("layout", ["shared", "per-example", "per-position"])
+def test_reachable_labels_are_the_support_of_the_exact_marginals(layout):
+    import betheproj.oracles.chain as chain_module
+    from betheproj.oracles.base import _valid_node
+
+    pot = _pair_state_chain(layout, [4, 2, 1, 3])
+    ref = bp.BruteForce().marginals(pot)
+    node, valid = _valid_node(pot)
+    table = pot.edge[:, 0] if layout == "per-example" else pot.edge
+    reach = chain_module._reachable(node, table, pot.lengths).transpose(0, 1)
+    assert torch.equal(reach & valid[..., None], (ref.node > 0) & valid[..., None])
+    # a forbidden label inside an example (node -inf) and a dead end at its last position
+    pot.node[0, 2, 3] = -INF
+    ref = bp.BruteForce().marginals(pot)
+    node, _ = _valid_node(pot)
+    reach = chain_module._reachable(node, table, pot.lengths).transpose(0, 1)
+    assert torch.equal(reach & valid[..., None], (ref.node > 0) & valid[..., None])
+
+
+@pytest.mark.parametrize("layout", ["shared", "per-example", "per-position"])
+def test_unreachable_labels_skip_the_estimate_through_the_transitions(monkeypatch, layout):
+    # a 0 marginal of a label that no finite labelling passes through is exact: the checks for lost marginals used to
+    # estimate it in log space through the [C, C] tables at every position (O(N B C^2) with a maximum per entry: 25
+    # times the recursion's cost for a second-order chain over 621 pair states), and now leave it out
+    import betheproj.oracles.chain as chain_module
+
+    through_tables = []
+    lost_marginal = chain_module._lost_marginal
+
+    def spy(alpha, beta, s, r, d, node, edge, lengths, reach=None):
+        if edge is not None:
+            through_tables.append(lengths.tolist())
+        return lost_marginal(alpha, beta, s, r, d, node, edge, lengths, reach)
+
+    monkeypatch.setattr(chain_module, "_lost_marginal", spy)
+    pot = _pair_state_chain(layout, [4, 2, 1, 3])
+    _assert_matches_brute_force(pot, atol=1e-12)
+    assert bool((bp.LinearChain().marginals(pot).node == 0).any())
+    assert through_tables == []
