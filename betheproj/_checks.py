@@ -32,12 +32,13 @@ def check_int(name: str, value: object, minimum: int | None = None, maximum: int
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     v = int(v)
     if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        top = "2**63 - 1" if maximum == SEED_MAX else maximum        # int64's largest, as --seed's errors name it
         if maximum is None:
             wanted = f">= {minimum}"
         elif minimum is None:
-            wanted = f"<= {maximum}"
+            wanted = f"<= {top}"
         else:
-            wanted = f"in [{minimum}, {maximum}]"
+            wanted = f"in [{minimum}, {top}]"
         raise ValueError(f"{name} must be an int {wanted}, got {v}")
     return v
 

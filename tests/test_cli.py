@@ -358,7 +358,7 @@ def test_cgm_sizes_beyond_int64_are_one_line_errors(option, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["cgm", option, str(10 ** 80), "--out", str(out)]) == 2
     low = 2 if option == "--steps" else 1
-    assert capsys.readouterr().err == (f"betheproj cgm: error: {option} must be an int in [{low}, {2 ** 63 - 1}], got "
+    assert capsys.readouterr().err == (f"betheproj cgm: error: {option} must be an int in [{low}, 2**63 - 1], got "
                                        f"{10 ** 80}\n")
     assert not out.exists()
 
