@@ -17,7 +17,8 @@ error of every marginal is at most ``4 C^2 tiny sum_t (1/(s_t d_t) + 1/(r_t d_t)
 normalisers).  Examples whose bound exceeds machine epsilon (huge score gaps, ``-inf`` dead ends) are
 recomputed in log space, and so are those where a product ``alpha_t(j) beta_t(j)`` underflowed to 0, or an
 ``alpha`` or ``beta`` itself where the marginal, estimated in log space, may be a normal number (a positive
-marginal read as 0 looks forbidden to the solvers), and so are those with an edge marginal that rests on a factor
+marginal read as 0 looks forbidden to the solvers; a label that no labelling of finite score passes through is an
+exact 0 and is left out, :func:`_reachable`), and so are those with an edge marginal that rests on a factor
 that underflowed (an ``alpha``, a product ``p beta`` or a transition factor) while it may be a normal number
 (:func:`_lost_edge`).  Marginals thus have an absolute error below ``eps`` for any magnitudes and ``-inf``
 patterns, and none that may be a normal number comes back 0 (short of scores beyond ``~1/eps^2`` times their O(1)
@@ -232,7 +233,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
                                    reach) >= math.log(tiny)
             k, reach = k[still], reach[:, still]
             if k.numel():
-                sub_edge = edge if shared else (edge[k, 0] if per_example else edge[k])
+                sub_edge = sub_edge if shared else sub_edge[still]
                 lost = _lost_marginal(alpha[:, k], beta[:, k], s[:, k], r[:, k], d[:, k], node[k], sub_edge,
                                       lengths[k], reach)
                 ok[k] = lost < math.log(tiny)
@@ -396,7 +397,9 @@ def _lost_marginal(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor,
             best = ((log_m if log_m.dim() < 4 else log_m[:, t]) + nxt).amax(-1)
             log_b[t] = torch.where(beta[t] > 0, log_b[t], best - torch.log(r[t] / c)[:, None])
     valid = (torch.arange(n, device=lengths.device)[:, None] < lengths)[..., None]
-    lost_zero = valid & (alpha * beta == 0) if reach is None else valid & (alpha * beta == 0) & reach
+    lost_zero = valid & (alpha * beta == 0)
+    if reach is not None:
+        lost_zero &= reach
     lost = torch.where(lost_zero, log_a + log_b - torch.log(d)[..., None], -torch.inf)
     return lost.amax(-1).amax(0)
 
