@@ -130,8 +130,9 @@ def test_counts_match_the_source():
 def test_tokenize_raw_strings_like_the_data():
     raw = 'J. Smith and A.B. Jones. "Learning things." In Proc. of ICML, pages 1-10; (2005): 3...'
     assert tokenize_citation(raw) == ["J.", "Smith", "and", "A.B", ".", "Jones", ".", '"', "Learning", "things", ".",
-                                      '"', "In", "Proc", ".", "of", "ICML", ",", "pages", "1-10", ";", "(2005)",
+                                      '"', "In", "Proc.", "of", "ICML", ",", "pages", "1-10", ";", "(2005)",
                                       ":", "3", "..."]
+    assert tokenize_citation("Proc. Amer. Math. Soc.") == ["Proc.", "Amer", ".", "Math", ".", "Soc", "."]
     assert tokenize_citation("  ") == [] and tokenize_citation(". , ...") == [".", ",", "..."]
     assert tokenize_citation("\u201cTitle,\u201d [3]") == ["\u201c", "Title", ",", "\u201d", "[3]"]
 
@@ -147,7 +148,7 @@ def _detokenize(tokens):
 def test_tokenizer_recovers_the_dev_tokens():
     dev = read_citations(DATA / "dev.docs")
     same = sum(tokenize_citation(_detokenize(c.tokens)) == c.tokens for c in dev)
-    assert same >= 0.9 * len(dev)             # measured: 622 of 660; the rest are the data's inconsistencies
+    assert same >= 0.95 * len(dev)            # measured: 632 of 660; the rest are the data's inconsistencies
 
 
 def test_unreadable_or_untagged_files_are_errors_naming_the_file(tmp_path):
