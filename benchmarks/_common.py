@@ -97,13 +97,16 @@ def crfsuite() -> ModuleType:
 
 def run(main: Callable[[], object]) -> None:
     """``main()``; a ``FileNotFoundError``, ``ValueError``, ``ImportError`` (a missing optional package) or other
-    ``OSError`` becomes one line and exit 2."""
+    ``OSError`` becomes one line and exit 2; a closed standard output (a pipe into ``head``) a quiet exit 1."""
     name = os.path.basename(sys.argv[0])
     try:
         main()
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:                     # e.g. `python benchmarks/X.py ... | head -1`: the reader left
+        sys.stdout = open(os.devnull, "w")      # so the interpreter's final flush stays quiet
+        sys.exit(1)
     except (ValueError, OSError, ImportError) as err:
         if os.environ.get("BETHEPROJ_TRACEBACK"):
             raise
