@@ -220,17 +220,24 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         # a marginal that underflowed to 0 is one the bound cannot see: it bounds the absolute error, and a mass of
         # 1e-23 read as an exact 0 looks forbidden to the solver.  Recomputed: any product alpha * beta that
         # underflowed, and a 0 from an alpha or beta that underflowed where the marginal may be a normal number
-        ok &= ~(zeros & (alpha > 0) & (beta > 0)).any(-1).any(0)
+        # (read at the zero products only: forbidden labels make few of them, and a pass over all of alpha and beta
+        # in log space cost as much as the recursion)
+        at = torch.nonzero(zeros).unbind(1)                                   # (t, b, j) of each zero product
+        ok[at[1][(alpha[at] > 0) & (beta[at] > 0)]] = False
         # first with every transition factor taken as 1 (cheap); then, where that is not enough, without the labels
         # that no labelling of finite score passes through (forbidden labels, unreachable states: exact zeros), and
         # with the transitions for the rest
-        maybe = torch.nonzero(ok & (_lost_marginal(alpha, beta, s, r, d, node, None, lengths) >= math.log(tiny)))
+        maybe = torch.nonzero(ok & (_lost_at(alpha, beta, s, r, d, node, node_max, lengths, at) >= math.log(tiny)))
         if maybe.numel():
             k = maybe.flatten()
             sub_edge = edge if shared else (edge[k, 0] if per_example else edge[k])
             reach = _reachable(node[k], sub_edge, lengths[k])
-            still = _lost_marginal(alpha[:, k], beta[:, k], s[:, k], r[:, k], d[:, k], node[k], None, lengths[k],
-                                   reach) >= math.log(tiny)
+            row = torch.full((b,), -1, dtype=torch.long, device=device)
+            row[k] = torch.arange(k.numel(), device=device)
+            t_, b_, j_ = (x[row[at[1]] >= 0] for x in at)                  # the zero products of examples k
+            live = reach[t_, row[b_], j_]
+            still = _lost_at(alpha, beta, s, r, d, node, node_max, lengths,
+                             (t_[live], b_[live], j_[live]))[k] >= math.log(tiny)
             k, reach = k[still], reach[:, still]
             if k.numel():
                 sub_edge = sub_edge if shared else sub_edge[still]
@@ -371,31 +378,45 @@ def _reachable(node: Tensor, edge: Tensor, lengths: Tensor) -> Tensor:
     return fwd & bwd
 
 
-def _lost_marginal(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor, node: Tensor, edge: Tensor | None,
+def _lost_at(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor, node: Tensor, node_max: Tensor,
+             lengths: Tensor, at: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+    """[B]: :func:`_lost_marginal` with ``edge=None`` (every transition factor and neighbour taken as 1), read at the
+    zero products ``alpha beta`` only, whose indices ``at`` = (t, b, j) hold them all; ``node_max`` [N, B, 1] is each
+    row's finite maximum of ``node`` [B, N, C] (0 where there is none)."""
+    t, k, j = at
+    keep = t < lengths[k]
+    t, k, j = t[keep], k[keep], j[keep]
+    c = alpha.shape[-1]
+    tiny = torch.finfo(alpha.dtype).tiny
+    a, b = alpha[t, k, j], beta[t, k, j]
+    log_a = torch.where(a > 0, torch.log(a.clamp_min(tiny)),
+                        node[k, t, j] - node_max[t, k, 0] - torch.log(s[t, k] / c))
+    log_b = torch.where(b > 0, torch.log(b.clamp_min(tiny)), -torch.log(r[t, k] / c))
+    lost = alpha.new_full((alpha.shape[1],), -torch.inf)
+    return lost.scatter_reduce_(0, k, log_a + log_b - torch.log(d[t, k]), "amax")
+
+
+def _lost_marginal(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor, node: Tensor, edge: Tensor,
                    lengths: Tensor, reach: Tensor | None = None) -> Tensor:
     """[B]: the log of an upper estimate of the largest node marginal that the fast path returns as 0, ``-inf`` if
     none: ``alpha beta / d`` with the ``alpha``, ``beta`` [N, B, C] entries that underflowed to 0 re-estimated in log
     space from their predecessors (successors), to a factor C per step (max instead of sum).  ``edge`` is [C, C],
-    [B, C, C] or [B, N-1, C, C]; ``None`` takes every transition factor and every predecessor (successor) as 1, the
-    most they can be (a cruder estimate, with no recursion).  ``reach`` [N, B, C] (optional): the labels whose zeros
+    [B, C, C] or [B, N-1, C, C] (:func:`_lost_at` is the cruder estimate with every transition factor and every
+    predecessor (successor) taken as 1, the most they can be).  ``reach`` [N, B, C] (optional): the labels whose zeros
     may be lost (see :func:`_reachable`); the others' are exact."""
     n, c = alpha.shape[0], alpha.shape[-1]
     log_p = (node - _finite_max(node, -1)).transpose(0, 1)                   # [N, B, C]
     tiny = torch.finfo(alpha.dtype).tiny                  # no logs of 0 or subnormals: several times slower
     log_a, log_b = torch.log(alpha.clamp_min(tiny)), torch.log(beta.clamp_min(tiny))
-    if edge is None:
-        log_a = torch.where(alpha > 0, log_a, log_p - torch.log(s / c)[..., None])
-        log_b = torch.where(beta > 0, log_b, -torch.log(r / c)[..., None])
-    else:
-        log_m = edge - _finite_max(edge, (-1, -2))
-        log_a[0] = torch.where(alpha[0] > 0, log_a[0], log_p[0] - torch.log(s[0])[:, None])
-        for t in range(1, n):
-            best = (log_a[t - 1, :, :, None] + (log_m if log_m.dim() < 4 else log_m[:, t - 1])).amax(-2)
-            log_a[t] = torch.where(alpha[t] > 0, log_a[t], best + log_p[t] - torch.log(s[t] / c)[:, None])
-        for t in range(n - 2, -1, -1):
-            nxt = (log_p[t + 1] + log_b[t + 1])[:, None, :]
-            best = ((log_m if log_m.dim() < 4 else log_m[:, t]) + nxt).amax(-1)
-            log_b[t] = torch.where(beta[t] > 0, log_b[t], best - torch.log(r[t] / c)[:, None])
+    log_m = edge - _finite_max(edge, (-1, -2))
+    log_a[0] = torch.where(alpha[0] > 0, log_a[0], log_p[0] - torch.log(s[0])[:, None])
+    for t in range(1, n):
+        best = (log_a[t - 1, :, :, None] + (log_m if log_m.dim() < 4 else log_m[:, t - 1])).amax(-2)
+        log_a[t] = torch.where(alpha[t] > 0, log_a[t], best + log_p[t] - torch.log(s[t] / c)[:, None])
+    for t in range(n - 2, -1, -1):
+        nxt = (log_p[t + 1] + log_b[t + 1])[:, None, :]
+        best = ((log_m if log_m.dim() < 4 else log_m[:, t]) + nxt).amax(-1)
+        log_b[t] = torch.where(beta[t] > 0, log_b[t], best - torch.log(r[t] / c)[:, None])
     valid = (torch.arange(n, device=lengths.device)[:, None] < lengths)[..., None]
     lost_zero = valid & (alpha * beta == 0)
     if reach is not None:

@@ -525,3 +525,54 @@ def test_unreachable_labels_skip_the_estimate_through_the_transitions(monkeypatc
     _assert_matches_brute_force(pot, atol=1e-12)
     assert bool((bp.LinearChain().marginals(pot).node == 0).any())
     assert through_tables == []
+
+
+def _dense_cheap_estimate(alpha, beta, s, r, d, node, lengths, mask):
+    # the first check's estimate as a pass over all of alpha and beta [N, B, C], as it was computed before it was read
+    # at the zero products only: every transition factor and neighbour taken as 1; ``mask`` the entries it reads
+    n, c = alpha.shape[0], alpha.shape[-1]
+    log_p = (node - node.amax(-1, keepdim=True).nan_to_num(0.0, 0.0, 0.0)).transpose(0, 1)
+    tiny = torch.finfo(alpha.dtype).tiny
+    log_a = torch.where(alpha > 0, torch.log(alpha.clamp_min(tiny)), log_p - torch.log(s / c)[..., None])
+    log_b = torch.where(beta > 0, torch.log(beta.clamp_min(tiny)), -torch.log(r / c)[..., None])
+    valid = (torch.arange(n)[:, None] < lengths)[..., None]
+    lost = torch.where(valid & mask, log_a + log_b - torch.log(d)[..., None], -INF)
+    return lost.amax(-1).amax(0)
+
+
+@pytest.mark.parametrize("scale", [3.0, 300.0, 3000.0])
+def test_the_cheap_check_read_at_the_zeros_equals_the_dense_one(monkeypatch, scale):
+    # the first check for lost marginals reads alpha and beta at the zero products only; it must give what a dense
+    # pass over all of them gives, with forbidden labels and transitions, scores large enough to underflow, and
+    # examples of different lengths; its first call must see every zero product
+    import betheproj.oracles.chain as chain_module
+
+    seen = []
+    lost_at = chain_module._lost_at
+
+    def spy(alpha, beta, s, r, d, node, node_max, lengths, at):
+        sparse = lost_at(alpha, beta, s, r, d, node, node_max, lengths, at)
+        mask = torch.zeros_like(alpha, dtype=torch.bool)
+        mask[at] = True
+        if not seen or seen[-1][0] is not alpha:                # the first call of a marginals() call
+            assert torch.equal(mask, alpha * beta == 0)
+        dense = _dense_cheap_estimate(alpha, beta, s, r, d, node, lengths, mask)
+        seen.append((alpha, bool(torch.isfinite(dense).any())))
+        torch.testing.assert_close(sparse, dense, rtol=0, atol=0, equal_nan=True)     # NaN: mass all lost, both
+        return sparse
+
+    monkeypatch.setattr(chain_module, "_lost_at", spy)
+    gen = torch.Generator().manual_seed(int(scale))
+    for _ in range(6):
+        b, n, c = 7, 9, 5
+        node = scale * torch.randn(b, n, c, generator=gen, dtype=torch.float64)
+        edge = scale * torch.randn(c, c, generator=gen, dtype=torch.float64)
+        node[torch.rand(b, n, c, generator=gen) < 0.15] = -INF
+        edge[torch.rand(c, c, generator=gen) < 0.3] = -INF
+        node[:, :, 0] = node[:, :, 0].clamp_min(-scale)             # label 0 keeps every position alive
+        edge[0, 0] = 0.0
+        lengths = torch.randint(1, n + 1, (b,), generator=gen)
+        lengths[0] = n
+        pot = bp.ChainPotentials(node, edge, lengths)
+        assert torch.isfinite(bp.LinearChain().marginals(pot).node).all()
+    assert seen and any(finite for _, finite in seen)     # zeros were there, and some were estimated as finite
