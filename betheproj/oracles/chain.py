@@ -380,9 +380,10 @@ def _reachable(node: Tensor, edge: Tensor, lengths: Tensor) -> Tensor:
 
 def _lost_at(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor, node: Tensor, node_max: Tensor,
              lengths: Tensor, at: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-    """[B]: :func:`_lost_marginal` with ``edge=None`` (every transition factor and neighbour taken as 1), read at the
-    zero products ``alpha beta`` only, whose indices ``at`` = (t, b, j) hold them all; ``node_max`` [N, B, 1] is each
-    row's finite maximum of ``node`` [B, N, C] (0 where there is none)."""
+    """[B]: :func:`_lost_marginal`'s estimate made cruder and cheap, every transition factor and every predecessor
+    (successor) taken as 1, the most they can be (no recursion), and read at the zero products ``alpha beta`` whose
+    indices (t, b, j) ``at`` holds only; ``node_max`` [N, B, 1] is each row's finite maximum of ``node`` [B, N, C]
+    (0 where there is none)."""
     t, k, j = at
     keep = t < lengths[k]
     t, k, j = t[keep], k[keep], j[keep]
