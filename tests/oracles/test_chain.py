@@ -576,3 +576,37 @@ def test_the_cheap_check_read_at_the_zeros_equals_the_dense_one(monkeypatch, sca
         pot = bp.ChainPotentials(node, edge, lengths)
         assert torch.isfinite(bp.LinearChain().marginals(pot).node).all()
     assert seen and any(finite for _, finite in seen)     # zeros were there, and some were estimated as finite
+
+
+def test_a_bio_chain_with_forbidden_transitions_stays_on_the_fast_path(monkeypatch):
+    # the common forbidden structure (I-f only after B-f or I-f, never first): its zeros are exact, and the cheap
+    # check must see that without the estimate through the tables, the support passes or the log-space recursion
+    import betheproj.oracles.chain as chain_module
+
+    calls = []
+    def spy(name):
+        real = getattr(chain_module, name)
+
+        def called(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return called
+
+    for name in ("_lost_marginal", "_reachable", "_log_forward_backward"):
+        monkeypatch.setattr(chain_module, name, spy(name))
+    fields, b, n = 3, 4, 6
+    c = 2 * fields + 1
+    gen = torch.Generator().manual_seed(7)
+    node = 2 * torch.randn(b, n, c, generator=gen, dtype=torch.float64)
+    node[:, 0, fields + 1:] = -INF
+    allowed = torch.ones(c, c, dtype=torch.bool)
+    inside = torch.arange(fields + 1, c)
+    allowed[:, inside] = False
+    allowed[inside - fields, inside] = True
+    allowed[inside, inside] = True
+    edge = torch.where(allowed, torch.randn(c, c, generator=gen, dtype=torch.float64), -INF)
+    pot = bp.ChainPotentials(node, edge, torch.tensor([6, 4, 1, 5]))
+    marg = bp.LinearChain().marginals(pot)
+    assert calls == []
+    assert bool((marg.node[:, 0, fields + 1:] == 0).all())
+    _assert_matches_brute_force(pot, atol=1e-12)
