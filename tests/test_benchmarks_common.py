@@ -1,6 +1,7 @@
 """The shared entry point of the hand-run scripts in ``benchmarks/``: errors as one line, quiet closed pipes."""
 
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -33,3 +34,6 @@ def test_a_closed_pipe_exits_1_without_a_message(capsys, monkeypatch):
         run(main)
     assert stop.value.code == 1
     assert capsys.readouterr().err == ""
+    quiet = sys.stdout                          # the interpreter's last flush goes nowhere
+    assert quiet.name == os.devnull
+    quiet.close()
