@@ -234,7 +234,8 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
             reach = _reachable(node[k], sub_edge, lengths[k])
             row = torch.full((b,), -1, dtype=torch.long, device=device)
             row[k] = torch.arange(k.numel(), device=device)
-            t_, b_, j_ = (x[row[at[1]] >= 0] for x in at)                  # the zero products of examples k
+            mine = row[at[1]] >= 0                                           # the zero products of examples k
+            t_, b_, j_ = (x[mine] for x in at)
             live = reach[t_, row[b_], j_]
             still = _lost_at(alpha, beta, s, r, d, node, node_max, lengths,
                              (t_[live], b_[live], j_[live]))[k] >= math.log(tiny)
@@ -398,13 +399,13 @@ def _lost_at(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor, node:
 
 
 def _lost_marginal(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor, node: Tensor, edge: Tensor,
-                   lengths: Tensor, reach: Tensor | None = None) -> Tensor:
+                   lengths: Tensor, reach: Tensor) -> Tensor:
     """[B]: the log of an upper estimate of the largest node marginal that the fast path returns as 0, ``-inf`` if
     none: ``alpha beta / d`` with the ``alpha``, ``beta`` [N, B, C] entries that underflowed to 0 re-estimated in log
     space from their predecessors (successors), to a factor C per step (max instead of sum).  ``edge`` is [C, C],
     [B, C, C] or [B, N-1, C, C] (:func:`_lost_at` is the cruder estimate with every transition factor and every
-    predecessor (successor) taken as 1, the most they can be).  ``reach`` [N, B, C] (optional): the labels whose zeros
-    may be lost (see :func:`_reachable`); the others' are exact."""
+    predecessor (successor) taken as 1, the most they can be).  ``reach`` [N, B, C]: the labels whose zeros may be
+    lost (see :func:`_reachable`); the others' are exact."""
     n, c = alpha.shape[0], alpha.shape[-1]
     log_p = (node - _finite_max(node, -1)).transpose(0, 1)                   # [N, B, C]
     tiny = torch.finfo(alpha.dtype).tiny                  # no logs of 0 or subnormals: several times slower
@@ -419,10 +420,7 @@ def _lost_marginal(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor,
         best = ((log_m if log_m.dim() < 4 else log_m[:, t]) + nxt).amax(-1)
         log_b[t] = torch.where(beta[t] > 0, log_b[t], best - torch.log(r[t] / c)[:, None])
     valid = (torch.arange(n, device=lengths.device)[:, None] < lengths)[..., None]
-    lost_zero = valid & (alpha * beta == 0)
-    if reach is not None:
-        lost_zero &= reach
-    lost = torch.where(lost_zero, log_a + log_b - torch.log(d)[..., None], -torch.inf)
+    lost = torch.where(valid & reach & (alpha * beta == 0), log_a + log_b - torch.log(d)[..., None], -torch.inf)
     return lost.amax(-1).amax(0)
 
 

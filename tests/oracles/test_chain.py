@@ -515,9 +515,8 @@ def test_unreachable_labels_skip_the_estimate_through_the_transitions(monkeypatc
     through_tables = []
     lost_marginal = chain_module._lost_marginal
 
-    def spy(alpha, beta, s, r, d, node, edge, lengths, reach=None):
-        if edge is not None:
-            through_tables.append(lengths.tolist())
+    def spy(alpha, beta, s, r, d, node, edge, lengths, reach):
+        through_tables.append(lengths.tolist())
         return lost_marginal(alpha, beta, s, r, d, node, edge, lengths, reach)
 
     monkeypatch.setattr(chain_module, "_lost_marginal", spy)
