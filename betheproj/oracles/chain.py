@@ -232,13 +232,11 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
             k = maybe.flatten()
             sub_edge = edge if shared else (edge[k, 0] if per_example else edge[k])
             reach = _reachable(node[k], sub_edge, lengths[k])
-            row = torch.full((b,), -1, dtype=torch.long, device=device)
-            row[k] = torch.arange(k.numel(), device=device)
-            mine = row[at[1]] >= 0                                           # the zero products of examples k
-            t_, b_, j_ = (x[mine] for x in at)
-            live = reach[t_, row[b_], j_]
+            reach_all = torch.zeros_like(zeros)                               # [N, B, C]; False outside k
+            reach_all[:, k] = reach
+            live = reach_all[at]                                             # the zero products still in question
             still = _lost_at(alpha, beta, s, r, d, node, node_max, lengths,
-                             (t_[live], b_[live], j_[live]))[k] >= math.log(tiny)
+                             tuple(x[live] for x in at))[k] >= math.log(tiny)
             k, reach = k[still], reach[:, still]
             if k.numel():
                 sub_edge = sub_edge if shared else sub_edge[still]
