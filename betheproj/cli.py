@@ -58,6 +58,17 @@ def int_type(low: int, high: int | None = None, high_text: str | None = None) ->
 _seed = int_type(0, SEED_MAX, "2**63 - 1")
 
 
+def _unit_float(text: str) -> float:
+    """The argparse type of a probability threshold: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:                  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}")
+    return value
+
+
 def _path(text: str) -> str:
     """The argparse type of an input path: not empty (``Path("")`` is the current folder, and the errors that
     followed named files there)."""
@@ -98,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     cit.add_argument("--predict", metavar="FILE",
                      help="tag the raw citation strings of FILE (one a line; - for standard input) with the model "
                           "in --out; prints nested tags")
+    cit.add_argument("--mbr", type=_unit_float, default=None, metavar="T",
+                     help="with --predict: decode for segment F1, the segments more probable than T (the training "
+                          "run's 'Non-local, segment MBR' row names the T dev chose), instead of Proposition 1's MAP")
     cit.add_argument("--quiet", action="store_true", help="no progress bars")
     cgm = sub.add_parser("cgm", help="bird-migration collective graphical model (section 8.3) on a generated instance")
     cgm.add_argument("--grid", type=int, default=10, help="G: a G x G grid of cells, s = G^4 (default 10)")
@@ -379,9 +393,11 @@ def _citations(args: argparse.Namespace) -> None:
                                                                             # (read_text turns \r into \n too)
         if lines and lines[-1] == "":
             lines.pop()
-        for line in citations.tag_strings(lines, index, model, progress=not args.quiet):
+        for line in citations.tag_strings(lines, index, model, progress=not args.quiet, mbr_threshold=args.mbr):
             print(line)
         return
+    if args.mbr is not None:
+        raise ValueError("--mbr is for --predict (how new citations are decoded); training reports both decoders")
     if args.data is None:
         raise ValueError("--data is required (or --predict FILE to tag with a trained model)")
     from .data.citations import SPLITS, citation_file, load_citations

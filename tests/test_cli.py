@@ -215,7 +215,7 @@ def tagger_stubbed(monkeypatch):
     monkeypatch.setattr(citations, "load_model", lambda path: (None, None))
     asked = []
 
-    def tag_strings(lines, index, model, progress=False):
+    def tag_strings(lines, index, model, progress=False, mbr_threshold=None):
         asked.append(progress)
         return [repr(line) for line in lines]
 

@@ -12,7 +12,9 @@
    train and test time (``c_j`` enters as ``max(c_j, 0)``).  ``CitationConfig.cross_fit = K`` learns them on dev
    and on the training split's K-fold cross-fitted potentials together (:func:`cross_fit_potentials`).
 3. Both rows decode the same base model: Viterbi in ``theta`` for the baseline, Viterbi in
-   ``theta - grad L(mu*)`` at the solution of (2) for the non-local row (Proposition 1).
+   ``theta - grad L(mu*)`` at the solution of (2) for the non-local row (Proposition 1).  Two more rows decode
+   the same two MRFs for segment F1 instead (minimum Bayes risk, :mod:`betheproj.inference.segments`: the
+   segments whose exact posterior beats a threshold, chosen on dev for each row).
 
 Scores are segment-level F1 (exact spans, micro-averaged over every tag path a token carries: the leaf fields,
 and a group where a token sits directly under it, such as ``authors`` for the "and" between two persons).
@@ -51,7 +53,7 @@ from ..data.citation_features import FEATURES_VERSION, FeatureIndex, other_featu
 from ..data.citations import Citation, check_citations, escape_tags, is_tag_name, tokenize_citation
 from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
-from ..inference import decode
+from ..inference import BIOFields, best_segments, decode, decode_segments, segment_log_marginals
 from ..inference.solve import METHODS
 from ..learning import ConstantPsi, NonLocalCRF, SparseChainCRF, fit_crf
 from ..learning.crf import length_chunks
@@ -63,7 +65,7 @@ from ._plot import figure
 
 __all__ = ["PAPER", "CitationConfig", "train_baseline", "templates", "constraint_model", "learn_weights",
            "cross_fit_potentials", "learn_pooled_weights",
-           "viterbi_predictor", "nonlocal_predictor", "f1_of", "run", "format_table", "plot_iterations",
+           "viterbi_predictor", "nonlocal_predictor", "f1_of", "mbr_f1", "run", "format_table", "plot_iterations",
            "plot_histogram", "tag_strings", "to_nested_tags", "save_model", "load_model", "load_run"]
 
 PAPER = {"baseline": 94.47, "non-local": 95.47, "Anzaroot et al. baseline": 94.41, "Soft-DD": 95.39}
@@ -95,6 +97,9 @@ class CitationConfig:
     seed: int = 0
     cross_fit: int = 0              # >= 2: c learned on dev and on the training split's cross-fitted potentials
     cross_fit_epochs: int = 3       # Algorithm 3's passes over that pool (dev and training split together)
+    # segment MBR decoding (betheproj.inference.segments) of both rows, its threshold chosen on dev from these
+    # (empty: no such rows)
+    mbr_thresholds: tuple[float, ...] = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7)
 
     def __post_init__(self) -> None:
         """Every field checked here, not minutes into a run under an internal argument's name, and kept as the
@@ -126,6 +131,11 @@ class CitationConfig:
         self.cross_fit = check_int("cross_fit", self.cross_fit, 0)
         if self.cross_fit == 1:
             raise ValueError("cross_fit must be 0 (c learned on dev alone) or a number of folds >= 2, got 1")
+        if isinstance(self.mbr_thresholds, str) or not isinstance(self.mbr_thresholds, Sequence):
+            raise TypeError(f"mbr_thresholds must be a sequence of numbers in [0, 1], got "
+                            f"{type(self.mbr_thresholds).__name__}")
+        self.mbr_thresholds = tuple(check_real(f"mbr_thresholds[{i}]", v, 0.0, 1.0)
+                                    for i, v in enumerate(self.mbr_thresholds))
 
 
 def _progress_log(log: Callable[[str], None] | None, text: str) -> None:
@@ -158,6 +168,35 @@ def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citati
     finally:
         bar.close()
     return 100 * segment_f1([c.labels for c in citations], pred).f1, pred
+
+
+def mbr_f1(potentials_of: Callable[[Tensor, Tensor], PairwisePotentials], index: FeatureIndex,
+           citations: Sequence[Citation], encoded: tuple[Tensor, Tensor, Tensor], thresholds: Sequence[float],
+           chunk_size: int = 64, progress: bool = False, desc: str = "segment MBR") -> list[float]:
+    """Segment F1 (%) on ``citations`` of :func:`~betheproj.inference.segments.best_segments` at each of
+    ``thresholds``, in the MRF ``potentials_of(features, lengths)`` (the base's ``theta``, or a solution's
+    ``theta - grad L(mu*)``); the segment posteriors are computed once for all thresholds."""
+    citations = check_citations(citations, empty=False)
+    fields = BIOFields.from_labels(index.labels)
+    x, _, n = encoded
+    if n.tolist() != [len(c.tokens) for c in citations]:
+        raise ValueError("encoded must be index.encode(citations): its lengths are not the citations' token counts")
+    pred: list[list[list[str]]] = [[[] for _ in citations] for _ in thresholds]
+    bar = progress_bar(len(citations), progress, desc)
+    try:
+        with torch.no_grad():
+            for idx, width in length_chunks(n, chunk_size):
+                pot = potentials_of(x[idx, :width], n[idx])
+                log_p = segment_log_marginals(pot, fields)
+                for k, threshold in enumerate(thresholds):
+                    ids = best_segments(log_p, pot.lengths, fields, threshold)
+                    for row, i in enumerate(idx.tolist()):
+                        pred[k][i] = [index.labels[int(v)] for v in ids[row, : int(n[i])]]
+                bar.update(len(idx))
+    finally:
+        bar.close()
+    gold = [c.labels for c in citations]
+    return [100 * segment_f1(gold, p).f1 for p in pred]
 
 
 def train_baseline(index: FeatureIndex, encoded: tuple[Tensor, Tensor, Tensor],
@@ -398,6 +437,15 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
             curves[split].append(f1_of(nonlocal_predictor(model, it, sink), index, data[split], enc[split],
                                        progress=progress, desc=f"{split}, at most {it} iterations")[0])
     rows["non-local"] = _Row(curves["dev"][-1], curves["test"][-1])
+    if config.mbr_thresholds and "O" in index.labels:
+        last = config.test_iters[-1]
+        for key, potentials_of in (("baseline", base), ("non-local", lambda x, n: model.infer(x, n, last).potentials)):
+            by = {split: mbr_f1(potentials_of, index, data[split], enc[split], config.mbr_thresholds,
+                                progress=progress, desc=f"{split}, segment MBR ({key})") for split in ("dev", "test")}
+            best = max(range(len(config.mbr_thresholds)), key=lambda k: by["dev"][k])   # the first of ties
+            rows[f"{key}, MBR"] = _Row(by["dev"][best], by["test"][best],
+                                       {"threshold": config.mbr_thresholds[best], "dev_by_threshold": by["dev"],
+                                        "test_by_threshold": by["test"]})
     active = sorted(((float(v), names[j]) for j, v in enumerate(c.tolist()) if v > 0), reverse=True)
     _progress_log(log, f"non-local: dev {rows['non-local'].dev:.2f} test {rows['non-local'].test:.2f}; "
                        f"{len(active)} of {len(names)} constraints with c_j > 0")
@@ -429,11 +477,20 @@ def format_table(results: dict) -> str:
     for key, label in (("baseline", "Our baseline (chain CRF)"), ("non-local", "Non-local energies")):
         row = results["rows"][key]
         lines.append(f"{label:<28}{row['dev']:>8.2f}{row['test']:>8.2f}{PAPER[key]:>14.2f}")
+    mbr = [key for key in ("baseline, MBR", "non-local, MBR") if key in results["rows"]]
+    for key in mbr:
+        label = {"baseline, MBR": "Baseline, segment MBR", "non-local, MBR": "Non-local, segment MBR"}[key]
+        row = results["rows"][key]
+        lines.append(f"{label:<28}{row['dev']:>8.2f}{row['test']:>8.2f}{'':>14}")
     for key in ("Anzaroot et al. baseline", "Soft-DD"):
         lines.append(f"{key:<28}{'':>8}{'':>8}{PAPER[key]:>14.2f}")
     gain = results["rows"]["non-local"]["test"] - results["rows"]["baseline"]["test"]
     lines.append(f"gain of the non-local energy on test: {gain:+.2f} (paper: +1.00); "
                  f"{len(results['active_constraints'])} of {results['constraints']} constraints active")
+    if len(mbr) == 2:
+        rows = [results["rows"][key] for key in mbr]
+        lines.append(f"with segment MBR decoding: {rows[1]['test'] - rows[0]['test']:+.2f}; thresholds chosen on dev "
+                     f"{rows[0]['extra']['threshold']:g} (baseline), {rows[1]['extra']['threshold']:g} (non-local)")
     folds = results.get("config", {}).get("cross_fit", 0)
     pool = f" and the {folds}-fold cross-fitted training split" if folds else ""
     lines.append(f"constraint weights learned on dev{pool}")
@@ -589,11 +646,15 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
 
 
 def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, max_iter: int | None = None,
-                progress: bool = False) -> list[str]:
+                progress: bool = False, mbr_threshold: float | None = None) -> list[str]:
     """Tag raw citation strings (split by :func:`~betheproj.data.citations.tokenize_citation`, the data's
     convention) with the non-local model; nested-tag output.  ``max_iter`` ``None``: the model's own (the last of
     the ``test_iters`` it was trained with, the iterations its test row was scored with); ``progress``: a bar
-    over the citations."""
+    over the citations; ``mbr_threshold``: decode each solution's MRF for segment F1 (the segments more probable
+    than it, :func:`~betheproj.inference.decode_segments`; the run's ``non-local, MBR`` row names the threshold dev
+    chose) instead of by Proposition 1's MAP (``None``, the default)."""
+    if mbr_threshold is not None:
+        mbr_threshold = check_real("mbr_threshold", mbr_threshold, 0.0, 1.0)
     if isinstance(lines, str):
         raise TypeError("lines must be a list of citation strings, not one string (wrap it in a list)")
     bad = next((i for i, line in enumerate(lines) if not isinstance(line, str)), None)
@@ -608,7 +669,14 @@ def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, m
         return out
     enc = index.encode([cites[i] for i in keep])
     max_iter = model.max_iter if max_iter is None else max_iter
-    _, pred = f1_of(nonlocal_predictor(model, max_iter), index, [cites[i] for i in keep], enc, progress=progress)
+    if mbr_threshold is None:
+        predictor = nonlocal_predictor(model, max_iter)
+    else:
+        fields = BIOFields.from_labels(index.labels)
+
+        def predictor(x: Tensor, n: Tensor) -> Tensor:
+            return decode_segments(model.infer(x, n, max_iter).potentials, fields, mbr_threshold)
+    _, pred = f1_of(predictor, index, [cites[i] for i in keep], enc, progress=progress)
     for i, labels in zip(keep, pred, strict=True):
         out[i] = to_nested_tags(cites[i].tokens, labels)
     return out

@@ -159,6 +159,13 @@ def test_small_run_and_cli(tmp_path, capsys):
     assert 0 < results["order_constraints"] < results["constraints"] and results["format_constraints"] >= 0
     assert all(0 <= i <= 5 for i in results["test_iterations_to_converge"])
     assert "Non-local energies" in citations.format_table(results)
+    # segment MBR rows: each row's threshold is the first best on dev, its test F1 the one at that threshold
+    for key in ("baseline, MBR", "non-local, MBR"):
+        row = results["rows"][key]
+        k = config.mbr_thresholds.index(row["extra"]["threshold"])
+        assert row["dev"] == max(row["extra"]["dev_by_threshold"]) == row["extra"]["dev_by_threshold"][k]
+        assert row["test"] == row["extra"]["test_by_threshold"][k] and 70 < row["test"] <= 100
+    assert "Non-local, segment MBR" in citations.format_table(results)
     json.dumps(results)
     citations.plot_iterations(results, str(tmp_path / "f1.png"))
     citations.plot_histogram(results, str(tmp_path / "hist.png"))
@@ -174,6 +181,17 @@ def test_small_run_and_cli(tmp_path, capsys):
     assert parse_citation(lines[0]).tokens == data["test"][1].tokens
     assert parse_citation(lines[2]).tokens == tokenize_citation(untokenised + " more .")   # split as the data is
     assert parse_citation(lines[3]).tokens == ["&lt;title&gt;", "Tags", "&lt;/title&gt;", "in", "text", "."]
+    # decoded for segment F1 instead: the same tokens; at threshold 1 no segment is more probable, so no tags
+    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr", "0.5", "--quiet"]) == 0
+    mbr = capsys.readouterr().out.split("\n")[:-1]
+    assert len(mbr) == 4 and parse_citation(mbr[0]).tokens == data["test"][1].tokens and "<" in mbr[0]
+    assert citations.tag_strings([untokenised], *citations.load_model(tmp_path / "model.pt"),
+                                 mbr_threshold=1.0) == [" ".join(tokenize_citation(untokenised))]
+    with pytest.raises(SystemExit) as exit_:
+        main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr", "1.5"])
+    assert exit_.value.code == 2 and "argument --mbr: must be a number in [0, 1], got '1.5'" in capsys.readouterr().err
+    assert main(["citations", "--data", str(DATA), "--mbr", "0.5"]) == 2
+    assert "--mbr is for --predict" in capsys.readouterr().err
     # a damaged model file is a one-line error naming it
     (tmp_path / "model.pt").write_bytes(b"not a model")
     assert main(["citations", "--out", str(tmp_path), "--predict", str(raw)]) == 2
@@ -352,7 +370,8 @@ def test_cli_errors(tmp_path, capsys):
     ("crf_loss", "svm", ValueError),
     ("method", "newton", ValueError), ("test_iters", (40, 20), ValueError), ("test_iters", (), ValueError),
     ("seed", -1, ValueError), ("cross_fit", 1, ValueError), ("cross_fit", -2, ValueError),
-    ("cross_fit_epochs", 0, ValueError),
+    ("cross_fit_epochs", 0, ValueError), ("mbr_thresholds", (0.5, 1.5), ValueError),
+    ("mbr_thresholds", "0.5", TypeError), ("mbr_thresholds", 0.5, TypeError),
 ])
 def test_every_config_field_is_checked_at_construction(field, value, error):
     """A bad setting is named at construction (psi_lr=-1 was reported as 'lr' by Algorithm 3, minutes in)."""
@@ -365,10 +384,12 @@ def test_config_numpy_and_tensor_scalars_are_kept_as_python_numbers(tmp_path):
     """CitationConfig(seed=np.int64(0)) kept np.int64: the results failed json.dumps and the saved model could not be
     loaded ("not a file torch.save wrote, or a damaged one": weights_only loading refuses NumPy scalars)."""
     config = citations.CitationConfig(seed=np.int64(0), crf_iter=np.int32(5), margin=np.float32(0.5),
-                                      psi_init=torch.tensor(0.0), min_support=np.int64(1), test_iters=[1, 2])
+                                      psi_init=torch.tensor(0.0), min_support=np.int64(1), test_iters=[1, 2],
+                                      mbr_thresholds=[np.float32(0.5), torch.tensor(0.25)])
     settings = asdict(config)
-    assert json.loads(json.dumps(settings)) == {**settings, "test_iters": [1, 2]}
+    assert json.loads(json.dumps(settings)) == {**settings, "test_iters": [1, 2], "mbr_thresholds": [0.5, 0.25]}
     assert type(config.seed) is int and type(config.margin) is float and config.test_iters == (1, 2)
+    assert config.mbr_thresholds == (0.5, 0.25) and all(type(v) is float for v in config.mbr_thresholds)
     index, model, constraints, order, formats = _small_model(config)
     citations.save_model(tmp_path / "model.pt", index, model, constraints, config, order, formats)
     assert citations.load_run(tmp_path / "model.pt")[2] == config

@@ -1,0 +1,146 @@
+"""Segment posteriors and minimum-Bayes-risk segment decoding against enumeration of every labelling."""
+
+import itertools
+
+import pytest
+import torch
+
+from betheproj import ChainPotentials, LinearChain
+from betheproj.data.citations import bio_segments
+from betheproj.inference.segments import BIOFields, decode_segments, segment_log_marginals
+
+LABELS = ["O", "B-a", "I-a", "B-b", "I-b", "I-c", "B-d"]    # c has no B- label, d no I- label
+
+
+def _potentials(seed: int, shared: bool = False, scale: float = 2.0, dtype=torch.float64) -> ChainPotentials:
+    g = torch.Generator().manual_seed(seed)
+    b, n, c = 4, 5, len(LABELS)
+    node = torch.randn(b, n, c, generator=g, dtype=dtype) * scale
+    edge = torch.randn(*(() if shared else (b, n - 1)), c, c, generator=g, dtype=dtype) * scale
+    edge[..., 0, 4] = -torch.inf                               # O -> I-b forbidden
+    node[1, 2, 2] = -torch.inf                                 # I-a forbidden at one position of one example
+    return ChainPotentials(node, edge, torch.tensor([5, 3, 1, 4]))
+
+
+def _enumerate(pot: ChainPotentials, fields: BIOFields):
+    """Per example: every labelling with its probability and its segments (field index, start, last)."""
+    index = {name: k for k, name in enumerate(fields.names)}
+    out = []
+    for i, n in enumerate(pot.lengths.tolist()):
+        node, edge = pot.node[i], pot.full_edge()[i]
+        rows, scores = [], []
+        for y in itertools.product(range(len(LABELS)), repeat=n):
+            s = node[0, y[0]] + sum(node[t, y[t]] + edge[t - 1, y[t - 1], y[t]] for t in range(1, n))
+            segs = [(index[k], a, e - 1) for k, a, e in bio_segments([LABELS[v] for v in y])]
+            rows.append((y, segs))
+            scores.append(s)
+        p = torch.softmax(torch.stack(scores), 0)
+        out.append([(y, segs, float(q)) for (y, segs), q in zip(rows, p, strict=True)])
+    return out
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_segment_marginals_match_enumeration(shared):
+    pot = _potentials(0, shared)
+    fields = BIOFields.from_labels(LABELS)
+    log_p = segment_log_marginals(pot, fields)
+    assert log_p.shape == (4, 4, 5, 5)
+    for i, table in enumerate(_enumerate(pot, fields)):
+        want = torch.zeros(4, 5, 5, dtype=torch.float64)
+        for _, segs, q in table:
+            for k, s, t in segs:
+                want[k, s, t] += q
+        torch.testing.assert_close(log_p[i].exp(), want, rtol=1e-12, atol=1e-14)
+        n = int(pot.lengths[i])
+        assert bool(torch.isneginf(log_p[i, :, n:]).all()) and bool(torch.isneginf(log_p[i, :, :, n:]).all())
+
+
+def test_segments_opened_by_b_sum_to_the_node_marginal():
+    pot = _potentials(1, scale=30.0)                           # large magnitudes: log space throughout
+    fields = BIOFields.from_labels(LABELS)
+    log_p = segment_log_marginals(pot, fields)
+    assert not bool(torch.isnan(log_p).any())
+    mu = LinearChain().marginals(pot).node
+    # B-a opens every a segment (an I-a after B-b, say, opens one too: that mass is not B-a's)
+    k = fields.names.index("a")
+    opened_by_b = mu[:, :, fields.begin[k]]
+    total = log_p[:, k].exp().sum(-1)
+    assert bool((total >= opened_by_b - 1e-12).all())
+    d = fields.names.index("d")                                # no I- label: a segment is B-d alone
+    torch.testing.assert_close(log_p[:, d].exp().sum(-1), mu[:, :, fields.begin[d]], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.2, 0.45, 0.5, 0.8])
+def test_decoder_maximises_expected_gain(threshold):
+    pot = _potentials(2)
+    fields = BIOFields.from_labels(LABELS)
+    p = segment_log_marginals(pot, fields).exp()
+    labels = decode_segments(pot, fields, threshold)
+    index = {name: k for k, name in enumerate(fields.names)}
+    for i, table in enumerate(_enumerate(pot, fields)):
+        n = int(pot.lengths[i])
+        assert bool((labels[i, n:] == -1).all())
+
+        def value(segs, i=i):
+            return sum(float(p[i, k, s, t]) - threshold for k, s, t in segs)
+
+        got = [(index[k], a, e - 1) for k, a, e in bio_segments([LABELS[v] for v in labels[i, :n].tolist()])]
+        assert value(got) == pytest.approx(max(value(segs) for _, segs, _ in table) if table else 0.0, abs=1e-12)
+        if threshold >= 0.5:                                   # the segments more likely than the threshold
+            want = {(k, s, t) for k in range(len(fields.names)) for s in range(n) for t in range(n)
+                    if float(p[i, k, s, t]) > threshold}
+            assert set(got) == want
+
+
+def test_field_without_b_label_keeps_adjacent_segments_apart():
+    # I-c I-c is forbidden, so c's likely segments are one token long, and two side by side would gain most; but
+    # written as I-c I-c they read as one segment, of probability 0
+    labels = ["O", "I-c"]
+    fields = BIOFields.from_labels(labels)
+    pot = ChainPotentials(torch.zeros(1, 2, 2, dtype=torch.float64),
+                          torch.tensor([[0.0, 0.0], [0.0, -torch.inf]], dtype=torch.float64))
+    p = segment_log_marginals(pot, fields).exp()[0, 0]
+    torch.testing.assert_close(p, torch.tensor([[1 / 3, 0.0], [0.0, 1 / 3]], dtype=torch.float64))
+    assert decode_segments(pot, fields, 0.1)[0].tolist() in ([1, 0], [0, 1])
+
+
+def test_float32_agrees_with_float64():
+    pot = _potentials(3)
+    pot32 = ChainPotentials(pot.node.float(), pot.edge.float(), pot.lengths)
+    fields = BIOFields.from_labels(LABELS)
+    torch.testing.assert_close(segment_log_marginals(pot32, fields).exp().double(),
+                               segment_log_marginals(pot, fields).exp(), rtol=1e-4, atol=1e-6)
+
+
+def test_chunks_give_the_batch_result(monkeypatch):
+    import betheproj.inference.segments as segments
+    pot = _potentials(4)
+    fields = BIOFields.from_labels(LABELS)
+    whole = segment_log_marginals(pot, fields)
+    monkeypatch.setattr(segments, "_CHUNK_ENTRIES", 1)
+    torch.testing.assert_close(segment_log_marginals(pot, fields), whole, rtol=0, atol=0)
+
+
+def test_bad_arguments_are_named():
+    pot = _potentials(0)
+    fields = BIOFields.from_labels(LABELS)
+    with pytest.raises(ValueError, match="threshold"):
+        decode_segments(pot, fields, 1.5)
+    with pytest.raises(TypeError, match="fields"):
+        decode_segments(pot, LABELS)
+    with pytest.raises(TypeError, match="potentials"):
+        segment_log_marginals(pot.node, fields)
+    with pytest.raises(ValueError, match="labels"):
+        segment_log_marginals(pot, BIOFields(("x",), (9,), (-1,), 0))
+    with pytest.raises(ValueError, match="'O'"):
+        BIOFields.from_labels(["B-a", "I-a"])
+    with pytest.raises(ValueError, match=r"labels\[1\]"):
+        BIOFields.from_labels(["O", "X-a"])
+    with pytest.raises(ValueError, match="repeats"):
+        BIOFields.from_labels(["O", "B-a", "B-a"])
+    with pytest.raises(ValueError, match="outside"):
+        BIOFields(("a",), (1,), (-1,), 1)
+    dead = ChainPotentials(torch.full((1, 2, 7), -torch.inf, dtype=torch.float64), torch.zeros(7, 7,
+                                                                                               dtype=torch.float64))
+    with pytest.raises(ValueError, match="no labelling"):
+        segment_log_marginals(dead, fields)
