@@ -17,7 +17,8 @@ more likely than not).  For Proposition 1's MRF ``theta - grad L(mu*)`` (``Solut
 marginals are ``mu*``, it decodes a non-local model's solution.
 
 ``P(s)`` comes from a forward-backward pass in log space, exact to rounding with ``-inf`` potentials, for every
-start and end at once: ``O(B N C^2 + B F N^2)`` time, ``B F N^2`` memory (taken in chunks of the batch).
+start and end at once: ``O(B N C^2 + B F N^2)`` time; the result holds ``B F N^2`` entries, the pass's
+intermediates are taken in chunks of the batch.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def segment_log_marginals(potentials: PairwisePotentials, fields: BIOFields) -> 
         width = int(lengths[rows].max())
         sub_node = node[rows, :width]
         sub_node = torch.cat([sub_node, sub_node.new_full((*sub_node.shape[:2], 1), -torch.inf)], -1)
-        edge = potentials.edge[..., : c, : c]
+        edge = potentials.edge
         edge = edge.expand(sub_node.shape[0], n - 1, c, c) if potentials.shared_edge else edge[rows]
         sub_edge = edge.new_full((sub_node.shape[0], width - 1, c + 1, c + 1), -torch.inf)
         sub_edge[:, :, :c, :c] = edge[:, : width - 1]

@@ -144,3 +144,18 @@ def test_bad_arguments_are_named():
                                                                                                dtype=torch.float64))
     with pytest.raises(ValueError, match="no labelling"):
         segment_log_marginals(dead, fields)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_accelerator_agrees_with_the_cpu(accelerator, dtype):
+    """Segment posteriors and decodings on the accelerator (skipped without CUDA; ``BETHEPROJ_TEST_DEVICE=cpu``
+    runs it on the CPU)."""
+    from tests.devices import agree
+
+    pot = _potentials(5, dtype=dtype)
+    fields = BIOFields.from_labels(LABELS)
+    dev_pot = ChainPotentials(pot.node.to(accelerator), pot.edge.to(accelerator), pot.lengths.to(accelerator))
+    tol = {"atol": 1e-12, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 1e-5, "rtol": 1e-5}
+    agree(segment_log_marginals(pot, fields), segment_log_marginals(dev_pot, fields), accelerator, **tol)
+    for threshold in (0.2, 0.5):
+        agree(decode_segments(pot, fields, threshold), decode_segments(dev_pot, fields, threshold), accelerator)
