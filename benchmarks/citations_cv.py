@@ -18,6 +18,9 @@ the minibatch order). The base CRF is the saved one throughout.
 --cross-fit K``): each half's ``c`` is learned twice, on the half alone and on the half pooled with the 1,457
 held-out training citations (:func:`cross_fit_potentials`, computed once, with the saved run's seed; 5 base CRFs,
 about 10 min), and both F1s are printed.
+
+``--mbr T`` scores the held-out halves decoded for segment F1 as well (the segments more probable than ``T``,
+:func:`betheproj.inference.decode_segments`, as the run's ``non-local, MBR`` row decodes), beside Proposition 1's MAP.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import time
 import torch
 from _common import distinct, run, seed_int
 
-from betheproj.cli import int_type
+from betheproj.cli import _unit_float, int_type
 from betheproj.data.citations import load_citations
 from betheproj.experiments.citations import (
     constraint_model,
@@ -41,6 +44,7 @@ from betheproj.experiments.citations import (
     nonlocal_predictor,
     templates,
 )
+from betheproj.inference import BIOFields, decode_segments
 from betheproj.learning.metrics import segment_f1
 
 
@@ -72,6 +76,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=seed_int, nargs="+", default=[0])
     parser.add_argument("--cross-fit", type=int_type(2), default=0, metavar="K",
                         help="also learn each half's c with the training split's K-fold cross-fitted potentials")
+    parser.add_argument("--mbr", type=_unit_float, default=None, metavar="T",
+                        help="also score the halves decoded for segment F1 at threshold T")
     args = parser.parse_args()
     distinct(parser, "--seeds", args.seeds)
     try:
@@ -94,29 +100,40 @@ def main() -> None:
                                                          index.encode(data["train"]))}
         print(f"cross-fitted potentials of {len(data['train'])} training citations "
               f"({time.perf_counter() - start:.0f} s)")
-    scores: dict[str, list[float]] = {way: [] for way in ways}
+    decoders = {"": None} if args.mbr is None else {"MAP": None, f"MBR {args.mbr:g}": args.mbr}
+    fields = BIOFields.from_labels(index.labels)
+    scores: dict[str, list[float]] = {f"{way}{', ' if way and d else ''}{d}": [] for way in ways for d in decoders}
     for seed in args.seeds:
         seeded = dataclasses.replace(config, seed=seed)
         perm = torch.randperm(len(dev), generator=torch.Generator().manual_seed(seed))
         halves = (perm[: len(dev) // 2], perm[len(dev) // 2:])
         for way, pool in ways.items():
             start = time.perf_counter()
-            gold, pred, each = [], [], []
+            gold: list = []
+            pred: dict[str, list] = {d: [] for d in decoders}
+            each: dict[str, list[float]] = {d: [] for d in decoders}
             for fit, tag in (halves, halves[::-1]):
                 if pool is None:
                     learn_weights(model, (x[fit], y[fit], n[fit]), config, seed=seed)
                 else:
                     learn_pooled_weights(model, pool[0], pool[1], (x[fit], y[fit], n[fit]), seeded)
                 held = [dev[i] for i in tag.tolist()]
-                tagged = f1_of(nonlocal_predictor(model, config.test_iters[-1]), index, held,
-                               (x[tag], y[tag], n[tag]))
-                pred += tagged[1]
                 gold += [c.labels for c in held]
-                each.append(tagged[0])
-            scores[way].append(100 * segment_f1(gold, pred).f1)
-            halves_text = " / ".join(f"{f:.2f}" for f in each)
-            print(f"seed {seed}{f', {way}' if way else ''}: 2-fold CV F1 in dev {scores[way][-1]:.2f} (the halves "
-                  f"{halves_text}; {time.perf_counter() - start:.0f} s)")
+                for d, threshold in decoders.items():
+                    if threshold is None:
+                        predictor = nonlocal_predictor(model, config.test_iters[-1])
+                    else:
+                        def predictor(xs, ns, t=threshold):
+                            return decode_segments(model.infer(xs, ns, config.test_iters[-1]).potentials, fields, t)
+                    tagged = f1_of(predictor, index, held, (x[tag], y[tag], n[tag]))
+                    pred[d] += tagged[1]
+                    each[d].append(tagged[0])
+            for d in decoders:
+                key = f"{way}{', ' if way and d else ''}{d}"
+                scores[key].append(100 * segment_f1(gold, pred[d]).f1)
+                halves_text = " / ".join(f"{f:.2f}" for f in each[d])
+                print(f"seed {seed}{f', {key}' if key else ''}: 2-fold CV F1 in dev {scores[key][-1]:.2f} (the "
+                      f"halves {halves_text}; {time.perf_counter() - start:.0f} s)")
     settings = ", ".join(f"{k}={v}" for k, v in args.set) or "the saved run's settings"
     for way, got in scores.items():
         print(f"{settings}{f', {way}' if way else ''}: mean {sum(got) / len(got):.2f} over seeds {args.seeds}")
