@@ -16,9 +16,11 @@ simply those with ``P(s) > lambda`` (two overlapping segments are exclusive even
 more likely than not).  For Proposition 1's MRF ``theta - grad L(mu*)`` (``Solution.potentials``), whose
 marginals are ``mu*``, it decodes a non-local model's solution.
 
-``P(s)`` comes from a forward-backward pass in log space, exact to rounding with ``-inf`` potentials, for every
-start and end at once: ``O(B N C^2 + B F N^2)`` time; the result holds ``B F N^2`` entries, the pass's
-intermediates are taken in chunks of the batch.
+``P(s)`` comes from one forward-backward pass for every start and end at once, its sums over labels done as matrix
+products in probability space and redone in log space wherever a term may have underflowed, so it is exact to
+rounding with ``-inf`` potentials and gaps of any size: ``O(B N C^2 + B F N^2)`` time; the result holds ``B F N^2``
+entries, the pass's intermediates are taken in chunks of the batch.  ``python benchmarks/segments.py`` measures it
+against Viterbi on the citation experiment's size.
 """
 
 from __future__ import annotations
@@ -103,54 +105,89 @@ def _check(potentials: object, fields: object) -> None:
         raise ValueError(f"fields name label {top}, but the potentials have {c} labels")
 
 
+def _lse_product(x: Tensor, m: Tensor) -> Tensor:
+    """``log sum_k exp(x[r, k] + m[(r,) k, j])`` [R, J] for ``x`` [R, K] and ``m`` [K, J] or [R, K, J], exact to
+    rounding.  A matrix product in probability space, shifted by the rows' and columns' maxima; a term that
+    underflowed there is below ``tiny``, so a sum of at least ``K tiny / eps`` has lost nothing beyond rounding, and
+    the rows with a smaller (or zero) sum are done again in log space (log-potential gaps beyond ~700 nats in float64,
+    ~87 in float32, and forbidden parts: a sum of ``-inf`` terms only)."""
+    x_max, m_max = x.amax(-1, keepdim=True), m.amax(-2, keepdim=True)
+    # a row of x or a column of m that is all -inf gives exact zeros (-inf), not lost ones
+    x_live, m_live = torch.isfinite(x_max), torch.isfinite(m_max)
+    x_max, m_max = torch.where(x_live, x_max, 0.0), torch.where(m_live, m_max, 0.0)
+    px, pm = torch.exp(x - x_max), torch.exp(m - m_max)
+    total = px @ pm if m.dim() == 2 else (px.unsqueeze(-2) @ pm).squeeze(-2)
+    out = torch.log(total) + x_max + m_max.squeeze(-2)
+    info = torch.finfo(x.dtype)
+    small = ~(total >= x.shape[-1] * info.tiny / info.eps) & x_live & m_live.squeeze(-2)
+    redo = small.any(-1).nonzero().flatten()
+    if redo.numel():
+        sub = m if m.dim() == 2 else m[redo]
+        out[redo] = torch.logsumexp(x[redo, :, None] + sub, -2)
+    return out
+
+
 def _forward_backward(node: Tensor, edge: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``log alpha`` [B, N, C] (node scores up to and including ``t``), ``log beta`` [B, N, C] (after ``t``; 0 at
-    each example's last position and beyond), ``log Z`` [B]; ``edge`` [B, N-1, C, C]."""
+    each example's last position and beyond), ``log Z`` [B]; ``edge`` [C, C] or [B, N-1, C, C]."""
     b, n, _ = node.shape
+    shared = edge.dim() == 2
     alpha = torch.empty_like(node)
     alpha[:, 0] = node[:, 0]
     for t in range(1, n):
-        alpha[:, t] = node[:, t] + torch.logsumexp(alpha[:, t - 1, :, None] + edge[:, t - 1], 1)
+        alpha[:, t] = node[:, t] + _lse_product(alpha[:, t - 1], edge if shared else edge[:, t - 1])
     beta = torch.zeros_like(node)
     for t in range(n - 2, -1, -1):
-        nxt = torch.logsumexp(edge[:, t] + (node[:, t + 1] + beta[:, t + 1])[:, None, :], 2)
+        nxt = _lse_product(node[:, t + 1] + beta[:, t + 1], (edge if shared else edge[:, t]).transpose(-1, -2))
         beta[:, t] = torch.where((t < lengths - 1)[:, None], nxt, 0.0)
     log_z = torch.logsumexp(alpha[torch.arange(b, device=node.device), lengths - 1], -1)
     return alpha, beta, log_z
 
 
 def _chunk(node: Tensor, edge: Tensor, lengths: Tensor, begin: Tensor, inside: Tensor) -> Tensor:
-    """:func:`segment_log_marginals` of one chunk; ``node`` and ``edge`` [B, N-1, C+1, C+1] carry one more label,
-    of score ``-inf``, that stands for a missing begin or inside label."""
+    """:func:`segment_log_marginals` of one chunk; ``node`` [B, N, C+1] and ``edge`` ([C+1, C+1] or
+    [B, N-1, C+1, C+1]) carry one more label, of score ``-inf``, that stands for a missing begin or inside label."""
     b, n, c = node.shape
     f = begin.numel()
     device, ninf = node.device, -torch.inf
+    shared = edge.dim() == 2
     alpha, beta, log_z = _forward_backward(node, edge, lengths)
     if not bool(torch.isfinite(log_z).all()):
         bad = (~torch.isfinite(log_z)).nonzero().flatten().tolist()
         raise ValueError(f"potentials give examples {bad[:10]} no labelling of finite score")
     ar = torch.arange(f, device=device)
-    not_inside = torch.ones(f, c, dtype=torch.bool, device=device)
-    not_inside[ar, inside] = False
-    after = (node[:, 1:] + beta[:, 1:])[:, :, None, :]                     # [B, N-1, 1, C]
+    is_inside = torch.zeros(f, c, dtype=torch.bool, device=device)
+    is_inside[ar, inside] = True
+    after = (node[:, 1:] + beta[:, 1:]).reshape(b * (n - 1), c)           # [B (N-1), C]
     last = torch.arange(n, device=device)[None, :] == (lengths - 1)[:, None]
 
+    def rows_then_fields(table: Tensor) -> Tensor:
+        """[F, C] (shared) or [B, N-1, F, C] as the [C, F] or [B (N-1), C, F] factor of :func:`_lse_product`."""
+        return table.t() if shared else table.transpose(-1, -2).reshape(b * (n - 1), c, f)
+
     def leave(label: Tensor) -> Tensor:
-        """[B, F, N]: log P(the next label is not the field's I- | ``label`` at t), up to beta: 0 at the end."""
-        out = torch.logsumexp((edge[:, :, label, :] + after).masked_fill(~not_inside, ninf), -1).transpose(1, 2)
+        """[B, F, N]: log of the mass that follows ``label`` at t with any label but the field's I- (relative to
+        ``alpha``; 0 at each example's last position)."""
+        rows = (edge[label] if shared else edge[:, :, label]).masked_fill(is_inside, ninf)
+        out = _lse_product(after, rows_then_fields(rows)).reshape(b, n - 1, f).transpose(1, 2)
         out = torch.cat([out, out.new_zeros(b, f, 1)], -1)
         return torch.where(last[:, None, :], 0.0, out)
 
+    def pair(first: Tensor, second: Tensor) -> Tensor:
+        """[B, F, N-1]: the edge scores ``(first_f at t, second_f at t+1)``."""
+        if shared:
+            return edge[first, second][None, :, None].expand(b, f, n - 1)
+        return edge[:, :, first, second].transpose(1, 2)
+
     node_in = node[:, :, inside].transpose(1, 2)                           # [B, F, N]
-    to_in = edge[:, :, begin, inside].transpose(1, 2)                      # [B, F, N-1]: B- at t, I- at t+1
-    stay_in = edge[:, :, inside, inside].transpose(1, 2)
+    to_in, stay_in = pair(begin, inside), pair(inside, inside)             # B- at t, I- at t+1; I- at both
     open_b = alpha[:, :, begin].transpose(1, 2) - log_z[:, None, None]     # [B, F, N]
     # an I- opens a segment after any label but its field's own two (or at the start)
-    others = torch.ones(f, c, dtype=torch.bool, device=device)
-    others[ar, begin] = False
-    others[ar, inside] = False
-    into = (alpha[:, :-1, :, None] + edge[:, :, :, inside]).masked_fill(~others.t()[None, None], ninf)
-    open_i = torch.cat([node.new_zeros(b, f, 1), torch.logsumexp(into, 2).transpose(1, 2)], -1) + node_in
+    own = is_inside.clone()
+    own[ar, begin] = True
+    cols = (edge[:, inside].t() if shared else edge[:, :, :, inside].transpose(-1, -2)).masked_fill(own, ninf)
+    into = _lse_product(alpha[:, :-1].reshape(b * (n - 1), c), rows_then_fields(cols))
+    open_i = torch.cat([node.new_zeros(b, f, 1), into.reshape(b, n - 1, f).transpose(1, 2)], -1) + node_in
     open_i = open_i - log_z[:, None, None]
     out = node.new_full((b, f, n, n), ninf)
     idx = torch.arange(n, device=device)
@@ -185,10 +222,12 @@ def segment_log_marginals(potentials: PairwisePotentials, fields: BIOFields) -> 
         width = int(lengths[rows].max())
         sub_node = node[rows, :width]
         sub_node = torch.cat([sub_node, sub_node.new_full((*sub_node.shape[:2], 1), -torch.inf)], -1)
-        edge = potentials.edge
-        edge = edge.expand(sub_node.shape[0], n - 1, c, c) if potentials.shared_edge else edge[rows]
-        sub_edge = edge.new_full((sub_node.shape[0], width - 1, c + 1, c + 1), -torch.inf)
-        sub_edge[:, :, :c, :c] = edge[:, : width - 1]
+        if potentials.shared_edge:
+            sub_edge = potentials.edge.new_full((c + 1, c + 1), -torch.inf)
+            sub_edge[:c, :c] = potentials.edge
+        else:
+            sub_edge = potentials.edge.new_full((sub_node.shape[0], width - 1, c + 1, c + 1), -torch.inf)
+            sub_edge[:, :, :c, :c] = potentials.edge[rows, : width - 1]
         part = _chunk(sub_node, sub_edge, lengths[rows], begin, inside)
         out[rows] = -torch.inf
         out[rows, :, :width, :width] = part
@@ -202,7 +241,15 @@ def decode_segments(potentials: PairwisePotentials, fields: BIOFields, threshold
     would read as one, so the decoder never chooses them).  ``threshold`` in [0, 1]: a segment is worth
     predicting when it is more probable than that (``1/2``: every segment more likely than not)."""
     threshold = check_real("threshold", threshold, 0.0, 1.0)
-    return best_segments(segment_log_marginals(potentials, fields), potentials.lengths, fields, threshold)
+    _check(potentials, fields)
+    b, n, _ = potentials.node.shape
+    labels = torch.full((b, n), -1, dtype=torch.long, device=potentials.node.device)
+    step = max(1, _CHUNK_ENTRIES // max(1, len(fields.names) * n * n))      # bounded memory: chunks of the batch
+    for lo in range(0, b, step):
+        rows = torch.arange(lo, min(b, lo + step), device=potentials.node.device)
+        part = potentials.index(rows)
+        labels[rows] = best_segments(segment_log_marginals(part, fields), part.lengths, fields, threshold)
+    return labels
 
 
 def best_segments(log_marginals: Tensor, lengths: Tensor, fields: BIOFields, threshold: float = 0.5) -> Tensor:

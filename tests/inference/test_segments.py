@@ -116,9 +116,10 @@ def test_chunks_give_the_batch_result(monkeypatch):
     import betheproj.inference.segments as segments
     pot = _potentials(4)
     fields = BIOFields.from_labels(LABELS)
-    whole = segment_log_marginals(pot, fields)
+    whole, labels = segment_log_marginals(pot, fields), decode_segments(pot, fields, 0.3)
     monkeypatch.setattr(segments, "_CHUNK_ENTRIES", 1)
     torch.testing.assert_close(segment_log_marginals(pot, fields), whole, rtol=0, atol=0)
+    assert torch.equal(decode_segments(pot, fields, 0.3), labels)
 
 
 def test_bad_arguments_are_named():
@@ -159,3 +160,50 @@ def test_accelerator_agrees_with_the_cpu(accelerator, dtype):
     agree(segment_log_marginals(pot, fields), segment_log_marginals(dev_pot, fields), accelerator, **tol)
     for threshold in (0.2, 0.5):
         agree(decode_segments(pot, fields, threshold), decode_segments(dev_pot, fields, threshold), accelerator)
+
+
+def test_log_space_products_are_exact_where_terms_underflow():
+    from betheproj.inference.segments import _lse_product
+
+    # the largest term of x meets a forbidden entry; the one left is e^-1000 below it: a plain product loses it
+    x = torch.tensor([[0.0, -1000.0]], dtype=torch.float64)
+    m = torch.tensor([[-torch.inf, 1.0], [0.0, 2.0]], dtype=torch.float64)
+    torch.testing.assert_close(_lse_product(x, m), torch.tensor([[-1000.0, 1.0]], dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    for dtype, scale in ((torch.float64, 400.0), (torch.float32, 60.0)):
+        x = torch.randn(50, 7, generator=g, dtype=torch.float64) * scale
+        m = torch.randn(7, 5, generator=g, dtype=torch.float64) * scale
+        m[torch.rand(7, 5, generator=g) < 0.4] = -torch.inf
+        x[3] = -torch.inf                                      # a row of -inf: exact -inf out
+        mb = torch.randn(50, 7, 5, generator=g, dtype=torch.float64) * scale
+        for table in (m, mb):
+            want = torch.logsumexp(x[:, :, None] + table, -2)
+            got = _lse_product(x.to(dtype), table.to(dtype)).double()
+            assert torch.equal(torch.isinf(got), torch.isinf(want))
+            fin = torch.isfinite(want)
+            torch.testing.assert_close(got[fin], want[fin], rtol=1e-12 if dtype == torch.float64 else 1e-5,
+                                       atol=0.0)
+
+
+def test_segment_marginals_with_huge_gaps_match_enumeration():
+    pot = _potentials(6, scale=300.0)                          # gaps of hundreds of nats: exp underflows
+    fields = BIOFields.from_labels(LABELS)
+    log_p = segment_log_marginals(pot, fields)
+    for i, table in enumerate(_enumerate(pot, fields)):
+        want = torch.zeros(4, 5, 5, dtype=torch.float64)
+        for _, segs, q in table:
+            for k, s, t in segs:
+                want[k, s, t] += q
+        torch.testing.assert_close(log_p[i].exp(), want, rtol=1e-9, atol=1e-300)
+
+
+def test_chains_of_one_token():
+    pot = ChainPotentials(torch.randn(3, 1, len(LABELS), dtype=torch.float64), torch.zeros(len(LABELS), len(LABELS),
+                                                                                          dtype=torch.float64))
+    fields = BIOFields.from_labels(LABELS)
+    p = segment_log_marginals(pot, fields).exp()[:, :, 0, 0]
+    mu = torch.softmax(pot.node[:, 0], -1)
+    for k in range(len(fields.names)):                         # the token opens a segment with its B- or its I-
+        want = sum(mu[:, i] for i in (fields.begin[k], fields.inside[k]) if i >= 0)
+        torch.testing.assert_close(p[:, k], want)
+    assert decode_segments(pot, fields, 0.5).shape == (3, 1)
