@@ -39,6 +39,15 @@ def _enumerate(pot: ChainPotentials, fields: BIOFields):
     return out
 
 
+def _segment_table(table) -> torch.Tensor:
+    """[F, N, N]: each segment's probability, summed over the enumerated labellings that hold it."""
+    want = torch.zeros(4, 5, 5, dtype=torch.float64)
+    for _, segs, q in table:
+        for k, s, t in segs:
+            want[k, s, t] += q
+    return want
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_segment_marginals_match_enumeration(shared):
     pot = _potentials(0, shared)
@@ -46,11 +55,7 @@ def test_segment_marginals_match_enumeration(shared):
     log_p = segment_log_marginals(pot, fields)
     assert log_p.shape == (4, 4, 5, 5)
     for i, table in enumerate(_enumerate(pot, fields)):
-        want = torch.zeros(4, 5, 5, dtype=torch.float64)
-        for _, segs, q in table:
-            for k, s, t in segs:
-                want[k, s, t] += q
-        torch.testing.assert_close(log_p[i].exp(), want, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(log_p[i].exp(), _segment_table(table), rtol=1e-12, atol=1e-14)
         n = int(pot.lengths[i])
         assert bool(torch.isneginf(log_p[i, :, n:]).all()) and bool(torch.isneginf(log_p[i, :, :, n:]).all())
 
@@ -190,11 +195,7 @@ def test_segment_marginals_with_huge_gaps_match_enumeration():
     fields = BIOFields.from_labels(LABELS)
     log_p = segment_log_marginals(pot, fields)
     for i, table in enumerate(_enumerate(pot, fields)):
-        want = torch.zeros(4, 5, 5, dtype=torch.float64)
-        for _, segs, q in table:
-            for k, s, t in segs:
-                want[k, s, t] += q
-        torch.testing.assert_close(log_p[i].exp(), want, rtol=1e-9, atol=1e-300)
+        torch.testing.assert_close(log_p[i].exp(), _segment_table(table), rtol=1e-9, atol=1e-300)
 
 
 def test_chains_of_one_token():
