@@ -187,6 +187,18 @@ def test_small_run_and_cli(tmp_path, capsys):
     assert len(mbr) == 4 and parse_citation(mbr[0]).tokens == data["test"][1].tokens and "<" in mbr[0]
     assert citations.tag_strings([untokenised], *citations.load_model(tmp_path / "model.pt"),
                                  mbr_threshold=1.0) == [" ".join(tokenize_citation(untokenised))]
+    # --mbr alone: the threshold dev chose, read off the run's results.json in --out
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr", "--quiet"]) == 0
+    chosen = citations.tag_strings(raw.read_text().split("\n")[:-1], *citations.load_model(tmp_path / "model.pt"),
+                                   mbr_threshold=results["rows"]["non-local, MBR"]["extra"]["threshold"])
+    assert capsys.readouterr().out.split("\n")[:-1] == chosen
+    (tmp_path / "results.json").write_text("{}")
+    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr"]) == 2
+    assert "names no segment-MBR threshold" in capsys.readouterr().err
+    (tmp_path / "results.json").unlink()
+    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr"]) == 2
+    assert "--mbr: no " in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr", "1.5"])
     assert exit_.value.code == 2 and "argument --mbr: must be a number in [0, 1], got '1.5'" in capsys.readouterr().err
