@@ -395,7 +395,7 @@ def _citations(args: argparse.Namespace) -> None:
             raise FileNotFoundError(f"--predict: expected a file of raw citations, one a line, at {source}, found "
                                     f"{'a folder' if source.is_dir() else 'none'}")
         index, model = citations.load_model(out / "model.pt")
-        if args.mbr == -1.0:                     # --mbr alone: the training run's choice
+        if args.mbr == -1.0:                     # --mbr alone (const, outside [0, 1]): the training run's choice
             args.mbr = _chosen_threshold(out / "results.json")
         if args.predict == "-":
             from ._files import read_stdin

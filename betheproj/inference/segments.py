@@ -215,7 +215,7 @@ def segment_log_marginals(potentials: PairwisePotentials, fields: BIOFields) -> 
     begin = torch.tensor([i if i >= 0 else c for i in fields.begin], device=node.device)
     inside = torch.tensor([i if i >= 0 else c for i in fields.inside], device=node.device)
     f = begin.numel()
-    out = node.new_empty(b, f, n, n)
+    out = node.new_full((b, f, n, n), -torch.inf)
     step = max(1, _CHUNK_ENTRIES // max(1, f * n * n))
     for lo in range(0, b, step):
         rows = slice(lo, min(b, lo + step))
@@ -229,7 +229,6 @@ def segment_log_marginals(potentials: PairwisePotentials, fields: BIOFields) -> 
             sub_edge = potentials.edge.new_full((sub_node.shape[0], width - 1, c + 1, c + 1), -torch.inf)
             sub_edge[:, :, :c, :c] = potentials.edge[rows, : width - 1]
         part = _chunk(sub_node, sub_edge, lengths[rows], begin, inside)
-        out[rows] = -torch.inf
         out[rows, :, :width, :width] = part
     return out
 
