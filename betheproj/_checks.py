@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 __all__ = ["check_bool", "check_count", "check_device", "check_float_dtype", "check_int", "check_log",
-           "check_nonnegative", "check_positive", "check_real", "check_seed"]
+           "check_nonnegative", "check_positive", "check_real", "check_seed", "is_bio_label"]
 
 SEED_MAX = 2 ** 63 - 1          # the seeds of the command line; torch wraps larger ones, NumPy counts in int64
 
@@ -137,3 +137,12 @@ def check_float_dtype(name: str, value: object) -> torch.dtype:
     if value not in (torch.float32, torch.float64):
         raise TypeError(f"{name} must be torch.float32 or torch.float64, got {value!r}")
     return value  # type: ignore[return-value]
+
+
+def is_bio_label(label: object) -> bool:
+    """Whether ``label`` is a BIO label: ``"O"``, or ``"B-<type>"`` / ``"I-<type>"`` with a non-empty type (the
+    reader, the feature index and the segment decoder all check labels this way)."""
+    if not isinstance(label, str):
+        return False
+    tag, _, name = label.partition("-")
+    return label == "O" or (tag in ("B", "I") and bool(name))

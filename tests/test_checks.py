@@ -85,3 +85,15 @@ def test_iteration_axes_take_numpy_and_tensor_ints_as_python_ints():
     for bad in ([], (3, 3), [0, 1], [1, 2.0], [True, 2], [np.bool_(True), 2], np.arange(1, 4), "12", [1, None]):
         with pytest.raises(ValueError, match="test_iters must be strictly increasing positive iteration counts"):
             check_increasing_counts("test_iters", bad)
+
+
+def test_is_bio_label_is_the_one_check_of_the_reader_the_index_and_the_decoder():
+    from betheproj._checks import is_bio_label
+    from betheproj.inference.segments import BIOFields
+
+    for good in ("O", "B-title", "I-authors/person/person-last", "B-a-b"):
+        assert is_bio_label(good)
+    for bad in ("", "o", "B-", "I", "B", "X-title", "B_title", " O", None, 3, b"O"):
+        assert not is_bio_label(bad)
+        with pytest.raises(ValueError, match="is not a BIO label"):
+            BIOFields.from_labels(["O", "B-title", bad])

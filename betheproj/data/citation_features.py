@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._checks import check_count
-from .citations import Citation, _check_strings, _is_bio_label, bio_segments, check_citations
+from .._checks import check_count, is_bio_label
+from .citations import Citation, _check_strings, bio_segments, check_citations
 
 __all__ = ["token_features", "FeatureIndex"]
 
@@ -122,7 +122,7 @@ class FeatureIndex:
             labels = list(labels)
             if len(set(labels)) != len(labels):
                 raise ValueError("labels must be distinct (one id each)")
-            bad = next((y for y in labels if not _is_bio_label(y)), None)
+            bad = next((y for y in labels if not is_bio_label(y)), None)
             if bad is not None:
                 raise ValueError(f"labels must be 'O', 'B-<type>' or 'I-<type>', got {bad!r}")
             missing = sorted(seen - set(labels))
@@ -170,7 +170,7 @@ class FeatureIndex:
                 raise ValueError(f"labels must hold 'O', got {obj.labels[:5]}")
             if len(set(obj.labels)) != len(obj.labels) or not all(isinstance(y, str) for y in obj.labels):
                 raise ValueError(f"labels must be distinct strings (one id each), got {obj.labels[:5]}...")
-            bad = next((y for y in obj.labels if not _is_bio_label(y)), None)
+            bad = next((y for y in obj.labels if not is_bio_label(y)), None)
             if bad is not None:                       # else tagging failed later, naming no file
                 raise ValueError(f"labels must be 'O', 'B-<type>' or 'I-<type>', got {bad!r}")
             if sorted(obj.features.values()) != list(range(1, len(obj.features) + 1)):   # the weight table's rows

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._checks import is_bio_label
+
 __all__ = ["Citation", "parse_citation", "read_citations", "load_citations", "tokenize_citation", "escape_tags",
            "is_tag_name", "citation_file", "citation_lines", "check_citations", "SPLITS"]
 
@@ -53,12 +55,6 @@ class Citation:
         return bio_segments(self.labels)
 
 
-def _is_bio_label(label: str) -> bool:
-    """``"O"``, or ``"B-type"`` / ``"I-type"`` with a non-empty type."""
-    tag, _, name = label.partition("-")
-    return label == "O" or (tag in ("B", "I") and bool(name))
-
-
 def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
     """Spans ``(type, start, end)`` of a BIO sequence; an ``I-`` that does not continue its type starts a span.
     Every label must be ``"O"`` or ``"B-type"`` / ``"I-type"`` (a non-empty type); anything else is a ValueError."""
@@ -69,7 +65,7 @@ def bio_segments(labels: list[str]) -> list[tuple[str, int, int]]:
     for i, label in enumerate([*labels, "O"]):
         if not isinstance(label, str):
             raise TypeError(f"labels[{i}] must be a str, got {type(label).__name__} {label!r}")
-        if not _is_bio_label(label):
+        if not is_bio_label(label):
             raise ValueError(f"labels[{i}] = {label!r} is not a BIO label: expected 'O', 'B-<type>' or 'I-<type>'")
         tag, _, name = label.partition("-")
         if label == "O" or tag == "B" or name != kind:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._checks import check_real
+from .._checks import check_real, is_bio_label
 from ..oracles.base import PairwisePotentials
 
 __all__ = ["BIOFields", "segment_log_marginals", "decode_segments", "best_segments"]
@@ -77,8 +77,7 @@ class BIOFields:
             raise TypeError(f"labels must be a sequence of label names, got {type(labels).__name__}")
         ids: dict[str, int] = {}
         for i, label in enumerate(labels):
-            tag, _, name = label.partition("-") if isinstance(label, str) else ("", "", "")
-            if not (label == "O" or (tag in ("B", "I") and name)):
+            if not is_bio_label(label):
                 raise ValueError(f"labels[{i}] = {label!r} is not a BIO label: expected 'O', 'B-<field>' or "
                                  "'I-<field>'")
             if label in ids:
