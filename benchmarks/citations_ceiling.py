@@ -38,7 +38,7 @@ def main() -> None:
     if args.dev_halves < 0:
         parser.error(f"--dev-halves must be >= 0, got {args.dev_halves}")
     try:
-        index, model, config = load_run(args.model)
+        index, model, config, _ = load_run(args.model)
     except FileNotFoundError as error:
         parser.error(f"--model: {error}")
     data = load_citations(args.data)

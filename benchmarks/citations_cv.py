@@ -81,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     distinct(parser, "--seeds", args.seeds)
     try:
-        index, saved_model, saved = load_run(args.model)
+        index, saved_model, saved, _ = load_run(args.model)
     except FileNotFoundError as error:
         parser.error(f"--model: {error}")
     config = dataclasses.replace(saved, **dict(args.set))

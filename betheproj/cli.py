@@ -111,8 +111,8 @@ def _parser() -> argparse.ArgumentParser:
                           "in --out; prints nested tags")
     cit.add_argument("--mbr", type=_unit_float, nargs="?", const=-1.0, default=None, metavar="T",
                      help="with --predict: decode for segment F1, the segments more probable than T, instead of "
-                          "Proposition 1's MAP; without T, the threshold dev chose in the training run (its "
-                          "results.json in --out)")
+                          "Proposition 1's MAP; without T, the threshold dev chose in the training run (saved in "
+                          "--out's model.pt)")
     cit.add_argument("--quiet", action="store_true", help="no progress bars")
     cgm = sub.add_parser("cgm", help="bird-migration collective graphical model (section 8.3) on a generated instance")
     cgm.add_argument("--grid", type=int, default=10, help="G: a G x G grid of cells, s = G^4 (default 10)")
@@ -357,20 +357,6 @@ def _ocr(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(str(p) for p in written))
 
 
-def _chosen_threshold(path: os.PathLike) -> float:
-    """The segment-MBR threshold dev chose for the non-local row, read off a citations run's results.json."""
-    import json
-
-    try:
-        row = json.loads(path.read_text(encoding="utf-8"))["rows"]["non-local, MBR"]
-        return _unit_float(str(row["extra"]["threshold"]))
-    except FileNotFoundError:
-        raise ValueError(f"--mbr: no {path} to read the threshold dev chose from; give one (--mbr 0.5)") from None
-    except (ValueError, KeyError, TypeError, argparse.ArgumentTypeError):
-        raise ValueError(f"--mbr: {path} names no segment-MBR threshold (a run before those rows, or another "
-                         "file); give one (--mbr 0.5)") from None
-
-
 def _citations(args: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -394,9 +380,12 @@ def _citations(args: argparse.Namespace) -> None:
         if args.predict != "-" and (not source.exists() or source.is_dir()):   # a pipe is read like a file
             raise FileNotFoundError(f"--predict: expected a file of raw citations, one a line, at {source}, found "
                                     f"{'a folder' if source.is_dir() else 'none'}")
-        index, model = citations.load_model(out / "model.pt")
+        index, model, _, chosen = citations.load_run(out / "model.pt")
         if args.mbr == -1.0:                     # --mbr alone (const, outside [0, 1]): the training run's choice
-            args.mbr = _chosen_threshold(out / "results.json")
+            if chosen is None:
+                raise ValueError(f"--mbr: {out / 'model.pt'} holds no segment-MBR threshold (trained before it was "
+                                 "saved there, or without mbr_thresholds); give one (--mbr 0.5)")
+            args.mbr = chosen
         if args.predict == "-":
             from ._files import read_stdin
 

@@ -212,7 +212,7 @@ def tagger_stubbed(monkeypatch):
     """``citations --predict`` with no model: each input line comes back as its repr."""
     from betheproj.experiments import citations
 
-    monkeypatch.setattr(citations, "load_model", lambda path: (None, None))
+    monkeypatch.setattr(citations, "load_run", lambda path: (None, None, None, None))
     asked = []
 
     def tag_strings(lines, index, model, progress=False, mbr_threshold=None):

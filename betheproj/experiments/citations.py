@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -66,7 +67,8 @@ from ._plot import figure
 __all__ = ["PAPER", "CitationConfig", "train_baseline", "templates", "constraint_model", "learn_weights",
            "cross_fit_potentials", "learn_pooled_weights",
            "viterbi_predictor", "nonlocal_predictor", "f1_of", "mbr_f1", "run", "format_table", "plot_iterations",
-           "plot_histogram", "tag_strings", "to_nested_tags", "save_model", "load_model", "load_run"]
+           "plot_histogram", "tag_strings", "to_nested_tags", "save_model", "load_model", "load_run",
+           "SavedRun"]
 
 PAPER = {"baseline": 94.47, "non-local": 95.47, "Anzaroot et al. baseline": 94.41, "Soft-DD": 95.39}
 
@@ -143,30 +145,47 @@ def _progress_log(log: Callable[[str], None] | None, text: str) -> None:
         log(text)
 
 
+def _check_encoded(citations: Sequence[Citation], encoded: tuple[Tensor, Tensor, Tensor]) -> list[Citation]:
+    citations = check_citations(citations, empty=False)
+    bare = next((i for i, c in enumerate(citations) if not c.tokens), None)
+    if bare is not None:
+        raise ValueError(f"citations[{bare}] has no tokens: every citation scored must hold one")
+    n = encoded[2]
+    if n.tolist() != [len(c.tokens) for c in citations]:
+        raise ValueError(f"encoded must be index.encode(citations): its lengths {n.tolist()[:5]} are not the "
+                         f"citations' token counts {[len(c.tokens) for c in citations][:5]}")
+    return citations
+
+
+def _tag_all(tagger: Callable[[Tensor, Tensor], list[Tensor]], index: FeatureIndex, citations: list[Citation],
+             encoded: tuple[Tensor, Tensor, Tensor], chunk_size: int, progress: bool, desc: str
+             ) -> list[list[list[str]]]:
+    """Label names of the citations under each of the labellings ``tagger(features, lengths)`` returns for a chunk
+    ([B, N] label ids each), the citations taken in chunks of similar length."""
+    x, _, n = encoded
+    pred: list[list[list[str]]] = []
+    bar = progress_bar(len(citations), progress, desc)
+    try:
+        with torch.no_grad():
+            for idx, width in length_chunks(n, chunk_size):
+                for k, ids in enumerate(tagger(x[idx, :width], n[idx])):
+                    if k == len(pred):
+                        pred.append([[] for _ in citations])
+                    for row, i in enumerate(idx.tolist()):
+                        pred[k][i] = [index.labels[int(v)] for v in ids[row, : int(n[i])]]
+                bar.update(len(idx))
+    finally:
+        bar.close()
+    return pred
+
+
 def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citations: Sequence[Citation],
           encoded: tuple[Tensor, Tensor, Tensor], chunk_size: int = 256, progress: bool = False,
           desc: str = "tagging") -> tuple[float, list[list[str]]]:
     """Segment F1 (%) of ``model(features, lengths) -> label ids`` on ``citations``, and the predicted labels
     (``progress``: a bar over the citations, labelled ``desc``)."""
-    citations = check_citations(citations, empty=False)
-    bare = next((i for i, c in enumerate(citations) if not c.tokens), None)
-    if bare is not None:
-        raise ValueError(f"citations[{bare}] has no tokens: every citation scored must hold one")
-    x, _, n = encoded
-    if n.tolist() != [len(c.tokens) for c in citations]:
-        raise ValueError(f"encoded must be index.encode(citations): its lengths {n.tolist()[:5]} are not the "
-                         f"citations' token counts {[len(c.tokens) for c in citations][:5]}")
-    pred: list[list[str]] = [[] for _ in citations]
-    bar = progress_bar(len(citations), progress, desc)
-    try:
-        with torch.no_grad():
-            for idx, width in length_chunks(n, chunk_size):
-                ids = model(x[idx, :width], n[idx])
-                for row, i in enumerate(idx.tolist()):
-                    pred[i] = [index.labels[int(v)] for v in ids[row, : int(n[i])]]
-                bar.update(len(idx))
-    finally:
-        bar.close()
+    citations = _check_encoded(citations, encoded)
+    pred = _tag_all(lambda x, n: [model(x, n)], index, citations, encoded, chunk_size, progress, desc)[0]
     return 100 * segment_f1([c.labels for c in citations], pred).f1, pred
 
 
@@ -176,25 +195,17 @@ def mbr_f1(potentials_of: Callable[[Tensor, Tensor], PairwisePotentials], index:
     """Segment F1 (%) on ``citations`` of :func:`~betheproj.inference.segments.best_segments` at each of
     ``thresholds``, in the MRF ``potentials_of(features, lengths)`` (the base's ``theta``, or a solution's
     ``theta - grad L(mu*)``); the segment posteriors are computed once for all thresholds."""
-    citations = check_citations(citations, empty=False)
+    citations = _check_encoded(citations, encoded)
     fields = BIOFields.from_labels(index.labels)
-    x, _, n = encoded
-    if n.tolist() != [len(c.tokens) for c in citations]:
-        raise ValueError("encoded must be index.encode(citations): its lengths are not the citations' token counts")
-    pred: list[list[list[str]]] = [[[] for _ in citations] for _ in thresholds]
-    bar = progress_bar(len(citations), progress, desc)
-    try:
-        with torch.no_grad():
-            for idx, width in length_chunks(n, chunk_size):
-                pot = potentials_of(x[idx, :width], n[idx])
-                log_p = segment_log_marginals(pot, fields)
-                for k, threshold in enumerate(thresholds):
-                    ids = best_segments(log_p, pot.lengths, fields, threshold)
-                    for row, i in enumerate(idx.tolist()):
-                        pred[k][i] = [index.labels[int(v)] for v in ids[row, : int(n[i])]]
-                bar.update(len(idx))
-    finally:
-        bar.close()
+    if not thresholds:
+        raise ValueError("thresholds must hold at least one threshold")
+
+    def tagger(x: Tensor, n: Tensor) -> list[Tensor]:
+        pot = potentials_of(x, n)
+        log_p = segment_log_marginals(pot, fields)
+        return [best_segments(log_p, pot.lengths, fields, threshold) for threshold in thresholds]
+
+    pred = _tag_all(tagger, index, citations, encoded, chunk_size, progress, desc)
     gold = [c.labels for c in citations]
     return [100 * segment_f1(gold, p).f1 for p in pred]
 
@@ -450,7 +461,9 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     _progress_log(log, f"non-local: dev {rows['non-local'].dev:.2f} test {rows['non-local'].test:.2f}; "
                        f"{len(active)} of {len(names)} constraints with c_j > 0")
     if save is not None:
-        save_model(save, index, model, constraints, config, order, formats)
+        chosen = rows.get("non-local, MBR")
+        save_model(save, index, model, constraints, config, order, formats,
+                   mbr_threshold=None if chosen is None else chosen.extra["threshold"])
     return {
         "rows": {k: asdict(v) for k, v in rows.items()},
         "paper": PAPER,
@@ -589,11 +602,15 @@ def _check_index(index: FeatureIndex, model: NonLocalCRF, what: str) -> None:
 
 def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constraints: Constraints,
                config: CitationConfig, order: OrderConstraints | None = None,
-               formats: BigramExclusions | None = None) -> None:
+               formats: BigramExclusions | None = None, mbr_threshold: float | None = None) -> None:
     """Write everything :func:`load_model` needs to tag new citations (``OSError`` naming ``path`` when it cannot be
     written).  ``index``, ``constraints``, ``order`` and ``formats`` must be those ``model`` was built with (its
-    features, labels and one weight per template), or the file would not load: a ValueError here."""
+    features, labels and one weight per template), or the file would not load: a ValueError here.
+    ``mbr_threshold``: the segment-MBR threshold dev chose for the non-local row (:func:`run` saves it), which
+    ``betheproj citations --predict FILE --mbr`` decodes with."""
     _check_index(index, model, "save")
+    if mbr_threshold is not None:
+        mbr_threshold = check_real("mbr_threshold", mbr_threshold, 0.0, 1.0)
     templates_ = len(constraints) + len(order or []) + len(formats or [])
     weights, labels = model.psi.value.shape[-1], model.theta.bias.shape[0]
     if constraints.a.shape[-1] != labels or weights != templates_:
@@ -601,7 +618,7 @@ def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constr
                          f"give {templates_} over {constraints.a.shape[-1]}: pass the templates the model was built "
                          "with (order and formats too)")
     state = {"index": index.state(), "model": model.state_dict(), "a": constraints.a, "b": constraints.b,
-             "names": constraints.names, "config": asdict(config)}
+             "names": constraints.names, "config": asdict(config), "mbr_threshold": mbr_threshold}
     if order is not None:
         state["order"] = asdict(order)
     if formats is not None:
@@ -609,14 +626,24 @@ def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constr
     torch_save(state, path)
 
 
+class SavedRun(NamedTuple):
+    """What :func:`save_model` wrote: the feature index, the non-local model, the settings it was trained with and
+    the segment-MBR threshold dev chose (``None``: a file written without one)."""
+
+    index: FeatureIndex
+    model: NonLocalCRF
+    config: CitationConfig
+    mbr_threshold: float | None
+
+
 def load_model(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF]:
     """The feature index and the non-local model written by :func:`save_model`."""
-    index, model, _ = load_run(path)
-    return index, model
+    saved = load_run(path)
+    return saved.index, saved.model
 
 
-def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfig]:
-    """:func:`load_model` and the settings the model was trained with."""
+def load_run(path: str | Path) -> SavedRun:
+    """Everything :func:`save_model` wrote (:class:`SavedRun`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no trained citation model at {path}: run 'betheproj citations --data DIR' first")
@@ -641,11 +668,14 @@ def load_run(path: str | Path) -> tuple[FeatureIndex, NonLocalCRF, CitationConfi
                if value.is_floating_point() and not bool(torch.isfinite(value).all())]
         if bad:                                  # tagging would fail naming a solver's argument, not this file
             raise ValueError(f"its weights {', '.join(bad)} hold NaN or infinite values")
+        threshold = state.get("mbr_threshold")   # absent from the files of runs before it was saved
+        if threshold is not None:
+            threshold = check_real("mbr_threshold", threshold, 0.0, 1.0)
     except (RuntimeError, LookupError, TypeError, ValueError, AttributeError) as err:   # Lookup: Key, Index
         first = (str(err).strip().splitlines() or [""])[0]
         raise ValueError(f"{path} is not a citation model written by 'betheproj citations' "
                          f"({type(err).__name__}: {first})") from None
-    return index, model, config
+    return SavedRun(index, model, config, threshold)
 
 
 def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, max_iter: int | None = None,

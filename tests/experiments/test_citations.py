@@ -187,18 +187,13 @@ def test_small_run_and_cli(tmp_path, capsys):
     assert len(mbr) == 4 and parse_citation(mbr[0]).tokens == data["test"][1].tokens and "<" in mbr[0]
     assert citations.tag_strings([untokenised], *citations.load_model(tmp_path / "model.pt"),
                                  mbr_threshold=1.0) == [" ".join(tokenize_citation(untokenised))]
-    # --mbr alone: the threshold dev chose, read off the run's results.json in --out
-    (tmp_path / "results.json").write_text(json.dumps(results))
+    # --mbr alone: the threshold dev chose, saved in the model file
+    saved = citations.load_run(tmp_path / "model.pt")
+    assert saved.mbr_threshold == results["rows"]["non-local, MBR"]["extra"]["threshold"]
     assert main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr", "--quiet"]) == 0
-    chosen = citations.tag_strings(raw.read_text().split("\n")[:-1], *citations.load_model(tmp_path / "model.pt"),
-                                   mbr_threshold=results["rows"]["non-local, MBR"]["extra"]["threshold"])
+    chosen = citations.tag_strings(raw.read_text().split("\n")[:-1], saved.index, saved.model,
+                                   mbr_threshold=saved.mbr_threshold)
     assert capsys.readouterr().out.split("\n")[:-1] == chosen
-    (tmp_path / "results.json").write_text("{}")
-    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr"]) == 2
-    assert "names no segment-MBR threshold" in capsys.readouterr().err
-    (tmp_path / "results.json").unlink()
-    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr"]) == 2
-    assert "--mbr: no " in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr", "1.5"])
     assert exit_.value.code == 2 and "argument --mbr: must be a number in [0, 1], got '1.5'" in capsys.readouterr().err
@@ -405,6 +400,28 @@ def test_config_numpy_and_tensor_scalars_are_kept_as_python_numbers(tmp_path):
     index, model, constraints, order, formats = _small_model(config)
     citations.save_model(tmp_path / "model.pt", index, model, constraints, config, order, formats)
     assert citations.load_run(tmp_path / "model.pt")[2] == config
+
+
+def test_the_model_file_keeps_the_segment_mbr_threshold_dev_chose(tmp_path, capsys):
+    """``--predict --mbr`` alone decodes with the threshold the training run chose on dev, saved in model.pt (it was
+    read off results.json beside it, so the model alone could not do it)."""
+    config = citations.CitationConfig(min_support=1)
+    index, model, constraints, order, formats = _small_model(config)
+    path = tmp_path / "model.pt"
+    citations.save_model(path, index, model, constraints, config, order, formats, mbr_threshold=np.float32(0.25))
+    saved = citations.load_run(path)
+    assert saved.mbr_threshold == 0.25 and type(saved.mbr_threshold) is float and saved.config == config
+    with pytest.raises(ValueError, match=r"mbr_threshold must be a finite number in \[0, 1\], got 1.5"):
+        citations.save_model(path, index, model, constraints, config, order, formats, mbr_threshold=1.5)
+    citations.save_model(path, index, model, constraints, config, order, formats)
+    assert citations.load_run(path).mbr_threshold is None
+    raw = tmp_path / "raw.txt"
+    raw.write_text("Smith . A title .\n")
+    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "model.pt holds no segment-MBR threshold" in err and "--mbr 0.5" in err and len(err.splitlines()) == 1
+    assert main(["citations", "--out", str(tmp_path), "--predict", str(raw), "--mbr", "0.5", "--quiet"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1
 
 
 def test_tag_strings_solves_with_the_iterations_the_model_was_scored_with(tmp_path, monkeypatch):
