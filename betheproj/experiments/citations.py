@@ -189,9 +189,27 @@ def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citati
     return 100 * segment_f1([c.labels for c in citations], pred).f1, pred
 
 
+def _mbr_labels(potentials: PairwisePotentials, fields: BIOFields, thresholds: Sequence[float], rows: int = 64
+                ) -> list[Tensor]:
+    """:func:`~betheproj.inference.decode_segments`' labels at each of ``thresholds``, from one pass of segment
+    posteriors, ``rows`` examples at a time (their [rows, F, N, N] table bounds the memory)."""
+    parts: list[list[Tensor]] = [[] for _ in thresholds]
+    for idx in torch.arange(potentials.node.shape[0], device=potentials.node.device).split(rows):
+        sub = potentials.index(idx)
+        log_p = segment_log_marginals(sub, fields)
+        for k, threshold in enumerate(thresholds):
+            parts[k].append(best_segments(log_p, sub.lengths, fields, threshold))
+    return [torch.cat(p) for p in parts]
+
+
+def _scores(citations: Sequence[Citation], pred: Sequence[list[list[str]]]) -> list[float]:
+    gold = [c.labels for c in citations]
+    return [100 * segment_f1(gold, p).f1 for p in pred]
+
+
 def mbr_f1(potentials_of: Callable[[Tensor, Tensor], PairwisePotentials], index: FeatureIndex,
            citations: Sequence[Citation], encoded: tuple[Tensor, Tensor, Tensor], thresholds: Sequence[float],
-           chunk_size: int = 64, progress: bool = False, desc: str = "segment MBR") -> list[float]:
+           chunk_size: int = 256, progress: bool = False, desc: str = "segment MBR") -> list[float]:
     """Segment F1 (%) on ``citations`` of :func:`~betheproj.inference.segments.best_segments` at each of
     ``thresholds``, in the MRF ``potentials_of(features, lengths)`` (the base's ``theta``, or a solution's
     ``theta - grad L(mu*)``); the segment posteriors are computed once for all thresholds."""
@@ -199,15 +217,9 @@ def mbr_f1(potentials_of: Callable[[Tensor, Tensor], PairwisePotentials], index:
     fields = BIOFields.from_labels(index.labels)
     if not thresholds:
         raise ValueError("thresholds must hold at least one threshold")
-
-    def tagger(x: Tensor, n: Tensor) -> list[Tensor]:
-        pot = potentials_of(x, n)
-        log_p = segment_log_marginals(pot, fields)
-        return [best_segments(log_p, pot.lengths, fields, threshold) for threshold in thresholds]
-
-    pred = _tag_all(tagger, index, citations, encoded, chunk_size, progress, desc)
-    gold = [c.labels for c in citations]
-    return [100 * segment_f1(gold, p).f1 for p in pred]
+    pred = _tag_all(lambda x, n: _mbr_labels(potentials_of(x, n), fields, thresholds), index, citations, encoded,
+                    chunk_size, progress, desc)
+    return _scores(citations, pred)
 
 
 def train_baseline(index: FeatureIndex, encoded: tuple[Tensor, Tensor, Tensor],
@@ -376,6 +388,18 @@ def nonlocal_predictor(model: NonLocalCRF, max_iter: int, iterations: list[Tenso
     return predict
 
 
+def _decoded_both_ways(model: NonLocalCRF, max_iter: int, fields: BIOFields | None, thresholds: Sequence[float],
+                       iterations: list[Tensor] | None) -> Callable[[Tensor, Tensor], list[Tensor]]:
+    """``(features, lengths) -> [MAP labels, segment-MBR labels at each threshold]``: one solve, its MRF
+    ``theta - grad L(mu*)`` decoded by Viterbi (Proposition 1) and by :func:`_mbr_labels`."""
+    def tag(x: Tensor, n: Tensor) -> list[Tensor]:
+        sol = model.infer(x, n, max_iter)
+        if iterations is not None:
+            iterations.append(sol.iterations.clone())
+        return [decode(model.oracle, sol), *(_mbr_labels(sol.potentials, fields, thresholds) if thresholds else [])]
+    return tag
+
+
 @dataclass
 class _Row:
     dev: float
@@ -442,21 +466,30 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     c = model.psi.value.detach()
     curves: dict[str, list[float]] = {"dev": [], "test": []}
     iterations: list[Tensor] = []
-    for it in config.test_iters:
+    thresholds = config.mbr_thresholds if "O" in index.labels else ()
+    fields = BIOFields.from_labels(index.labels) if thresholds else None
+    mbr: dict[str, dict[str, list[float]]] = {"baseline": {}, "non-local": {}}
+    for it in config.test_iters[:-1]:
         for split in ("dev", "test"):
-            sink = iterations if (split == "test" and it == config.test_iters[-1]) else None
-            curves[split].append(f1_of(nonlocal_predictor(model, it, sink), index, data[split], enc[split],
+            curves[split].append(f1_of(nonlocal_predictor(model, it), index, data[split], enc[split],
                                        progress=progress, desc=f"{split}, at most {it} iterations")[0])
+    last = config.test_iters[-1]
+    for split in ("dev", "test"):               # the last pass decodes each solution both ways
+        tagger = _decoded_both_ways(model, last, fields, thresholds, iterations if split == "test" else None)
+        scores = _scores(data[split], _tag_all(tagger, index, data[split], enc[split], 256, progress,
+                                               f"{split}, at most {last} iterations"))
+        curves[split].append(scores[0])
+        mbr["non-local"][split] = scores[1:]
+        if thresholds:
+            mbr["baseline"][split] = mbr_f1(base, index, data[split], enc[split], thresholds, progress=progress,
+                                            desc=f"{split}, segment MBR (baseline)")
     rows["non-local"] = _Row(curves["dev"][-1], curves["test"][-1])
-    if config.mbr_thresholds and "O" in index.labels:
-        last = config.test_iters[-1]
-        for key, potentials_of in (("baseline", base), ("non-local", lambda x, n: model.infer(x, n, last).potentials)):
-            by = {split: mbr_f1(potentials_of, index, data[split], enc[split], config.mbr_thresholds,
-                                progress=progress, desc=f"{split}, segment MBR ({key})") for split in ("dev", "test")}
-            best = max(range(len(config.mbr_thresholds)), key=lambda k: by["dev"][k])   # the first of ties
-            rows[f"{key}, MBR"] = _Row(by["dev"][best], by["test"][best],
-                                       {"threshold": config.mbr_thresholds[best], "dev_by_threshold": by["dev"],
-                                        "test_by_threshold": by["test"]})
+    for key, by in mbr.items():
+        if thresholds:
+            best = max(range(len(thresholds)), key=lambda k: by["dev"][k])   # the first of ties
+            rows[f"{key}, MBR"] = _Row(by["dev"][best], by["test"][best], {"threshold": thresholds[best],
+                                                                           "dev_by_threshold": by["dev"],
+                                                                           "test_by_threshold": by["test"]})
     active = sorted(((float(v), names[j]) for j, v in enumerate(c.tolist()) if v > 0), reverse=True)
     _progress_log(log, f"non-local: dev {rows['non-local'].dev:.2f} test {rows['non-local'].test:.2f}; "
                        f"{len(active)} of {len(names)} constraints with c_j > 0")

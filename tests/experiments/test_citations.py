@@ -540,10 +540,15 @@ def test_pooled_weights_without_held_out_citations_are_those_learned_on_dev():
 def test_a_small_cross_fitted_run(tmp_path, capsys):
     data = load_citations(DATA)
     small = {"train": data["train"][:60], "dev": data["dev"][:30], "test": data["test"][:30]}
-    config = citations.CitationConfig(crf_iter=20, cross_fit=2, cross_fit_epochs=1, test_iters=(5,), min_support=5)
-    results = citations.run(small, config)
+    config = citations.CitationConfig(crf_iter=20, cross_fit=2, cross_fit_epochs=1, test_iters=(5,), min_support=5,
+                                      mbr_thresholds=())
+    results = citations.run(small, config, save=tmp_path / "model.pt")
     assert results["seconds"]["cross_fit"] > 0 and results["config"]["cross_fit"] == 2
-    assert 50 < results["rows"]["non-local"]["test"] <= 100
+    assert 50 < results["rows"]["non-local"]["test"] <= 100 and results["f1_vs_iterations"]["test"] == [
+        results["rows"]["non-local"]["test"]] and len(results["test_iterations_to_converge"]) == 30
+    # no thresholds to choose from: no segment-MBR rows, and none saved
+    assert set(results["rows"]) == {"baseline", "non-local"}
+    assert citations.load_run(tmp_path / "model.pt").mbr_threshold is None
     assert "learned on dev and the 2-fold cross-fitted training split" in citations.format_table(results)
 
 
