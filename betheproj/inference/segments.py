@@ -143,9 +143,11 @@ def _forward_backward(node: Tensor, edge: Tensor, lengths: Tensor) -> tuple[Tens
     return alpha, beta, log_z
 
 
-def _chunk(node: Tensor, edge: Tensor, lengths: Tensor, begin: Tensor, inside: Tensor) -> Tensor:
-    """:func:`segment_log_marginals` of one chunk; ``node`` [B, N, C+1] and ``edge`` ([C+1, C+1] or
-    [B, N-1, C+1, C+1]) carry one more label, of score ``-inf``, that stands for a missing begin or inside label."""
+def _chunk(node: Tensor, edge: Tensor, lengths: Tensor, begin: Tensor, inside: Tensor, out: Tensor) -> None:
+    """:func:`segment_log_marginals` of one chunk, written into ``out`` [B, F, N, N] (``-inf`` already): one
+    diagonal (segments of one length) at a time, through strided views.  ``node`` [B, N, C+1] and ``edge``
+    ([C+1, C+1] or [B, N-1, C+1, C+1]) carry one more label, of score ``-inf``, that stands for a missing begin or
+    inside label."""
     b, n, c = node.shape
     f = begin.numel()
     device, ninf = node.device, -torch.inf
@@ -188,19 +190,19 @@ def _chunk(node: Tensor, edge: Tensor, lengths: Tensor, begin: Tensor, inside: T
     into = _lse_product(alpha[:, :-1].reshape(b * (n - 1), c), rows_then_fields(cols))
     open_i = torch.cat([node.new_zeros(b, f, 1), into.reshape(b, n - 1, f).transpose(1, 2)], -1) + node_in
     open_i = open_i - log_z[:, None, None]
-    out = node.new_full((b, f, n, n), ninf)
-    idx = torch.arange(n, device=device)
+    end = lengths[:, None, None] - torch.arange(n, device=device)               # [B, 1, N]: positions left at s
     exit_in = leave(inside)
-    out[:, :, idx, idx] = torch.logaddexp(open_b + leave(begin), open_i + exit_in)
-    run_b, run_i = open_b, open_i
-    for length in range(2, n + 1):
-        s = idx[: n - length + 1]
-        t = s + length - 1                                                 # the segment's last position
-        run_b = run_b[..., :-1] + (to_in if length == 2 else stay_in)[:, :, t - 1] + node_in[:, :, t]
-        run_i = run_i[..., :-1] + stay_in[:, :, t - 1] + node_in[:, :, t]
-        out[:, :, s, t] = torch.logaddexp(run_b, run_i) + exit_in[:, :, t]
-    valid = idx[None, :] < lengths[:, None]
-    return out.masked_fill(~(valid[:, None, None, :] & valid[:, None, :, None]), ninf)
+    value = torch.logaddexp(open_b + leave(begin), open_i + exit_in)
+    # from the second token on, both ways of opening a segment s..t add the same I- scores: one running sum [B, F, *]
+    run = torch.logaddexp(open_b[..., :-1] + to_in, open_i[..., :-1] + stay_in) if n > 1 else None
+    for length in range(1, n + 1):
+        if length > 1:                                                 # segments s..t, t = s + length - 1
+            if length > 2:
+                run = run[..., :-1] + stay_in[..., length - 2:]
+            run = run + node_in[..., length - 1:]
+            value = run + exit_in[..., length - 1:]
+        # past an example's end (t >= its length): -inf
+        out.diagonal(length - 1, -2, -1).copy_(value.masked_fill(end[..., : n - length + 1] < length, ninf))
 
 
 def segment_log_marginals(potentials: PairwisePotentials, fields: BIOFields) -> Tensor:
@@ -227,8 +229,7 @@ def segment_log_marginals(potentials: PairwisePotentials, fields: BIOFields) -> 
         else:
             sub_edge = potentials.edge.new_full((sub_node.shape[0], width - 1, c + 1, c + 1), -torch.inf)
             sub_edge[:, :, :c, :c] = potentials.edge[rows, : width - 1]
-        part = _chunk(sub_node, sub_edge, lengths[rows], begin, inside)
-        out[rows, :, :width, :width] = part
+        _chunk(sub_node, sub_edge, lengths[rows], begin, inside, out[rows, :, :width, :width])
     return out
 
 
@@ -265,21 +266,21 @@ def best_segments(log_marginals: Tensor, lengths: Tensor, fields: BIOFields, thr
                                                                             or int(lengths.max()) > n)):
         raise ValueError(f"lengths must be the potentials' lengths [B={b}] in [1, {n}]")
     device = log_marginals.device
-    gain = log_marginals.exp() - threshold                               # [B, F, N(s), N(t)]
     # the DP's states at a boundary: 0 "free" (the last token O or in a segment of a field with a B- label), 1 + g
     # "in a segment of the g-th field without one", which that field's next segment must not touch (they would
     # read as one)
     bare = [k for k in range(f) if fields.begin[k] < 0]
     with_b = torch.tensor([k for k in range(f) if fields.begin[k] >= 0], dtype=torch.long, device=device)
     ninf = -torch.inf
-    best = gain.new_full((b, n + 1, 1 + len(bare)), ninf)
+    best = log_marginals.new_full((b, n + 1, 1 + len(bare)), ninf)
     best[:, 0, 0] = 0.0
     start_at = torch.full((b, n + 1, 1 + len(bare)), -1, dtype=torch.long, device=device)  # -1: token e-1 is O
     field_of = torch.zeros_like(start_at)
     prev_of = torch.zeros_like(start_at)
-    if with_b.numel():
-        free_gain, free_field = gain[:, with_b].max(1)                  # [B, N, N]
-        free_field = with_b[free_field]
+    if with_b.numel():                                                   # the best field at each (s, t), [B, N, N]
+        free_gain, free_field = (log_marginals if len(bare) == 0 else log_marginals[:, with_b]).max(1)
+        free_gain, free_field = free_gain.exp() - threshold, with_b[free_field]
+    bare_gain = [log_marginals[:, k].exp() - threshold for k in bare]     # [B, N(s), N(t)] each
     for e in range(1, n + 1):
         into, state_in = best[:, :e].max(-1)                             # [B, e]: the best state at each start
         value, prev = best[:, e - 1].max(-1)                             # token e-1 is O
@@ -295,7 +296,7 @@ def best_segments(log_marginals: Tensor, lengths: Tensor, fields: BIOFields, thr
             others = best[:, :e].clone()
             others[..., 1 + g] = ninf
             into_g, state_g = others.max(-1)
-            cand, s = (into_g + gain[:, k, :e, e - 1]).max(1)
+            cand, s = (into_g + bare_gain[g][:, :e, e - 1]).max(1)
             best[:, e, 1 + g] = cand
             start_at[:, e, 1 + g], field_of[:, e, 1 + g] = s, k
             prev_of[:, e, 1 + g] = state_g.gather(1, s[:, None])[:, 0]
