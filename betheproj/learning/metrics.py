@@ -10,7 +10,7 @@ import numpy as np
 
 from ..data.citations import bio_segments
 
-__all__ = ["SegmentScores", "segment_f1"]
+__all__ = ["SegmentScores", "segment_f1", "segment_counts"]
 
 
 def _prf(tp: int, n_pred: int, n_gold: int) -> tuple[float, float, float]:
@@ -29,6 +29,22 @@ class SegmentScores:
     per_field: dict[str, tuple[float, float, float, int]] = field(default_factory=dict)
 
 
+def _check_sequences(gold: object, predicted: object) -> tuple[Sequence, Sequence]:
+    """``gold`` and ``predicted`` as sequences of label sequences, as many of each."""
+    if isinstance(gold, np.ndarray):                    # rows of a 2-D array of labels are its sequences
+        gold = list(gold)
+    if isinstance(predicted, np.ndarray):
+        predicted = list(predicted)
+    for name, seqs in (("gold", gold), ("predicted", predicted)):
+        if not isinstance(seqs, Sequence) or isinstance(seqs, str) \
+                or any(isinstance(s, str) or not (hasattr(s, "__len__") and hasattr(s, "__getitem__")) for s in seqs):
+            raise TypeError(f"{name} must be a sequence of label sequences (e.g. [['B-a', 'O']]), "
+                            f"not a string, a sequence of strings or an iterator; got {type(seqs).__name__}")
+    if len(gold) != len(predicted):
+        raise ValueError(f"gold and predicted must hold as many sequences, got {len(gold)} and {len(predicted)}")
+    return gold, predicted
+
+
 def _segments(name: str, i: int, labels: Sequence[str]) -> set[tuple[str, int, int]]:
     """The segments of ``labels``, with errors naming the sequence (``predicted[3]: labels[0] = ...``)."""
     try:
@@ -41,17 +57,7 @@ def segment_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
     """Score predicted BIO label sequences against gold ones: a segment counts only when its type, start and
     end all match; an ``I-`` that does not continue its type starts a new segment (the conlleval reading).
     ``gold`` and ``predicted`` hold one sequence of labels per example (not one flat sequence of strings)."""
-    if isinstance(gold, np.ndarray):                    # rows of a 2-D array of labels are its sequences
-        gold = list(gold)
-    if isinstance(predicted, np.ndarray):
-        predicted = list(predicted)
-    for name, seqs in (("gold", gold), ("predicted", predicted)):
-        if not isinstance(seqs, Sequence) or isinstance(seqs, str) \
-                or any(isinstance(s, str) or not (hasattr(s, "__len__") and hasattr(s, "__getitem__")) for s in seqs):
-            raise TypeError(f"{name} must be a sequence of label sequences (e.g. [['B-a', 'O']]), "
-                            f"not a string, a sequence of strings or an iterator; got {type(seqs).__name__}")
-    if len(gold) != len(predicted):
-        raise ValueError(f"gold and predicted must hold as many sequences, got {len(gold)} and {len(predicted)}")
+    gold, predicted = _check_sequences(gold, predicted)
     tp, n_gold, n_pred = Counter(), Counter(), Counter()
     for i, (g, p) in enumerate(zip(gold, predicted, strict=True)):
         if len(g) != len(p):
@@ -66,3 +72,17 @@ def segment_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
     per_field = {k: (*_prf(tp[k], n_pred[k], n_gold[k]), n_gold[k]) for k in sorted(set(n_gold) | set(n_pred))}
     p, r, f = _prf(sum(tp.values()), sum(n_pred.values()), sum(n_gold.values()))
     return SegmentScores(p, r, f, per_field)
+
+
+def segment_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> np.ndarray:
+    """Each sequence's ``(true positives, predicted, gold)`` segment counts, [n, 3] int64, read as
+    :func:`segment_f1` reads them (its micro F1 is ``2 tp / (predicted + gold)`` of the column sums): per-example
+    counts to resample, for a bootstrap interval of F1 or of the difference between two taggers."""
+    gold, predicted = _check_sequences(gold, predicted)
+    out = np.zeros((len(gold), 3), dtype=np.int64)
+    for i, (g, p) in enumerate(zip(gold, predicted, strict=True)):
+        if len(g) != len(p):
+            raise ValueError(f"sequence {i}: gold has {len(g)} labels, predicted {len(p)}")
+        gs, ps = _segments("gold", i, g), _segments("predicted", i, p)
+        out[i] = len(gs & ps), len(ps), len(gs)
+    return out

@@ -73,3 +73,22 @@ def test_a_2d_array_of_labels_scores_as_its_rows():
     assert segment_f1(gold, pred).f1 == pytest.approx(2 * 0.75 * 1.0 / 1.75)
     with pytest.raises(TypeError, match="got int"):
         segment_f1(3, [["O"]])
+
+
+def test_segment_counts_per_sequence_sum_to_segment_f1():
+    from betheproj.learning.metrics import segment_counts
+
+    gold = [["B-a", "I-a", "O", "B-b"], ["B-b", "I-b", "B-a"], ["O"]]
+    pred = [["B-a", "I-a", "O", "B-a"], ["B-b", "O", "B-a"], ["B-c"]]
+    counts = segment_counts(gold, pred)
+    # hand-counted: (correct, predicted, gold) per sequence
+    assert counts.tolist() == [[1, 2, 2], [1, 2, 2], [0, 1, 0]] and counts.dtype == np.int64
+    tp, n_pred, n_gold = counts.sum(0)
+    assert 2 * tp / (n_pred + n_gold) == pytest.approx(segment_f1(gold, pred).f1)
+    with pytest.raises(ValueError, match="sequence 1: gold has 3 labels, predicted 2"):
+        segment_counts(gold, [pred[0], ["O", "O"], pred[2]])
+    with pytest.raises(TypeError, match="gold must be a sequence of label sequences"):
+        segment_counts(["B-a"], [["B-a"]])
+    with pytest.raises(ValueError, match=r"predicted\[0\]: "):
+        segment_counts([["O"]], [["X-a"]])
+    assert segment_counts([], []).shape == (0, 3)
