@@ -484,12 +484,11 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
             mbr["baseline"][split] = mbr_f1(base, index, data[split], enc[split], thresholds, progress=progress,
                                             desc=f"{split}, segment MBR (baseline)")
     rows["non-local"] = _Row(curves["dev"][-1], curves["test"][-1])
-    for key, by in mbr.items():
-        if thresholds:
-            best = max(range(len(thresholds)), key=lambda k: by["dev"][k])   # the first of ties
-            rows[f"{key}, MBR"] = _Row(by["dev"][best], by["test"][best], {"threshold": thresholds[best],
-                                                                           "dev_by_threshold": by["dev"],
-                                                                           "test_by_threshold": by["test"]})
+    for key, by in mbr.items() if thresholds else ():
+        best = max(range(len(thresholds)), key=lambda k: by["dev"][k])   # the first of ties
+        rows[f"{key}, MBR"] = _Row(by["dev"][best], by["test"][best], {"threshold": thresholds[best],
+                                                                       "dev_by_threshold": by["dev"],
+                                                                       "test_by_threshold": by["test"]})
     active = sorted(((float(v), names[j]) for j, v in enumerate(c.tolist()) if v > 0), reverse=True)
     _progress_log(log, f"non-local: dev {rows['non-local'].dev:.2f} test {rows['non-local'].test:.2f}; "
                        f"{len(active)} of {len(names)} constraints with c_j > 0")
