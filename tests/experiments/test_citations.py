@@ -109,6 +109,31 @@ def test_f1_of_refuses_an_encoding_of_other_citations():
     assert len(citations.f1_of(predict, index, [a, b], index.encode([a, b]))[1]) == 2
 
 
+def test_mbr_f1_checks_its_citations_as_f1_of_does_and_agrees_with_decode_segments():
+    """mbr_f1 scores every threshold from one pass of segment posteriors: the F1 of decode_segments at each."""
+    from betheproj.inference import BIOFields, decode_segments
+    from betheproj.learning.metrics import segment_f1
+
+    index, model, *_ = _small_model(citations.CitationConfig(min_support=1))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.theta.weights.weight.normal_()
+    a = parse_citation("<title> A title . </title>")
+    b = parse_citation("<authors> <person> <person-last> Smith </person-last> </person> </authors> <title> T </title>")
+    cites, fields = [a, b, a], BIOFields.from_labels(index.labels)
+    encoded = index.encode(cites)
+    got = citations.mbr_f1(model.theta, index, cites, encoded, (0.2, 0.5, 0.9), chunk_size=2)
+    x, _, n = encoded
+    for threshold, f1 in zip((0.2, 0.5, 0.9), got, strict=True):
+        ids = decode_segments(model.theta(x, n), fields, threshold)
+        pred = [[index.labels[int(v)] for v in ids[i, : int(n[i])]] for i in range(len(cites))]
+        assert f1 == 100 * segment_f1([c.labels for c in cites], pred).f1
+    with pytest.raises(ValueError, match="thresholds must hold at least one threshold"):
+        citations.mbr_f1(model.theta, index, cites, encoded, ())
+    with pytest.raises(ValueError, match=r"^encoded must be index.encode\(citations\)"):
+        citations.mbr_f1(model.theta, index, cites[:2], encoded, (0.5,))
+
+
 def test_run_refuses_a_config_or_data_of_another_type():
     """A dict of settings was an AttributeError on 'seed' (and an empty one silently the defaults), a list of
     splits an AttributeError on 'get'."""
