@@ -3,7 +3,8 @@
 Run by hand, after ``betheproj citations --data DIR --out citations-results`` (which writes the model):
 
     python benchmarks/citations_bootstrap.py --data ../shared/data/umass_citation/original \
-        --model citations-results/model.pt [--split test] [--samples 10000] [--mbr T_BASE T_NONLOCAL]
+        --model citations-results/model.pt [--split test] [--samples 10000] [--mbr T_BASE T_NONLOCAL] \
+        [--plot gain.png]
 
 It tags the split with both rows of Table 1 (Viterbi in the base's theta, and Viterbi in Proposition 1's
 ``theta - grad L(mu*)``), counts each citation's correct, predicted and gold segments
@@ -11,7 +12,8 @@ It tags the split with both rows of Table 1 (Viterbi in the base's theta, and Vi
 resample for both rows (Efron and Tibshirani's paired bootstrap; Koehn 2004 for tagging and translation scores).
 It prints each row's micro F1 with its 95% percentile interval, the gain's interval, and how often a resample
 meets the issue's goals (a gain of at least one point; the non-local row at or above 96.0).  ``--mbr`` adds the
-rows decoded for segment F1 at the two thresholds given (the run's results.json names the ones dev chose).
+rows decoded for segment F1 at the two thresholds given (the run's results.json names the ones dev chose);
+``--plot`` draws the gains' bootstrap distributions against the one-point goal.
 
 This measures how much the split's sampling moves the figures, not how a new split would score: the model, and the
 thresholds, stay fixed.
@@ -26,6 +28,7 @@ from _common import positive_int, run, seed_int
 
 from betheproj.cli import _unit_float
 from betheproj.data.citations import SPLITS, load_citations
+from betheproj.experiments._plot import figure
 from betheproj.experiments.citations import f1_of, load_run, nonlocal_predictor, viterbi_predictor
 from betheproj.inference import BIOFields, decode_segments
 from betheproj.learning.metrics import segment_counts
@@ -48,6 +51,7 @@ def main() -> None:
     parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--mbr", type=_unit_float, nargs=2, metavar=("T_BASE", "T_NONLOCAL"),
                         help="also the rows decoded for segment F1 at these thresholds")
+    parser.add_argument("--plot", metavar="PNG", help="draw the gains' bootstrap distributions into this PNG")
     args = parser.parse_args()
     try:
         saved = load_run(args.model)
@@ -76,16 +80,30 @@ def main() -> None:
         low, high = np.percentile(resampled[:, r], [2.5, 97.5])
         print(f"  {name:<16} F1 {point[r]:6.2f}  95% interval [{low:.2f}, {high:.2f}]  "
               f"(standard error {resampled[:, r].std(ddof=1):.2f})")
+    gains = {}
     for base, other in (("baseline", "non-local"), ("baseline, MBR", "non-local, MBR")):
         if other not in predictors:
             continue
         b, o = names.index(base), names.index(other)
-        gain = resampled[:, o] - resampled[:, b]
+        gains[other] = gain = resampled[:, o] - resampled[:, b]
         low, high = np.percentile(gain, [2.5, 97.5])
         print(f"  gain, {other} over {base}: {point[o] - point[b]:+.2f}  95% interval [{low:+.2f}, {high:+.2f}]; "
               f"a resample has it >= {GAIN_GOAL:.2f} in {100 * np.mean(gain >= GAIN_GOAL):.1f}%, "
               f"{other} >= {F1_GOAL:.1f} in {100 * np.mean(resampled[:, o] >= F1_GOAL):.1f}%, both in "
               f"{100 * np.mean((gain >= GAIN_GOAL) & (resampled[:, o] >= F1_GOAL)):.1f}%")
+    if args.plot:
+        with figure(args.plot, (6, 3.5)) as ax:
+            bins = np.linspace(min(g.min() for g in gains.values()), max(g.max() for g in gains.values()), 60)
+            for (name, gain), color in zip(gains.items(), ("tab:blue", "tab:orange"), strict=False):
+                decoder = "segment MBR" if "MBR" in name else "MAP"
+                ax.hist(gain, bins=bins, alpha=0.6, color=color, weights=np.full(len(gain), 100 / len(gain)),
+                        label=f"both rows by {decoder}: median {np.median(gain):+.2f}")
+            ax.axvline(GAIN_GOAL, color="black", linestyle="--", label=f"goal {GAIN_GOAL:+.2f}")
+            ax.axvline(0, color="grey", linewidth=0.8)
+            ax.set_xlabel(f"gain over the baseline on {args.split} (F1 points), {args.samples} paired resamples")
+            ax.set_ylabel("% of resamples")
+            ax.legend(fontsize=8)
+        print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":
