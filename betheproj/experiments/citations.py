@@ -54,7 +54,7 @@ from ..data.citation_features import FEATURES_VERSION, FeatureIndex, other_featu
 from ..data.citations import Citation, check_citations, escape_tags, is_tag_name, tokenize_citation
 from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
-from ..inference import BIOFields, best_segments, decode, decode_segments, segment_log_marginals
+from ..inference import BIOFields, decode, decode_segments, decode_segments_at
 from ..inference.solve import METHODS
 from ..learning import ConstantPsi, NonLocalCRF, SparseChainCRF, fit_crf
 from ..learning.crf import length_chunks
@@ -189,19 +189,6 @@ def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citati
     return 100 * segment_f1([c.labels for c in citations], pred).f1, pred
 
 
-def _mbr_labels(potentials: PairwisePotentials, fields: BIOFields, thresholds: Sequence[float], rows: int = 64
-                ) -> list[Tensor]:
-    """:func:`~betheproj.inference.decode_segments`' labels at each of ``thresholds``, from one pass of segment
-    posteriors, ``rows`` examples at a time (their [rows, F, N, N] table bounds the memory)."""
-    parts: list[list[Tensor]] = [[] for _ in thresholds]
-    for idx in torch.arange(potentials.node.shape[0], device=potentials.node.device).split(rows):
-        sub = potentials.index(idx)
-        log_p = segment_log_marginals(sub, fields)
-        for k, threshold in enumerate(thresholds):
-            parts[k].append(best_segments(log_p, sub.lengths, fields, threshold))
-    return [torch.cat(p) for p in parts]
-
-
 def _scores(citations: Sequence[Citation], pred: Sequence[list[list[str]]]) -> list[float]:
     gold = [c.labels for c in citations]
     return [100 * segment_f1(gold, p).f1 for p in pred]
@@ -210,15 +197,15 @@ def _scores(citations: Sequence[Citation], pred: Sequence[list[list[str]]]) -> l
 def mbr_f1(potentials_of: Callable[[Tensor, Tensor], PairwisePotentials], index: FeatureIndex,
            citations: Sequence[Citation], encoded: tuple[Tensor, Tensor, Tensor], thresholds: Sequence[float],
            chunk_size: int = 256, progress: bool = False, desc: str = "segment MBR") -> list[float]:
-    """Segment F1 (%) on ``citations`` of :func:`~betheproj.inference.segments.best_segments` at each of
+    """Segment F1 (%) on ``citations`` of :func:`~betheproj.inference.decode_segments` at each of
     ``thresholds``, in the MRF ``potentials_of(features, lengths)`` (the base's ``theta``, or a solution's
     ``theta - grad L(mu*)``); the segment posteriors are computed once for all thresholds."""
     citations = _check_encoded(citations, encoded)
     fields = BIOFields.from_labels(index.labels)
     if not thresholds:
         raise ValueError("thresholds must hold at least one threshold")
-    pred = _tag_all(lambda x, n: _mbr_labels(potentials_of(x, n), fields, thresholds), index, citations, encoded,
-                    chunk_size, progress, desc)
+    pred = _tag_all(lambda x, n: decode_segments_at(potentials_of(x, n), fields, thresholds), index, citations,
+                    encoded, chunk_size, progress, desc)
     return _scores(citations, pred)
 
 
@@ -391,12 +378,13 @@ def nonlocal_predictor(model: NonLocalCRF, max_iter: int, iterations: list[Tenso
 def _decoded_both_ways(model: NonLocalCRF, max_iter: int, fields: BIOFields | None, thresholds: Sequence[float],
                        iterations: list[Tensor] | None) -> Callable[[Tensor, Tensor], list[Tensor]]:
     """``(features, lengths) -> [MAP labels, segment-MBR labels at each threshold]``: one solve, its MRF
-    ``theta - grad L(mu*)`` decoded by Viterbi (Proposition 1) and by :func:`_mbr_labels`."""
+    ``theta - grad L(mu*)`` decoded by Viterbi (Proposition 1) and for segment F1 (:func:`decode_segments_at`)."""
     def tag(x: Tensor, n: Tensor) -> list[Tensor]:
         sol = model.infer(x, n, max_iter)
         if iterations is not None:
             iterations.append(sol.iterations.clone())
-        return [decode(model.oracle, sol), *(_mbr_labels(sol.potentials, fields, thresholds) if thresholds else [])]
+        mbr = decode_segments_at(sol.potentials, fields, thresholds) if thresholds else []
+        return [decode(model.oracle, sol), *mbr]
     return tag
 
 

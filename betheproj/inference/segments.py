@@ -34,7 +34,7 @@ from torch import Tensor
 from .._checks import check_real, is_bio_label
 from ..oracles.base import PairwisePotentials
 
-__all__ = ["BIOFields", "segment_log_marginals", "decode_segments", "best_segments"]
+__all__ = ["BIOFields", "segment_log_marginals", "decode_segments", "decode_segments_at", "best_segments"]
 
 _CHUNK_ENTRIES = 1 << 24          # segment posteriors held at once (B F N^2 entries, 128 MB in float64)
 
@@ -239,15 +239,26 @@ def decode_segments(potentials: PairwisePotentials, fields: BIOFields, threshold
     without a ``B-`` label opens its segments with its ``I-`` label (two such segments of a field side by side
     would read as one, so the decoder never chooses them).  ``threshold`` in [0, 1]: a segment is worth
     predicting when it is more probable than that (``1/2``: every segment more likely than not)."""
-    threshold = check_real("threshold", threshold, 0.0, 1.0)
+    return decode_segments_at(potentials, fields, (check_real("threshold", threshold, 0.0, 1.0),))[0]
+
+
+def decode_segments_at(potentials: PairwisePotentials, fields: BIOFields, thresholds: Sequence[float]
+                       ) -> list[Tensor]:
+    """:func:`decode_segments` at each of ``thresholds`` (one labelling [B, N] each), from one pass of segment
+    posteriors: to choose a threshold on held-out data at the cost of one."""
+    if isinstance(thresholds, str) or not isinstance(thresholds, Sequence) or not thresholds:
+        raise ValueError(f"thresholds must be a non-empty sequence of numbers in [0, 1], got {thresholds!r}")
+    thresholds = [check_real(f"thresholds[{i}]", t, 0.0, 1.0) for i, t in enumerate(thresholds)]
     _check(potentials, fields)
     b, n, _ = potentials.node.shape
-    labels = torch.full((b, n), -1, dtype=torch.long, device=potentials.node.device)
+    labels = [torch.full((b, n), -1, dtype=torch.long, device=potentials.node.device) for _ in thresholds]
     step = max(1, _CHUNK_ENTRIES // max(1, len(fields.names) * n * n))      # bounded memory: chunks of the batch
     for lo in range(0, b, step):
         rows = torch.arange(lo, min(b, lo + step), device=potentials.node.device)
         part = potentials.index(rows)
-        labels[rows] = best_segments(segment_log_marginals(part, fields), part.lengths, fields, threshold)
+        log_p = segment_log_marginals(part, fields)
+        for out, threshold in zip(labels, thresholds, strict=True):
+            out[rows] = best_segments(log_p, part.lengths, fields, threshold)
     return labels
 
 

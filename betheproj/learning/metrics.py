@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,16 +53,22 @@ def _segments(name: str, i: int, labels: Sequence[str]) -> set[tuple[str, int, i
         raise type(err)(f"{name}[{i}]: {err}") from None
 
 
+def _segment_sets(gold: object, predicted: object) -> Iterator[tuple[set, set]]:
+    """Each sequence's gold and predicted segment sets, the arguments checked (a length mismatch names the
+    sequence)."""
+    gold, predicted = _check_sequences(gold, predicted)
+    for i, (g, p) in enumerate(zip(gold, predicted, strict=True)):
+        if len(g) != len(p):
+            raise ValueError(f"sequence {i}: gold has {len(g)} labels, predicted {len(p)}")
+        yield _segments("gold", i, g), _segments("predicted", i, p)
+
+
 def segment_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> SegmentScores:
     """Score predicted BIO label sequences against gold ones: a segment counts only when its type, start and
     end all match; an ``I-`` that does not continue its type starts a new segment (the conlleval reading).
     ``gold`` and ``predicted`` hold one sequence of labels per example (not one flat sequence of strings)."""
-    gold, predicted = _check_sequences(gold, predicted)
     tp, n_gold, n_pred = Counter(), Counter(), Counter()
-    for i, (g, p) in enumerate(zip(gold, predicted, strict=True)):
-        if len(g) != len(p):
-            raise ValueError(f"sequence {i}: gold has {len(g)} labels, predicted {len(p)}")
-        gs, ps = _segments("gold", i, g), _segments("predicted", i, p)
+    for gs, ps in _segment_sets(gold, predicted):
         for kind, _, _ in gs:
             n_gold[kind] += 1
         for kind, _, _ in ps:
@@ -78,11 +84,5 @@ def segment_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[s
     """Each sequence's ``(true positives, predicted, gold)`` segment counts, [n, 3] int64, read as
     :func:`segment_f1` reads them (its micro F1 is ``2 tp / (predicted + gold)`` of the column sums): per-example
     counts to resample, for a bootstrap interval of F1 or of the difference between two taggers."""
-    gold, predicted = _check_sequences(gold, predicted)
-    out = np.zeros((len(gold), 3), dtype=np.int64)
-    for i, (g, p) in enumerate(zip(gold, predicted, strict=True)):
-        if len(g) != len(p):
-            raise ValueError(f"sequence {i}: gold has {len(g)} labels, predicted {len(p)}")
-        gs, ps = _segments("gold", i, g), _segments("predicted", i, p)
-        out[i] = len(gs & ps), len(ps), len(gs)
-    return out
+    counts = [(len(gs & ps), len(ps), len(gs)) for gs, ps in _segment_sets(gold, predicted)]
+    return np.array(counts, dtype=np.int64).reshape(len(counts), 3)

@@ -208,3 +208,21 @@ def test_chains_of_one_token():
         want = sum(mu[:, i] for i in (fields.begin[k], fields.inside[k]) if i >= 0)
         torch.testing.assert_close(p[:, k], want)
     assert decode_segments(pot, fields, 0.5).shape == (3, 1)
+
+
+def test_decode_segments_at_several_thresholds_is_decode_segments_at_each():
+    """One pass of segment posteriors decodes every threshold (the experiment chooses one on dev this way)."""
+    from betheproj.inference.segments import decode_segments_at
+
+    torch.manual_seed(3)
+    fields = BIOFields.from_labels(["O", "B-a", "I-a", "B-b", "I-b"])
+    pot = ChainPotentials(torch.randn(4, 6, 5, dtype=torch.float64), torch.randn(5, 5, dtype=torch.float64),
+                          torch.tensor([6, 3, 1, 5]))
+    thresholds = (0.1, 0.5, 0.9)
+    for got, threshold in zip(decode_segments_at(pot, fields, thresholds), thresholds, strict=True):
+        assert torch.equal(got, decode_segments(pot, fields, threshold))
+    for bad in ((), 0.5, "0.5"):
+        with pytest.raises(ValueError, match="thresholds must be a non-empty sequence"):
+            decode_segments_at(pot, fields, bad)
+    with pytest.raises(ValueError, match=r"thresholds\[1\]"):
+        decode_segments_at(pot, fields, (0.5, 1.5))
