@@ -22,9 +22,12 @@ marginal polytope, so the solvers are anytime.  Because ``-H_B(mu) - <theta_t, m
   O'Donoghue & Candes 2015): without restarts the residual at ``nu_t`` fell as O(1/t) and the method met
   ``tol=1e-6`` on the demo's migration instance after 603 iterations, with them after 43.
   Its objective at the averages reads their Bethe entropy, which is not linear in the marginals, so it keeps
-  every position's edge marginals, ``O(B N C^2)`` memory and time per step, where the other two methods keep one
-  ``[C, C]`` edge offset per example for an energy of node marginals or edge totals on a shared transition table:
-  with many labels (a chain over 95) it is many times slower per step than they are.
+  the averages' per-position edge marginals, ``O(B N C^2)`` memory and time per step, where the other two methods
+  keep one ``[C, C]`` edge offset per example for an energy of node marginals or edge totals on a shared transition
+  table: with many labels (a chain over 95) it is many times slower per step than they are
+  (``benchmarks/solvers_many_labels.py``).  For an energy of node marginals that is its only edge state: its dual
+  offsets, prox-centre and gradient average stay 0 on the edges, and the edge marginals of its last and best
+  oracle points are recomputed (one oracle call) where it returns to them, at convergence and at restarts.
 
 Step-size control: a candidate whose objective is not finite, or rises by more than a tolerance over the
 previous iterate, is rejected and recomputed with a smaller step (RDA restarts from the current point as its

@@ -60,6 +60,11 @@ def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
     return None if x is None else x[rows]
 
 
+def _whole(rows: Tensor, b: int) -> bool:
+    """Whether ``rows`` is the whole batch ``0..b-1`` in order (edge-sized state is then used without a copy)."""
+    return rows.numel() == b and bool((rows == torch.arange(b, device=rows.device)).all())
+
+
 def _clone(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.clone()
 
@@ -236,7 +241,9 @@ def _objective_parts(oracle: Oracle, theta: PairwisePotentials, mu: Marginals) -
     zero = torch.zeros((), dtype=mu.node.dtype)
     lin = torch.where(mu.node > 0, theta.node * mu.node, zero).flatten(1).sum(-1)
     if has_pairwise_factors(oracle):        # otherwise the edge marginals are the oracle's all-zero placeholders
-        lin = lin + torch.where(mu.edge > 0, theta.full_edge() * mu.edge, zero).flatten(1).sum(-1)
+        # a shared table scores each example's edge marginals summed over positions (positive where any is)
+        edge, table = (mu.edge_total(), theta.edge) if theta.shared_edge else (mu.edge, theta.edge)
+        lin = lin + torch.where(edge > 0, table * edge, zero).flatten(1).sum(-1)
     return -oracle.entropy(mu) - lin
 
 
@@ -286,7 +293,9 @@ class SolverState:
     method's last oracle point ``nu`` and the best oracle point seen (``best_*``); the step parameter ``param``
     (``eta``, ``beta`` or ``L``); and the report: ``iterations``, ``converged``, ``safeguarded``, ``residual``,
     ``history`` and ``calls``.  ``active`` holds the examples still iterating.  ``totals``: edge quantities are
-    per-example sums [B, C, C] instead of per position (see :mod:`.solve`).
+    per-example sums [B, C, C] instead of per position (see :mod:`.solve`).  ``need_edges``: the iterate's edge
+    marginals are kept; ``edge_offsets``: so are edge offsets, gradients and the oracle points' edges (only for an
+    energy that reads edges: the accelerated method keeps its averages' edges for their entropy alone).
     """
 
     def __init__(self, oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method: str, tol: float,
@@ -312,22 +321,26 @@ class SolverState:
         # the accelerated method's objective at its averages reads the Bethe entropy, hence the edge marginals
         # (of structures that have pairwise factors: a dependency tree's are the oracle's all-zero placeholders)
         self.need_edges = need_edges = g0.edge is not None or (method == "accelerated" and self.pairwise)
+        # edge offsets (and edge gradients, gradient averages, prox-centres) only for an energy that reads the edge
+        # marginals: for one that does not they stay exactly 0, so the accelerated method keeps only its average's
+        # edge marginals (for the entropy) and recomputes an oracle point's where it returns to one
+        self.edge_offsets = edge_offsets = g0.edge is not None
         self.totals = totals = totals and need_edges
-        self.theta = theta = potentials if totals else _edge_potentials(potentials, need_edges)
+        self.theta = theta = potentials if totals else _edge_potentials(potentials, edge_offsets)
         self.calls = b
-        start_node, start_edge = _warm_offsets(warm_start, theta, need_edges, method)
+        start_node, start_edge = _warm_offsets(warm_start, theta, edge_offsets, method)
         mu0 = base if start_node is None else oracle.marginals(theta.shifted(start_node, start_edge))
         if start_node is not None:
             self.calls += b                                 # the warm start's own oracle call
 
         self.mu_node = mu_node = mu0.node.clone()
         self.mu_edge = mu_edge = (mu0.edge_total() if totals else mu0.edge).clone() if need_edges else None
-        zeros_edge = (lambda: torch.zeros_like(mu_edge)) if need_edges else (lambda: None)
+        zeros_edge = (lambda: torch.zeros_like(mu_edge)) if edge_offsets else (lambda: None)
         # dual offset of the last oracle point
         self.delta_node, self.delta_edge = torch.zeros_like(mu_node), zeros_edge()
         if start_node is not None:
             self.delta_node = start_node.clone()
-            if need_edges:
+            if edge_offsets:
                 self.delta_edge = start_edge.clone()
         self.anchor_node, self.anchor_edge = torch.zeros_like(mu_node), zeros_edge()   # prox-centre
         self.gbar_node, self.gbar_edge = torch.zeros_like(mu_node), zeros_edge()       # gradient average since it
@@ -347,11 +360,11 @@ class SolverState:
         # must still show the energy's pull in the residual: where theta allows mass, an exact 0 counts as tiny
         if self.allowed_node is None:
             self.allowed_node = self.support
-            self.allowed_edge = None if not need_edges else (base.edge_total() if totals else base.edge) > 0
-        self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if need_edges else None)
-        self.val = _check_value(energy, energy.value(self._point(mu_node, mu_edge, lengths)), mu_node)  # MD test
+            self.allowed_edge = None if not edge_offsets else (base.edge_total() if totals else base.edge) > 0
+        self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if edge_offsets else None)
+        self.val = _check_value(energy, energy.value(self._energy_point(mu_node, mu_edge, lengths)), mu_node)
         f = -self.log_z + _inner(self.delta_node, mu_node) + self.val
-        if need_edges:
+        if edge_offsets:
             f = f + _inner(self.delta_edge, mu_edge)
         self.f = f
         self.start_name = "the base marginals oracle(theta)" if start_node is None else "the warm start"
@@ -365,7 +378,7 @@ class SolverState:
                              "counts on a label whose potentials are all -inf) or because that mass underflows to 0 "
                              f"(log-potential gaps beyond what exp can represent in {dtype}, ~745 in float64)")
         if method == "accelerated":      # the best oracle point seen, where a restart resumes
-            self.best_f, self.best_node, self.best_edge = f.clone(), mu_node.clone(), _clone(mu_edge)
+            self.best_f, self.best_node, self.best_edge = f.clone(), mu_node.clone(), _clone(self.nu_edge)
             self.best_dn, self.best_de = torch.zeros_like(mu_node), zeros_edge()
             self.best_logz = self.log_z.clone()
             self.nu_f = f.clone()                                   # the objective at nu, the last oracle point
@@ -399,7 +412,7 @@ class SolverState:
                                               potentials.lengths))
         self.calls += potentials.node.shape[0]
         node = (base.node > 0) | (uniform.node > 0)
-        if not self.need_edges:
+        if not self.edge_offsets:
             return node, None
         if self.totals:
             return node, (base.edge_total() > 0) | (uniform.edge_total() > 0)
@@ -410,7 +423,7 @@ class SolverState:
         edge marginal (positive in exact arithmetic, so underflow), at a position whose edge marginals carry
         mass (the dependency oracles' edges are all-zero placeholders)."""
         n = potentials.node.shape[1]
-        if not self.need_edges or n < 2:
+        if not self.edge_offsets or n < 2:
             return False
         pos = base.node > 0
         rows = edge_row_ends(pos, tree_parents(oracle, n))
@@ -438,6 +451,16 @@ class SolverState:
             return Marginals(node, lambda: node.new_zeros(b, max(n - 1, 0), c, c), None, lens, near=near)
         return Marginals(node, edge, None, lens, near=near)
 
+    def _energy_point(self, node: Tensor, edge: Tensor | None, lens: Tensor) -> Marginals:
+        """The marginals the energy reads: without edges where it reads none (no copy of the edge state)."""
+        return self._point(node, edge if self.edge_offsets else None, lens)
+
+    def _oracle_edges(self, rows: Tensor, dn: Tensor) -> Tensor:
+        """The edge marginals of the oracle points ``theta + dn`` of ``rows`` (not kept where the energy reads no
+        edges: the accelerated method returns to an oracle point only on convergence and at restarts)."""
+        self.calls += int(rows.numel())
+        return self.oracle.marginals(self.shift(self.theta.index(rows), dn, None)).edge
+
     def shift(self, pot: PairwisePotentials, dn: Tensor, de: Tensor | None) -> PairwisePotentials:
         """``pot`` with dual offsets (per-example [B, C, C] edge offsets viewed over the positions)."""
         if not self.totals or de is None:
@@ -455,14 +478,17 @@ class SolverState:
         return g
 
     def _with_rows(self, rows: Tensor, node: Tensor, edge: Tensor | None) -> Marginals:
-        """Full-batch marginals with ``rows`` replaced: energies may hold data for the whole batch."""
+        """Full-batch marginals with ``rows`` replaced, as the energy reads them: energies may hold data for the
+        whole batch."""
+        if not self.edge_offsets:
+            edge = None
         return self._point(self.mu_node.index_put((rows,), node),
                            None if edge is None else self.mu_edge.index_put((rows,), edge), self.lengths)
 
     def _gradient_rows(self, rows: Tensor, node: Tensor, edge: Tensor | None) -> tuple[Tensor, Tensor | None]:
         g = self._gradient(self._with_rows(rows, node, edge))
         ge = None
-        if self.need_edges:
+        if self.edge_offsets:
             ge = g.edge[rows] if g.edge is not None else torch.zeros_like(edge)
         return g.node[rows], ge
 
@@ -495,8 +521,8 @@ class SolverState:
         cw = 2.0 / (s1 + 1)                                 # accelerated weights c_t
         if self.method == "accelerated":                    # Algorithm 5 linearises at u_t
             g_n, g_e = self._gradient_rows(a, _lerp(self.mu_node[a], self.nu_node[a], cw),
-                                           _lerp(self.mu_edge[a], self.nu_edge[a], cw) if self.need_edges else None)
-            point_node, point_edge = self.nu_node[a], (self.nu_edge[a] if self.need_edges else None)
+                                           _lerp(self.mu_edge[a], self.nu_edge[a], cw) if self.edge_offsets else None)
+            point_node, point_edge = self.nu_node[a], (self.nu_edge[a] if self.edge_offsets else None)
         else:
             g_n, g_e = self._gradient_rows(a, self.mu_node[a], self.mu_edge[a] if self.need_edges else None)
             point_node, point_edge = self.mu_node[a], (self.mu_edge[a] if self.need_edges else None)
@@ -517,8 +543,10 @@ class SolverState:
         if self.method == "accelerated" and done.numel():
             # they return nu, the point their stationarity was tested at (so its objective ends the history)
             self.mu_node[done], self.f[done] = self.nu_node[done], self.nu_f[done]
-            if self.need_edges:
+            if self.edge_offsets:
                 self.mu_edge[done] = self.nu_edge[done]
+            elif self.need_edges:
+                self.mu_edge[done] = self._oracle_edges(done, self.delta_node[done])
         if not keep.all():
             a, s1, cw, g_n = a[keep], s1[keep], cw[keep], g_n[keep]
             g_e = None if g_e is None else g_e[keep]
@@ -629,7 +657,8 @@ class SolverState:
         if self.method == "accelerated":
             w = cw[pending]
             m_edge = m.edge if self.need_edges else None
-            node, edge = _lerp(self.mu_node[rows], m.node, w), _lerp(_rows(self.mu_edge, rows), m_edge, w)
+            mu_edge = self.mu_edge if self.mu_edge is None or _whole(rows, len(self.mu_edge)) else self.mu_edge[rows]
+            node, edge = _lerp(self.mu_node[rows], m.node, w), _lerp(mu_edge, m_edge, w)
             # the oracle point's potentials: a close start for an entropy solved by iteration (the average
             # moves towards the latest point, and the points converge)
             lin = _objective_parts(self.oracle, self.theta.index(rows),
@@ -755,11 +784,16 @@ class SolverState:
         self.f[r], self.delta_node[r], self.mu_node[r] = trial.f[ok], trial.dn[ok], trial.node[ok]
         self.val[r] = trial.val[ok]
         if self.need_edges:
-            self.delta_edge[r], self.mu_edge[r] = trial.de[ok], trial.edge[ok]
+            if _whole(r, len(self.mu_edge)):           # the candidates are new tensors: no copy
+                self.mu_edge = trial.edge
+            else:
+                self.mu_edge[r] = trial.edge[ok]
+        if self.edge_offsets:
+            self.delta_edge[r] = trial.de[ok]
         if self.method != "md":
             self.since[r] += 1
             self.gbar_node[r] = trial.gn[ok]
-            if self.need_edges:
+            if self.edge_offsets:
                 self.gbar_edge[r] = trial.ge[ok]
         self.log_z[r] = m.log_partition[ok]         # log Z at the last accepted oracle point
         if self.method == "accelerated":
@@ -771,10 +805,10 @@ class SolverState:
                 rb = trial.rows[better]
                 self.best_f[rb], self.best_node[rb] = trial.f_nu[better], m.node[better]
                 self.best_dn[rb] = trial.dn[better]
-                if self.need_edges:
+                if self.edge_offsets:
                     self.best_edge[rb], self.best_de[rb] = m.edge[better], trial.de[better]
                 self.best_logz[rb] = m.log_partition[better]
-            if self.need_edges:
+            if self.edge_offsets:
                 self.nu_edge[r] = m.edge[ok]
         self.iterations[r] += 1
 
@@ -811,7 +845,7 @@ class SolverState:
                                         p_cur[failed])
             self.anchor_node[rows] = self.delta_node[rows]
             self.gbar_node[rows] = 0.0
-            if self.need_edges:
+            if self.edge_offsets:
                 self.anchor_edge[rows] = self.delta_edge[rows]
                 self.gbar_edge[rows] = 0.0
             self.since[rows] = 0
@@ -825,10 +859,12 @@ class SolverState:
         self.gbar_node[rr] = 0.0
         self.since[rr] = 0
         self.nu_node[rr] = self.mu_node[rr] = self.best_node[rr]
-        if self.need_edges:
+        if self.edge_offsets:
             self.delta_edge[rr] = self.anchor_edge[rr] = self.best_de[rr]
             self.gbar_edge[rr] = 0.0
             self.nu_edge[rr] = self.mu_edge[rr] = self.best_edge[rr]
+        elif self.need_edges:
+            self.mu_edge[rr] = self._oracle_edges(rr, self.best_dn[rr])
         self.f[rr] = self.nu_f[rr] = self.best_f[rr]
 
     def _relax(self, a: Tensor, p_cur: Tensor, clean: Tensor, min_step: Tensor | None) -> None:

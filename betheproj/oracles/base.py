@@ -355,6 +355,11 @@ def raise_if_not_finite(score: Tensor, infeasible: str = NO_LABELLING, examples:
 
 
 def _plogp(p: Tensor) -> Tensor:
+    """``p log p``, 0 where ``p <= 0``."""
+    if not p.requires_grad:
+        q = p.clamp_min(0.0)                 # two passes over edge-sized marginals, not six
+        return torch.special.xlogy(q, q)
+    # differentiable at p = 0 (xlogy's gradient there is -inf): the masked branch's is finite
     return torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), torch.zeros_like(p))
 
 

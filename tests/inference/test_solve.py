@@ -1023,6 +1023,28 @@ def test_objective_checks_its_arguments_as_solve_does():
                                -mu.log_partition + energy.value(mu))          # -H - <theta, mu> = -log Z here
 
 
+def test_objective_scores_a_shared_table_on_the_edge_totals_and_forbidden_mass_as_infinite():
+    """A shared transition table scores each example's edge marginals summed over positions (one [C, C] product, not
+    one per position): the same value as the table expanded over the positions; mass on a forbidden transition makes
+    ``-<theta, mu>``, hence the objective, ``+inf``, and a forbidden transition without mass adds nothing."""
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(4, 4, generator=g, dtype=DT)
+    table[0, 1] = -INF
+    shared = bp.ChainPotentials(torch.randn(3, 5, 4, generator=g, dtype=DT), table, torch.tensor([5, 3, 1]))
+    expanded = bp.ChainPotentials(shared.node, table.expand(3, 4, 4, 4).clone(), shared.lengths)
+    chain, energy = bp.LinearChain(), LinearMeasurements(node=torch.ones(1, 4, dtype=DT), offset=1.0, loss="squared")
+    mu = chain.marginals(shared)
+    value = bp.objective(chain, shared, energy, mu)
+    assert torch.isfinite(value).all()
+    torch.testing.assert_close(value, bp.objective(chain, expanded, energy, mu), rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(value, -mu.log_partition + energy.value(mu))
+    uniform = chain.marginals(bp.ChainPotentials(torch.zeros(3, 5, 4, dtype=DT), torch.zeros(4, 4, dtype=DT),
+                                                 shared.lengths))
+    mixed = bp.Marginals(0.5 * (mu.node + uniform.node), 0.5 * (mu.edge + uniform.edge), None, mu.lengths)
+    assert bp.objective(chain, shared, energy, mixed).tolist()[:2] == [INF, INF]      # mass on (0, 1)
+    assert torch.isfinite(bp.objective(chain, shared, energy, mixed)[2])              # length 1: no edges
+
+
 def test_an_oracle_class_or_none_is_named():
     """The class for the oracle, ``bp.solve(bp.LinearChain, ...)``, failed inside the solver with
     "LinearChain.marginals() missing 1 required positional argument: 'potentials'", and decode and solve_global took

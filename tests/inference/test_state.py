@@ -169,3 +169,41 @@ def test_the_accelerated_method_keeps_no_edge_state_over_dependency_trees():
     assert not sol.marginals.has_edge and sol.potentials.edge.shape == (6, 6)    # the shared all-zero table
     assert not sol.marginals.edge.any() and sol.marginals.edge.shape == (3, 4, 6, 6)
     assert torch.allclose(bp.objective(bp.NonProjective(), pot, energy, sol.marginals), sol.objective, atol=1e-8)
+
+
+def test_the_accelerated_method_keeps_only_its_averages_edges_for_an_energy_of_node_marginals():
+    """On a chain the accelerated method's objective at its averages reads their Bethe entropy, so it keeps their
+    edge marginals; for an energy that reads no edges the dual offsets, prox-centre and gradient average stay 0 on
+    the edges, and the last and best oracle points' edges are recomputed where it returns to them (convergence,
+    restarts).  It takes the same steps as with every edge copy kept: the same energy with all-zero edge
+    measurements (an edge gradient of 0) forces that path."""
+    g = torch.Generator().manual_seed(1)
+    b, n, c, j = 5, 7, 4, 6
+    theta = bp.ChainPotentials(torch.randn(b, n, c, generator=g, dtype=torch.float64) * 2,
+                               torch.randn(c, c, generator=g, dtype=torch.float64), torch.tensor([7, 6, 5, 3, 1]))
+    a, off = torch.randn(j, c, generator=g, dtype=torch.float64), torch.rand(j, generator=g, dtype=torch.float64)
+    psi = torch.rand(1, j, generator=g, dtype=torch.float64) * 5
+    node_only = LinearMeasurements(node=a, offset=off, psi=psi)
+    zero_edges = LinearMeasurements(node=a, edge=torch.zeros(j, c, c, dtype=torch.float64), offset=off, psi=psi)
+
+    def state(energy):
+        return SolverState(bp.LinearChain(), theta, energy, "accelerated", tol=1e-9, beta=0.0, step=1.0,
+                           lipschitz=1.0, max_backtracks=40, trust_region=10.0, warm_start=None)
+
+    lean_state = state(node_only)
+    assert lean_state.need_edges and lean_state.mu_edge.shape == (b, n - 1, c, c)
+    assert all(e is None for e in (lean_state.nu_edge, lean_state.delta_edge, lean_state.anchor_edge,
+                                   lean_state.gbar_edge, lean_state.best_edge, lean_state.best_de))
+    assert state(zero_edges).delta_edge.shape == (b, n - 1, c, c)
+
+    lean = bp.solve(bp.LinearChain(), theta, node_only, method="accelerated", max_iter=100, tol=1e-9)
+    full = bp.solve(bp.LinearChain(), theta, zero_edges, method="accelerated", max_iter=100, tol=1e-9)
+    assert torch.equal(lean.iterations, full.iterations) and torch.equal(lean.converged, full.converged)
+    assert (lean.iterations > 40).any()                          # restarts (every 20 steps) happened
+    assert lean.converged.all()
+    assert torch.allclose(lean.marginals.node, full.marginals.node, rtol=0, atol=1e-13)
+    assert torch.allclose(lean.marginals.edge, full.marginals.edge, rtol=0, atol=1e-13)
+    assert torch.allclose(lean.objective, full.objective, rtol=1e-13, atol=1e-13)
+    assert lean.potentials.edge.shape == (c, c)                  # the shared table: no edge offsets to add
+    exact = bp.LinearChain().marginals(lean.potentials)          # converged: the returned point is an oracle point
+    assert torch.allclose(lean.marginals.edge, exact.edge, rtol=0, atol=1e-13)
