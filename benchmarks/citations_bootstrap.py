@@ -24,14 +24,16 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import torch
 from _common import positive_int, run, seed_int
 
 from betheproj.cli import _unit_float
 from betheproj.data.citations import SPLITS, load_citations
 from betheproj.experiments._plot import figure
-from betheproj.experiments.citations import f1_of, load_run, nonlocal_predictor, viterbi_predictor
-from betheproj.inference import BIOFields, decode_segments
+from betheproj.experiments.citations import load_run, nonlocal_tagger, predictions
+from betheproj.inference import BIOFields, decode_segments_at
 from betheproj.learning.metrics import segment_counts
+from betheproj.oracles import LinearChain
 
 GAIN_GOAL, F1_GOAL = 1.0, 96.0          # issue 5: one point over the baseline, and 96.0 on test
 
@@ -60,29 +62,34 @@ def main() -> None:
     index, model, iters = saved.index, saved.model, saved.config.test_iters[-1]
     cites = load_citations(args.data)[args.split]
     enc = index.encode(cites)
-    predictors = {"baseline": viterbi_predictor(model.theta), "non-local": nonlocal_predictor(model, iters)}
-    if args.mbr is not None:
-        fields = BIOFields.from_labels(index.labels)
-        t_base, t_nonlocal = args.mbr
-        predictors["baseline, MBR"] = lambda x, n: decode_segments(model.theta(x, n), fields, t_base)
-        predictors["non-local, MBR"] = lambda x, n: decode_segments(model.infer(x, n, iters).potentials, fields,
-                                                                    t_nonlocal)
+    fields = BIOFields.from_labels(index.labels) if args.mbr is not None else None
+    t_base, t_nonlocal = ([], []) if args.mbr is None else ([args.mbr[0]], [args.mbr[1]])
+
+    def baseline(x: torch.Tensor, n: torch.Tensor) -> list[torch.Tensor]:        # Viterbi, and MBR if asked
+        theta = model.theta(x, n)
+        return [LinearChain().map(theta), *(decode_segments_at(theta, fields, t_base) if t_base else [])]
+
+    # each row's decodings of one solve: the names of a tagger's outputs, in order
+    taggers = {("baseline", "baseline, MBR")[: 1 + len(t_base)]: baseline,
+               ("non-local", "non-local, MBR")[: 1 + len(t_nonlocal)]: nonlocal_tagger(model, iters, fields,
+                                                                                      t_nonlocal)}
     gold = [c.labels for c in cites]
-    counts = np.stack([segment_counts(gold, f1_of(p, index, cites, enc)[1]) for p in predictors.values()])  # [R, n, 3]
+    names = [name for group in taggers for name in group]
+    counts = np.stack([segment_counts(gold, labels) for tagger in taggers.values()
+                       for labels in predictions(tagger, index, cites, enc)])                        # [R, n, 3]
     rng = np.random.default_rng(args.seed)
     weights = rng.multinomial(len(cites), np.full(len(cites), 1 / len(cites)), size=args.samples)      # [S, n]
     resampled = f1(np.einsum("sn,rnk->srk", weights, counts))                                           # [S, R]
     point = f1(counts.sum(1))
     print(f"{args.split}: {len(cites)} citations, {int(counts[0, :, 2].sum())} gold segments; {args.samples} paired "
           f"resamples of the citations (seed {args.seed})")
-    names = list(predictors)
     for r, name in enumerate(names):
         low, high = np.percentile(resampled[:, r], [2.5, 97.5])
         print(f"  {name:<16} F1 {point[r]:6.2f}  95% interval [{low:.2f}, {high:.2f}]  "
               f"(standard error {resampled[:, r].std(ddof=1):.2f})")
     gains = {}
     for base, other in (("baseline", "non-local"), ("baseline, MBR", "non-local, MBR")):
-        if other not in predictors:
+        if other not in names:
             continue
         b, o = names.index(base), names.index(other)
         gains[other] = gain = resampled[:, o] - resampled[:, b]

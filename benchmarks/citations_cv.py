@@ -37,14 +37,14 @@ from betheproj.data.citations import load_citations
 from betheproj.experiments.citations import (
     constraint_model,
     cross_fit_potentials,
-    f1_of,
     learn_pooled_weights,
     learn_weights,
     load_run,
-    nonlocal_predictor,
+    nonlocal_tagger,
+    predictions,
     templates,
 )
-from betheproj.inference import BIOFields, decode_segments
+from betheproj.inference import BIOFields
 from betheproj.learning.metrics import segment_f1
 
 
@@ -100,8 +100,8 @@ def main() -> None:
                                                          index.encode(data["train"]))}
         print(f"cross-fitted potentials of {len(data['train'])} training citations "
               f"({time.perf_counter() - start:.0f} s)")
-    decoders = {"": None} if args.mbr is None else {"MAP": None, f"MBR {args.mbr:g}": args.mbr}
-    fields = BIOFields.from_labels(index.labels)
+    decoders = [""] if args.mbr is None else ["MAP", f"MBR {args.mbr:g}"]       # the outputs of one solve
+    fields, thresholds = BIOFields.from_labels(index.labels), [] if args.mbr is None else [args.mbr]
     scores: dict[str, list[float]] = {f"{way}{', ' if way and d else ''}{d}": [] for way in ways for d in decoders}
     for seed in args.seeds:
         seeded = dataclasses.replace(config, seed=seed)
@@ -119,15 +119,11 @@ def main() -> None:
                     learn_pooled_weights(model, pool[0], pool[1], (x[fit], y[fit], n[fit]), seeded)
                 held = [dev[i] for i in tag.tolist()]
                 gold += [c.labels for c in held]
-                for d, threshold in decoders.items():
-                    if threshold is None:
-                        predictor = nonlocal_predictor(model, config.test_iters[-1])
-                    else:
-                        def predictor(xs, ns, t=threshold):
-                            return decode_segments(model.infer(xs, ns, config.test_iters[-1]).potentials, fields, t)
-                    tagged = f1_of(predictor, index, held, (x[tag], y[tag], n[tag]))
-                    pred[d] += tagged[1]
-                    each[d].append(tagged[0])
+                tagger = nonlocal_tagger(model, config.test_iters[-1], fields, thresholds)
+                for d, labels in zip(decoders, predictions(tagger, index, held, (x[tag], y[tag], n[tag])),
+                                     strict=True):
+                    pred[d] += labels
+                    each[d].append(100 * segment_f1([c.labels for c in held], labels).f1)
             for d in decoders:
                 key = f"{way}{', ' if way and d else ''}{d}"
                 scores[key].append(100 * segment_f1(gold, pred[d]).f1)

@@ -65,10 +65,9 @@ from ..progress import progress_bar
 from ._plot import figure
 
 __all__ = ["PAPER", "CitationConfig", "train_baseline", "templates", "constraint_model", "learn_weights",
-           "cross_fit_potentials", "learn_pooled_weights",
-           "viterbi_predictor", "nonlocal_predictor", "f1_of", "mbr_f1", "run", "format_table", "plot_iterations",
-           "plot_histogram", "tag_strings", "to_nested_tags", "save_model", "load_model", "load_run",
-           "SavedRun"]
+           "cross_fit_potentials", "learn_pooled_weights", "viterbi_predictor", "nonlocal_predictor",
+           "nonlocal_tagger", "predictions", "f1_of", "mbr_f1", "run", "format_table", "plot_iterations",
+           "plot_histogram", "tag_strings", "to_nested_tags", "save_model", "load_model", "load_run", "SavedRun"]
 
 PAPER = {"baseline": 94.47, "non-local": 95.47, "Anzaroot et al. baseline": 94.41, "Soft-DD": 95.39}
 
@@ -177,6 +176,15 @@ def _tag_all(tagger: Callable[[Tensor, Tensor], list[Tensor]], index: FeatureInd
     finally:
         bar.close()
     return pred
+
+
+def predictions(tagger: Callable[[Tensor, Tensor], list[Tensor]], index: FeatureIndex, citations: Sequence[Citation],
+                encoded: tuple[Tensor, Tensor, Tensor], chunk_size: int = 256, progress: bool = False,
+                desc: str = "tagging") -> list[list[list[str]]]:
+    """The label names of ``citations`` under each of the labellings ``tagger(features, lengths)`` returns for a
+    chunk ([B, N] label ids each: several decodings of one solve, as :func:`nonlocal_tagger` gives)."""
+    citations = _check_encoded(citations, encoded)
+    return _tag_all(tagger, index, citations, encoded, chunk_size, progress, desc)
 
 
 def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citations: Sequence[Citation],
@@ -375,10 +383,16 @@ def nonlocal_predictor(model: NonLocalCRF, max_iter: int, iterations: list[Tenso
     return predict
 
 
-def _decoded_both_ways(model: NonLocalCRF, max_iter: int, fields: BIOFields | None, thresholds: Sequence[float],
-                       iterations: list[Tensor] | None) -> Callable[[Tensor, Tensor], list[Tensor]]:
-    """``(features, lengths) -> [MAP labels, segment-MBR labels at each threshold]``: one solve, its MRF
-    ``theta - grad L(mu*)`` decoded by Viterbi (Proposition 1) and for segment F1 (:func:`decode_segments_at`)."""
+def nonlocal_tagger(model: NonLocalCRF, max_iter: int, fields: BIOFields | None = None,
+                    thresholds: Sequence[float] = (), iterations: list[Tensor] | None = None
+                    ) -> Callable[[Tensor, Tensor], list[Tensor]]:
+    """``(features, lengths) -> [MAP labels, segment-MBR labels at each threshold]``: one solve (at most
+    ``max_iter`` iterations; each batch's iteration counts appended to ``iterations`` if given), its MRF
+    ``theta - grad L(mu*)`` decoded by Viterbi (Proposition 1) and, given ``fields``, for segment F1 at each of
+    ``thresholds`` (:func:`decode_segments_at`)."""
+    if thresholds and fields is None:
+        raise ValueError("thresholds need fields: pass BIOFields.from_labels(index.labels)")
+
     def tag(x: Tensor, n: Tensor) -> list[Tensor]:
         sol = model.infer(x, n, max_iter)
         if iterations is not None:
@@ -463,7 +477,7 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
                                        progress=progress, desc=f"{split}, at most {it} iterations")[0])
     last = config.test_iters[-1]
     for split in ("dev", "test"):               # the last pass decodes each solution both ways
-        tagger = _decoded_both_ways(model, last, fields, thresholds, iterations if split == "test" else None)
+        tagger = nonlocal_tagger(model, last, fields, thresholds, iterations if split == "test" else None)
         scores = _scores(data[split], _tag_all(tagger, index, data[split], enc[split], 256, progress,
                                                f"{split}, at most {last} iterations"))
         curves[split].append(scores[0])

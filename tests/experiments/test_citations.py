@@ -134,6 +134,46 @@ def test_mbr_f1_checks_its_citations_as_f1_of_does_and_agrees_with_decode_segmen
         citations.mbr_f1(model.theta, index, cites[:2], encoded, (0.5,))
 
 
+def test_nonlocal_tagger_decodes_one_solve_by_map_and_segment_mbr_as_the_single_decoders_do():
+    """One solve per chunk, decoded by Proposition 1's MAP and by segment MBR at each threshold: the labels of
+    nonlocal_predictor and of decode_segments on the same solution; predictions checks its citations as f1_of."""
+    from betheproj.inference import BIOFields, decode_segments
+    from betheproj.learning import NonLocalCRF
+
+    index, model, *_ = _small_model(citations.CitationConfig(min_support=1))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.theta.weights.weight.normal_()
+        model.psi.value.fill_(2.0)                          # every constraint on (the learned c starts at 0)
+    a = parse_citation("<title> A title . </title>")
+    b = parse_citation("<authors> <person> <person-last> Smith </person-last> </person> </authors> <title> T </title>")
+    cites, fields = [a, b, a], BIOFields.from_labels(index.labels)
+    encoded = index.encode(cites)
+    iterations = []
+    calls = []
+    infer = model.infer
+
+    def counted(x, n, max_iter=None):
+        calls.append(len(n))
+        return infer(x, n, max_iter)
+
+    model.infer = counted
+    got = citations.predictions(citations.nonlocal_tagger(model, 5, fields, (0.3, 0.7), iterations), index, cites,
+                                encoded, chunk_size=2)
+    assert len(got) == 3 and sum(calls) == 3 and sum(len(i) for i in iterations) == 3      # each citation solved once
+    assert got[0] == citations.f1_of(citations.nonlocal_predictor(model, 5), index, cites, encoded, chunk_size=2)[1]
+    x, _, n = encoded
+    sol = NonLocalCRF.infer(model, x, n, 5)
+    for threshold, labels in zip((0.3, 0.7), got[1:], strict=True):
+        ids = decode_segments(sol.potentials, fields, threshold)
+        assert labels == [[index.labels[int(v)] for v in ids[i, : int(n[i])]] for i in range(len(cites))]
+    assert len(citations.predictions(citations.nonlocal_tagger(model, 5), index, cites, encoded)) == 1
+    with pytest.raises(ValueError, match="thresholds need fields"):
+        citations.nonlocal_tagger(model, 5, None, (0.5,))
+    with pytest.raises(ValueError, match=r"^encoded must be index.encode\(citations\)"):
+        citations.predictions(citations.nonlocal_tagger(model, 5), index, cites[:2], encoded)
+
+
 def test_run_refuses_a_config_or_data_of_another_type():
     """A dict of settings was an AttributeError on 'seed' (and an empty one silently the defaults), a list of
     splits an AttributeError on 'get'."""
