@@ -784,8 +784,8 @@ class SolverState:
         self.f[r], self.delta_node[r], self.mu_node[r] = trial.f[ok], trial.dn[ok], trial.node[ok]
         self.val[r] = trial.val[ok]
         if self.need_edges:
-            if _whole(r, len(self.mu_edge)):           # the candidates are new tensors: no copy
-                self.mu_edge = trial.edge
+            if self.method == "accelerated" and _whole(r, len(self.mu_edge)):
+                self.mu_edge = trial.edge               # its averages are the state's own new tensors: no copy
             else:
                 self.mu_edge[r] = trial.edge[ok]
         if self.edge_offsets:
