@@ -73,7 +73,8 @@ def _lerp(x: Tensor | None, y: Tensor | None, w: Tensor) -> Tensor | None:
     """``(1 - w) x + w y`` with a per-row weight ``w``."""
     if x is None:
         return None
-    return x + w.reshape(-1, *([1] * (x.dim() - 1))) * (y - x)
+    out = y - x                     # then in place: one new tensor (edge-sized state), the same rounding
+    return out.mul_(w.reshape(-1, *([1] * (x.dim() - 1)))).add_(x)
 
 
 def _rows_all(x: Tensor) -> Tensor:
@@ -787,7 +788,7 @@ class SolverState:
             if self.method == "accelerated" and _whole(r, len(self.mu_edge)):
                 self.mu_edge = trial.edge               # its averages are the state's own new tensors: no copy
             else:
-                self.mu_edge[r] = trial.edge[ok]
+                self.mu_edge[r] = trial.edge if len(r) == len(ok) else trial.edge[ok]
         if self.edge_offsets:
             self.delta_edge[r] = trial.de[ok]
         if self.method != "md":

@@ -291,7 +291,10 @@ class Marginals:
         if callable(self._edge_total):
             self._edge_total = self._edge_total()
         if self._edge_total is None:
-            self._edge_total = (self.edge * self.edge_mask()[..., None, None]).sum(1)
+            edge = self.edge
+            b, t, c, _ = edge.shape       # a product with the mask [B, 1, N-1]: no [B, N-1, C, C] temporary
+            mask = self.edge_mask().to(edge.dtype)[:, None, :]
+            self._edge_total = torch.bmm(mask, edge.reshape(b, t, c * c)).reshape(b, c, c)
         return self._edge_total
 
     @property
@@ -357,8 +360,8 @@ def raise_if_not_finite(score: Tensor, infeasible: str = NO_LABELLING, examples:
 def _plogp(p: Tensor) -> Tensor:
     """``p log p``, 0 where ``p <= 0``."""
     if not p.requires_grad:
-        q = p.clamp_min(0.0)                 # two passes over edge-sized marginals, not six
-        return torch.special.xlogy(q, q)
+        # one new tensor, not five (edge-sized marginals); a negative p (rounding) gives log's NaN, set to 0 in place
+        return torch.special.xlogy(p, p).nan_to_num_(0.0, float("inf"), float("-inf"))
     # differentiable at p = 0 (xlogy's gradient there is -inf): the masked branch's is finite
     return torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), torch.zeros_like(p))
 
