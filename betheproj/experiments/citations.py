@@ -183,8 +183,18 @@ def predictions(tagger: Callable[[Tensor, Tensor], list[Tensor]], index: Feature
                 desc: str = "tagging") -> list[list[list[str]]]:
     """The label names of ``citations`` under each of the labellings ``tagger(features, lengths)`` returns for a
     chunk ([B, N] label ids each: several decodings of one solve, as :func:`nonlocal_tagger` gives)."""
+    if not callable(tagger):
+        raise TypeError(f"tagger must be a callable (features, lengths) -> [label ids, ...], got "
+                        f"{type(tagger).__name__}")
     citations = _check_encoded(citations, encoded)
-    return _tag_all(tagger, index, citations, encoded, chunk_size, progress, desc)
+
+    def checked(x: Tensor, n: Tensor) -> list[Tensor]:
+        out = tagger(x, n)
+        if not isinstance(out, (list, tuple)) or not all(isinstance(ids, Tensor) for ids in out):
+            raise TypeError(f"tagger must return a list of [B, N] label-id tensors, got {type(out).__name__} (for "
+                            "one labelling, f1_of takes a predictor that returns a tensor)")
+        return list(out)
+    return _tag_all(checked, index, citations, encoded, chunk_size, progress, desc)
 
 
 def f1_of(model: Callable[[Tensor, Tensor], Tensor], index: FeatureIndex, citations: Sequence[Citation],

@@ -170,6 +170,10 @@ def test_nonlocal_tagger_decodes_one_solve_by_map_and_segment_mbr_as_the_single_
     assert len(citations.predictions(citations.nonlocal_tagger(model, 5), index, cites, encoded)) == 1
     with pytest.raises(ValueError, match="thresholds need fields"):
         citations.nonlocal_tagger(model, 5, None, (0.5,))
+    with pytest.raises(TypeError, match="tagger must be a callable"):
+        citations.predictions(None, index, cites, encoded)
+    with pytest.raises(TypeError, match="tagger must return a list of .* got Tensor .*f1_of"):
+        citations.predictions(citations.viterbi_predictor(model.theta), index, cites, encoded)
     with pytest.raises(ValueError, match=r"^encoded must be index.encode\(citations\)"):
         citations.predictions(citations.nonlocal_tagger(model, 5), index, cites[:2], encoded)
 
