@@ -292,9 +292,9 @@ class Marginals:
             self._edge_total = self._edge_total()
         if self._edge_total is None:
             edge = self.edge
-            b, t, c, _ = edge.shape       # a product with the mask [B, 1, N-1]: no [B, N-1, C, C] temporary
+            b, t, *pair = edge.shape      # a product with the mask [B, 1, N-1]: no [B, N-1, C, C] temporary
             mask = self.edge_mask().to(edge.dtype)[:, None, :]
-            self._edge_total = torch.bmm(mask, edge.reshape(b, t, c * c)).reshape(b, c, c)
+            self._edge_total = torch.bmm(mask, edge.reshape(b, t, pair[0] * pair[1])).reshape(b, *pair)
         return self._edge_total
 
     @property

@@ -185,3 +185,14 @@ def test_bethe_entropy_is_the_same_with_and_without_a_gradient_and_its_gradient_
     assert torch.allclose(tracked.detach(), plain, rtol=1e-15, atol=0)
     tracked.sum().backward()
     assert all(torch.isfinite(x.grad).all() for x in leaves)
+
+
+def test_edge_total_sums_each_examples_valid_positions_and_ignores_padding():
+    """Marginals without oracle-provided totals sum their per-position edges over each example's valid positions (one
+    matrix product with the mask): padding, even non-zero, is left out, and a chain of one position has none."""
+    edge = torch.rand(3, 4, 2, 2, dtype=DT)
+    m = bp.Marginals(torch.rand(3, 5, 2, dtype=DT), edge, None, torch.tensor([5, 2, 1]))
+    expected = torch.stack([edge[0].sum(0), edge[1, :1].sum(0), torch.zeros(2, 2, dtype=DT)])
+    torch.testing.assert_close(m.edge_total(), expected, rtol=1e-15, atol=0)
+    single = bp.Marginals(torch.rand(2, 1, 3, dtype=DT), torch.zeros(2, 0, 3, 3, dtype=DT), None, torch.tensor([1, 1]))
+    assert torch.equal(single.edge_total(), torch.zeros(2, 3, 3, dtype=DT))
