@@ -7,5 +7,4 @@ from .segments import BIOFields, best_segments, decode_segments, decode_segments
 from .solve import METHODS, Solution, objective, solve
 
 __all__ = ["METHODS", "BIOFields", "Solution", "best_segments", "decode", "decode_segments", "decode_segments_at",
-           "objective",
-           "segment_log_marginals", "solve", "solve_global"]
+           "objective", "segment_log_marginals", "solve", "solve_global"]

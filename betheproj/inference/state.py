@@ -56,13 +56,14 @@ def _clip_move(old: Tensor, new: Tensor, mu: Tensor, trust_region: float | None)
     return torch.where(mu > 0, old + (new - old).clamp(-h, h), new)
 
 
-def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
-    return None if x is None else x[rows]
-
-
 def _whole(rows: Tensor, b: int) -> bool:
     """Whether ``rows`` is the whole batch ``0..b-1`` in order (edge-sized state is then used without a copy)."""
     return rows.numel() == b and bool((rows == torch.arange(b, device=rows.device)).all())
+
+
+def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
+    """``x[rows]`` for reading: ``x`` itself, not a copy, where ``rows`` is the whole batch."""
+    return None if x is None else x if _whole(rows, len(x)) else x[rows]
 
 
 def _clone(x: Tensor | None) -> Tensor | None:
@@ -658,8 +659,7 @@ class SolverState:
         if self.method == "accelerated":
             w = cw[pending]
             m_edge = m.edge if self.need_edges else None
-            mu_edge = self.mu_edge if self.mu_edge is None or _whole(rows, len(self.mu_edge)) else self.mu_edge[rows]
-            node, edge = _lerp(self.mu_node[rows], m.node, w), _lerp(mu_edge, m_edge, w)
+            node, edge = _lerp(self.mu_node[rows], m.node, w), _lerp(_rows(self.mu_edge, rows), m_edge, w)
             # the oracle point's potentials: a close start for an entropy solved by iteration (the average
             # moves towards the latest point, and the points converge)
             lin = _objective_parts(self.oracle, self.theta.index(rows),
