@@ -54,7 +54,7 @@ from ..data.citation_features import FEATURES_VERSION, FeatureIndex, other_featu
 from ..data.citations import Citation, check_citations, escape_tags, is_tag_name, tokenize_citation
 from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
-from ..inference import BIOFields, decode, decode_segments, decode_segments_at
+from ..inference import BIOFields, decode, decode_segments_at
 from ..inference.solve import METHODS
 from ..learning import ConstantPsi, NonLocalCRF, SparseChainCRF, fit_crf
 from ..learning.crf import length_chunks
@@ -746,14 +746,11 @@ def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, m
         return out
     enc = index.encode([cites[i] for i in keep])
     max_iter = model.max_iter if max_iter is None else max_iter
-    if mbr_threshold is None:
-        predictor = nonlocal_predictor(model, max_iter)
-    else:
-        fields = BIOFields.from_labels(index.labels)
-
-        def predictor(x: Tensor, n: Tensor) -> Tensor:
-            return decode_segments(model.infer(x, n, max_iter).potentials, fields, mbr_threshold)
-    _, pred = f1_of(predictor, index, [cites[i] for i in keep], enc, progress=progress)
+    fields, thresholds = (None, ()) if mbr_threshold is None else (BIOFields.from_labels(index.labels),
+                                                                    (mbr_threshold,))
+    # the last of the tagger's outputs: Proposition 1's MAP, or segment MBR where a threshold is given
+    pred = predictions(nonlocal_tagger(model, max_iter, fields, thresholds), index, [cites[i] for i in keep], enc,
+                       progress=progress)[-1]
     for i, labels in zip(keep, pred, strict=True):
         out[i] = to_nested_tags(cites[i].tokens, labels)
     return out
