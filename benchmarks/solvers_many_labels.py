@@ -32,26 +32,27 @@ from betheproj.energies import LinearMeasurements
 METHODS = ("md", "rda", "accelerated")
 
 
-def problem(batch: int) -> tuple[bp.PairwisePotentials, LinearMeasurements]:
+def problem(batch: int, device: str = "cpu") -> tuple[bp.PairwisePotentials, LinearMeasurements]:
+    """Drawn on the CPU (the same problems on every device), then put on ``device``."""
     g = torch.Generator().manual_seed(0)
     n, c, j = 35, 95, 40
     theta = bp.ChainPotentials(torch.randn(batch, n, c, generator=g, dtype=torch.float64) * 2,
                                torch.randn(c, c, generator=g, dtype=torch.float64),
                                torch.randint(10, n + 1, (batch,), generator=g))
     a = ((torch.rand(j, c, generator=g) < 0.1).double() - (torch.rand(j, c, generator=g) < 0.1).double())
-    energy = LinearMeasurements(node=a, offset=torch.rand(j, generator=g, dtype=torch.float64) * 3,
-                                loss="smoothed_hinge", psi=torch.rand(1, j, generator=g, dtype=torch.float64) * 3)
-    return theta, energy
+    offset = torch.rand(j, generator=g, dtype=torch.float64) * 3
+    psi = torch.rand(1, j, generator=g, dtype=torch.float64) * 3
+    energy = LinearMeasurements(node=a.to(device), offset=offset.to(device), loss="smoothed_hinge", psi=psi.to(device))
+    return theta.to(device), energy
 
 
 def measure(method: str, batch: int, max_iter: int, device: str) -> dict:
     """Runs in a subprocess: one solve, as JSON."""
     torch.set_num_threads(2)
-    theta, energy = problem(batch)
+    theta, energy = problem(batch, device)
     if device == "cpu":
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     else:
-        theta, energy = theta.to(device), energy.to(device)
         bp.solve(bp.LinearChain(), theta, energy, method=method, max_iter=2)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -114,11 +114,14 @@ def torch_save(obj: object, path: str | Path) -> None:
 def torch_load(path: str | Path, what: str, **options: object) -> object:
     """``torch.load(path, weights_only=True, **options)``; a file it cannot unpickle is a ``ValueError`` saying
     ``path`` is not a ``what`` (torch's own text, its advice on ``weights_only`` included, says nothing about our
-    files).  An ``OSError`` (unreadable file) passes through."""
+    files).  Sparse tensors in it are checked (indices inside their size), so a damaged one is that ``ValueError``
+    too, not a wrong read later (the check being explicit also keeps torch 2.11 from warning that it is off).  An
+    ``OSError`` (unreadable file) passes through."""
     import torch
 
     try:
-        return torch.load(path, weights_only=True, **options)
+        with torch.sparse.check_sparse_tensor_invariants(True):
+            return torch.load(path, weights_only=True, **options)
     except OSError:
         raise
     except Exception:  # noqa: BLE001 - any other failure to unpickle means "not a model file"

@@ -1,4 +1,5 @@
-"""betheproj._files: the writability probe and torch.save failures as an OSError naming the file."""
+"""betheproj._files: the writability probe, torch.save failures as an OSError naming the file, and torch_load's
+checks."""
 
 import errno
 import os
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from betheproj import _files
-from betheproj._files import check_writable, torch_save
+from betheproj._files import check_writable, torch_load, torch_save
 
 
 def test_check_writable_probes_by_creating_a_file(tmp_path, monkeypatch):
@@ -149,3 +150,15 @@ def test_save_figure_writes_atomically_in_the_suffixs_format(tmp_path):
         _files.save_figure(Broken(), tmp_path / "a.png", 50)
     assert (tmp_path / "a.png").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["a.png",
                                                                                                         "a.svg"]
+
+
+def test_torch_load_checks_sparse_tensors(tmp_path):
+    good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
+    torch.save({"w": torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,), check_invariants=True)}, good)
+    assert torch.equal(torch_load(good, "test file")["w"].to_dense(), torch.tensor([1.0, 0.0, 2.0]))
+    # index 7 in a size-3 tensor: unchecked, torch.load reads it and to_dense() silently drops the value
+    damaged = torch.sparse_coo_tensor([[0, 7]], [1.0, 2.0], (3,), check_invariants=False)
+    torch.save({"w": damaged}, bad)
+    with pytest.raises(ValueError, match=f"{bad} is not a test file"):
+        torch_load(bad, "test file")
+    assert not torch.sparse.check_sparse_tensor_invariants.is_enabled()     # the global setting is left as it was
