@@ -9,6 +9,8 @@ cannot be trusted: non-finite potentials, or a forward or backward sum that unde
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..inference.state import _MAX_STEP, _MIN_STEP
@@ -32,36 +34,40 @@ class _Chain:
         self.edge_max = edge.max(axis=(1, 2))                          # [T-1]
         self.factors = np.exp(edge - self.edge_max[:, None, None])     # [T-1, L, L]
         self.const = float(self.edge_max.sum())
+        # work buffers and their rows, made once: a call spends most of its time in NumPy's per-call overhead
+        self._p, self._alpha, self._beta = (np.empty_like(node) for _ in range(3))
+        self._sums, self._v = np.empty(node.shape[0]), np.empty(node.shape[1])
+        self._rows = [list(x) for x in (self._p, self._alpha, self._beta, self.factors)]
 
     def marginals(self, delta: np.ndarray) -> tuple[np.ndarray, float] | None:
         scores = self.node + delta
         top = scores.max(axis=1)
-        p = np.exp(scores - top[:, None])
-        steps = p.shape[0]
-        factors = self.factors
-        alpha = np.empty_like(p)
-        beta = np.empty_like(p)
-        sums = np.empty(steps)
+        np.exp(np.subtract(scores, top[:, None], out=self._p), out=self._p)
+        p, alpha, beta, factors = self._rows
+        sums, v = self._sums, self._v
         reduce, dot, multiply = np.add.reduce, np.dot, np.multiply
-        alpha[0] = p[0]
-        sums[0] = s = reduce(p[0])
-        alpha[0] /= s
-        for t in range(1, steps):
+        a = alpha[0]
+        a[...] = p[0]
+        sums[0] = s = reduce(a)
+        a /= s
+        for t in range(1, len(p)):
+            dot(a, factors[t - 1], out=alpha[t])
             a = alpha[t]
-            dot(alpha[t - 1], factors[t - 1], out=a)
             a *= p[t]
             sums[t] = s = reduce(a)
             a /= s
-        beta[-1] = 1.0
-        v = np.empty(p.shape[1])
-        for t in range(steps - 2, -1, -1):
+        b = beta[-1]
+        b.fill(1.0)
+        for t in range(len(p) - 2, -1, -1):
+            multiply(p[t + 1], b, out=v)
             b = beta[t]
-            multiply(p[t + 1], beta[t + 1], out=v)
             dot(factors[t], v, out=b)
             b /= reduce(b)
-        if not (np.isfinite(sums).all() and (sums > 0).all() and np.isfinite(beta).all()):
-            return None                                                # underflow or overflow: not trusted
-        mu = alpha * beta
+        # underflow or overflow (every entry is >= 0 or NaN, and NaN fails both tests): not trusted
+        if not (np.minimum.reduce(sums) > 0 and np.maximum.reduce(sums) < np.inf
+                and np.maximum.reduce(self._beta, axis=None) < np.inf):
+            return None
+        mu = self._alpha * self._beta
         mu /= mu.sum(axis=1, keepdims=True)
         return mu, float(top.sum()) + self.const + float(np.log(sums).sum())
 
@@ -110,7 +116,8 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
     out = oracle(delta)
     if out is None or out[4] or not np.isfinite(out[2]):      # an overflowing objective: the generic solver says why
         return None
-    mu, log_mu, f, _, _, val = out
+    mu, log_mu, f, _, _, val = out                 # mu > 0 everywhere, here and at every accepted step
+    half = 0.5 * trust_region
     eta, residual, iterations, converged, safeguarded = step, np.inf, 0, False, False
     for _ in range(max_iter):
         g = rate - weight / np.maximum(mu, _TINY)
@@ -122,14 +129,14 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
         min_step = _MIN_STEP / max(1.0, float(np.abs(g + delta).max()))   # relative floor, as in solve()
         for attempt in range(max_backtracks + 1):
             w = eta / (1.0 + eta)
-            move = w * (-g - delta)                       # clipped where mu > 0, as solve() does (_clip_move)
-            cand = delta + np.where(mu > 0, np.clip(move, -0.5 * trust_region, 0.5 * trust_region), move)
+            move = w * (-g - delta)     # clipped, as solve() does where mu > 0 (_clip_move): here mu > 0 everywhere
+            cand = delta + np.minimum(np.maximum(move, -half), half)
             out = oracle(cand)
             if out is None:
                 return None
             m, log_m, fc, floor, collapsed, val_c = out
             floor += 64 * _EPS * abs(f)
-            ok = np.isfinite(fc) and fc <= f + floor
+            ok = math.isfinite(fc) and fc <= f + floor
             # sufficient decrease, as in solve(): L(m) - L(mu) + <cand, m - mu> <= 0, less its rounding error
             dmu, both = m - mu, m + mu                      # the change, and the scale of its rounding
             d = val_c - val + float(np.vdot(cand, dmu))
@@ -140,7 +147,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
                 g_cand = rate - weight / np.maximum(m, _TINY)
                 slope = 0.5 * (g + g_cand) + cand
                 trap = float(np.vdot(slope, dmu))
-                if np.isfinite(trap) and abs(trap) > 2 * _EPS * float(np.vdot(np.abs(slope), both)):
+                if math.isfinite(trap) and abs(trap) > 2 * _EPS * float(np.vdot(np.abs(slope), both)):
                     ok = trap <= 0
                 else:                                       # rounding hides that too: the residual must fall
                     r_cand = _residual(cand, g_cand, m, log_m)
@@ -150,7 +157,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
             change = float(np.abs(log_m - log_mu).max())
             ok = ok and change <= trust_region and not collapsed
             if attempt == max_backtracks and not ok:       # any finite step that does not raise the objective
-                ok = bool(np.isfinite(fc)) and np.isfinite(change) and not collapsed and fc <= f + floor
+                ok = math.isfinite(fc) and math.isfinite(change) and not collapsed and fc <= f + floor
                 safeguarded = safeguarded or ok
             if ok:
                 delta, mu, log_mu, f, val = cand, m, log_m, fc, val_c

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from betheproj.cgm import default_model, map_counts, simulate
-from betheproj.cgm.fast import mirror_descent
+from betheproj.cgm.fast import _Chain, mirror_descent
 from betheproj.energies import Poisson
 from betheproj.inference import solve
 from betheproj.oracles import ChainPotentials, LinearChain
@@ -117,3 +117,20 @@ def test_an_objective_that_overflows_at_the_start_is_left_to_the_generic_solver(
     for method in ("md", "rda"):
         with pytest.raises(ValueError, match="the objective is not finite at the base marginals"):
             map_counts(potentials, observed, 1.0, 1e-300, method=method)
+
+
+def test_the_recursion_is_not_trusted_where_it_underflows_or_overflows():
+    """The scaled forward-backward hands over (None) where a forward sum is 0 (label 1 after step 0 is reachable
+    only from label 1, whose score underflowed), where a dual offset overflows, or is NaN; the same chain's buffers
+    then serve a good call unchanged."""
+    node = np.array([[0.0, -800.0], [0.0, 0.0]])
+    chain = _Chain(node, np.array([[[-800.0, -800.0], [-800.0, 0.0]]]))
+    with np.errstate(all="ignore"):                      # as map_counts calls it
+        assert chain.marginals(np.zeros((2, 2))) is None
+        chain = _Chain(np.zeros((3, 2)), np.zeros((2, 2, 2)))
+        good = chain.marginals(np.zeros((3, 2)))
+        assert chain.marginals(np.array([[0.0, 0.0], [np.inf, 0.0], [0.0, 0.0]])) is None
+        assert chain.marginals(np.array([[0.0, 0.0], [np.nan, 0.0], [0.0, 0.0]])) is None
+        again = chain.marginals(np.zeros((3, 2)))
+    assert np.array_equal(good[0], np.full((3, 2), 0.5)) and np.array_equal(again[0], good[0])
+    assert good[1] == again[1] == 3 * np.log(2.0)
