@@ -19,6 +19,7 @@ from ..oracles.base import (
     Oracle,
     PairwisePotentials,
     _unchecked,
+    _whole_batch,
     edge_row_ends,
     has_pairwise_factors,
     tree_parents,
@@ -56,14 +57,9 @@ def _clip_move(old: Tensor, new: Tensor, mu: Tensor, trust_region: float | None)
     return torch.where(mu > 0, old + (new - old).clamp(-h, h), new)
 
 
-def _whole(rows: Tensor, b: int) -> bool:
-    """Whether ``rows`` is the whole batch ``0..b-1`` in order (edge-sized state is then used without a copy)."""
-    return rows.numel() == b and bool((rows == torch.arange(b, device=rows.device)).all())
-
-
 def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
     """``x[rows]`` for reading: ``x`` itself, not a copy, where ``rows`` is the whole batch."""
-    return None if x is None else x if _whole(rows, len(x)) else x[rows]
+    return None if x is None else x if _whole_batch(rows, len(x)) else x[rows]
 
 
 def _clone(x: Tensor | None) -> Tensor | None:
@@ -244,8 +240,8 @@ def _objective_parts(oracle: Oracle, theta: PairwisePotentials, mu: Marginals) -
     lin = torch.where(mu.node > 0, theta.node * mu.node, zero).flatten(1).sum(-1)
     if has_pairwise_factors(oracle):        # otherwise the edge marginals are the oracle's all-zero placeholders
         # a shared table scores each example's edge marginals summed over positions (positive where any is)
-        edge, table = (mu.edge_total(), theta.edge) if theta.shared_edge else (mu.edge, theta.edge)
-        lin = lin + torch.where(edge > 0, table * edge, zero).flatten(1).sum(-1)
+        edge = mu.edge_total() if theta.shared_edge else mu.edge
+        lin = lin + torch.where(edge > 0, theta.edge * edge, zero).flatten(1).sum(-1)
     return -oracle.entropy(mu) - lin
 
 
@@ -785,7 +781,7 @@ class SolverState:
         self.f[r], self.delta_node[r], self.mu_node[r] = trial.f[ok], trial.dn[ok], trial.node[ok]
         self.val[r] = trial.val[ok]
         if self.need_edges:
-            if self.method == "accelerated" and _whole(r, len(self.mu_edge)):
+            if self.method == "accelerated" and _whole_batch(r, len(self.mu_edge)):
                 self.mu_edge = trial.edge               # its averages are the state's own new tensors: no copy
             else:
                 self.mu_edge[r] = trial.edge if len(r) == len(ok) else trial.edge[ok]

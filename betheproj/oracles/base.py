@@ -97,8 +97,7 @@ class PairwisePotentials:
 
     def index(self, idx: Tensor) -> PairwisePotentials:
         """The sub-batch ``idx`` (``self`` itself when ``idx`` is the whole batch in order: no copy)."""
-        b = self.node.shape[0]
-        if idx.numel() == b and bool((idx == torch.arange(b, device=idx.device)).all()):
+        if _whole_batch(idx, self.node.shape[0]):
             return self
         edge = self.edge if self.shared_edge else self.edge[idx]
         return _unchecked(PairwisePotentials, self.node[idx], edge, self.lengths[idx])
@@ -135,6 +134,11 @@ class PairwisePotentials:
 
 ChainPotentials = PairwisePotentials
 """The potentials of a :class:`~betheproj.LinearChain` (the same container as for trees)."""
+
+
+def _whole_batch(idx: Tensor, b: int) -> bool:
+    """Whether ``idx`` is the whole batch ``0..b-1`` in order (callers then use the whole tensors, no copy)."""
+    return idx.numel() == b and bool((idx == torch.arange(b, device=idx.device)).all())
 
 
 def _unchecked(cls, node: Tensor, edge: Tensor, lengths: Tensor):
