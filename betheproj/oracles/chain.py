@@ -552,6 +552,10 @@ def _viterbi(pot: PairwisePotentials) -> Tensor:
     # (a running score is at most 0, so its maximum is finite or -inf: ``clamp_min(lowest)`` is _finite_max's
     # shift in one kernel, not three, every position.)  Per-position tables are shifted one position at a time
     # (the same values, without a copy of all [B, N-1, C, C]); stride-0 ones once per example, kept a view.
+    # Shared and stride-0 tables are stored transposed, so the [B, C, C] sums are laid out (next, previous) and the
+    # maximum runs over contiguous memory; per-position ones are read as they lie and reduced over dim 1.  No
+    # back-pointers are kept, only the running scores: the backtrace redoes, for the one label chosen at t + 1, the
+    # same sums and takes their first maximum (``amax`` without indices: 2-3x faster at C = 95 than ``max(dim=1)``).
     node, _ = _valid_node(pot)
     node = node - _finite_max(node, -1)
     edge = pot.edge
@@ -560,35 +564,42 @@ def _viterbi(pot: PairwisePotentials) -> Tensor:
     b, n, c = node.shape
     edge_max = None                               # per-position tables' maxima, taken off position by position
     if shared:
-        edge = edge - _finite_max(edge, (-1, -2))
+        edge = (edge - _finite_max(edge, (-1, -2))).t().contiguous()                   # [next, previous]
     elif n > 1 and edge.stride(1) == 0:
-        edge = (edge[:, :1] - _finite_max(edge[:, :1], (-1, -2))).expand(edge.shape)
+        table = edge[:, :1] - _finite_max(edge[:, :1], (-1, -2))
+        edge = table.transpose(-1, -2).contiguous().expand(edge.shape)                 # [B, N-1, next, previous]
     else:
         edge_max = _finite_max(edge, (-1, -2))
     lowest = torch.finfo(node.dtype).min
-    score = node[:, 0]
-    backptr = torch.zeros(b, n, c, dtype=torch.long, device=node.device)
-    final = score.clone()
+    scores = node.new_empty(b, n, c)              # the running score after each position
+    scores[:, 0] = node[:, 0]
+    final = node[:, 0].clone()
     work = node.new_empty(b, c, c)                # the [B, C, C] sums of every position, in one buffer
     for t in range(1, n):
         if edge_max is None:
-            torch.add(score[:, :, None], edge if shared else edge[:, t - 1], out=work)
+            torch.add(scores[:, t - 1, None, :], edge if shared else edge[:, t - 1], out=work)
+            score = torch.amax(work, -1)
         else:
-            torch.sub(edge[:, t - 1], edge_max[:, t - 1], out=work).add_(score[:, :, None])
-        best, arg = work.max(dim=1)
-        score = best + node[:, t]
-        score = score - score.amax(-1, keepdim=True).clamp_min(lowest)
-        backptr[:, t] = arg
-        final = torch.where((t == lengths - 1)[:, None], score, final)
+            torch.sub(edge[:, t - 1], edge_max[:, t - 1], out=work).add_(scores[:, t - 1, :, None])
+            score = torch.amax(work, 1)
+        score += node[:, t]
+        torch.sub(score, score.amax(-1, keepdim=True).clamp_min(lowest), out=scores[:, t])
+        final = torch.where((t == lengths - 1)[:, None], scores[:, t], final)
     raise_if_not_finite(final.amax(-1))
     labels = torch.full((b, n), -1, dtype=torch.long, device=node.device)
+    rows = torch.arange(b, device=node.device)
     last = final.argmax(-1)
+    cur = last
     for t in range(n - 1, -1, -1):
-        at_end = t == lengths - 1
         if t < n - 1:
-            from_next = backptr[:, t + 1].gather(1, labels[:, t + 1].clamp_min(0)[:, None]).squeeze(1)
-            cur = torch.where(at_end, last, from_next)
-        else:
-            cur = last
-        labels[:, t] = torch.where(t <= lengths - 1, cur, torch.full_like(cur, -1))
+            nxt = labels[:, t + 1].clamp_min(0)
+            # the same sums as the forward pass made for label nxt at t + 1
+            if shared:
+                back = scores[:, t] + edge[nxt]
+            elif edge_max is None:
+                back = scores[:, t] + edge[rows, t, nxt]
+            else:
+                back = (edge[rows, t, :, nxt] - edge_max[:, t, 0]) + scores[:, t]
+            cur = torch.where(t == lengths - 1, last, back.argmax(-1))
+        labels[:, t] = torch.where(t <= lengths - 1, cur, -1)
     return labels

@@ -146,6 +146,32 @@ def test_viterbi_of_scores_whose_sum_overflows():
     assert bp.LinearChain().map(pot).tolist() == [[0, 0, 1]]
 
 
+@pytest.mark.parametrize("layout", ["shared", "per-example", "per-position"])
+def test_viterbi_backtrace_finds_a_best_labelling_among_ties(layout):
+    # no back-pointers are kept: the backtrace redoes the forward pass's sums for the label chosen next, so on
+    # scores in {-1, 0, 1} (ties everywhere) with forbidden entries (never label 0's, so every labelling of 0s is
+    # allowed) it must still land on a labelling of the best score
+    gen = torch.Generator().manual_seed(3)
+    b, n, c = 12, 6, 3
+    for _ in range(20):
+        node = torch.randint(-1, 2, (b, n, c), generator=gen).to(DT)
+        node[..., 1:][torch.rand(b, n, c - 1, generator=gen) < 0.1] = -INF
+        table = torch.randint(-1, 2, (b, n - 1, c, c), generator=gen).to(DT)
+        table[torch.rand(b, n - 1, c, c, generator=gen) < 0.2] = -INF
+        table[..., 0, 0] = 0.0
+        edges = {"shared": table[0, 0], "per-example": table[:, :1].expand(b, n - 1, c, c),
+                 "per-position": table}[layout]
+        pot = bp.ChainPotentials(node, edges, torch.randint(1, n + 1, (b,), generator=gen))
+        labels, full = bp.LinearChain().map(pot), pot.full_edge()
+        for k, row in enumerate(labels.tolist()):
+            length = int(pot.lengths[k])
+            assert row[length:] == [-1] * (n - length)
+            y = row[:length]
+            score = sum(float(node[k, t, y[t]]) for t in range(length))
+            score += sum(float(full[k, t, y[t], y[t + 1]]) for t in range(length - 1))
+            assert score == float(bp.BruteForce()._joint(pot, k)[1].max())
+
+
 def test_fast_and_log_space_paths_agree():
     from betheproj.oracles.chain import _log_forward_backward, _log_node_marginals
     pot = _chain(32, 10, 6, scale=3.0, lengths=torch.randint(1, 11, (32,)))
