@@ -160,15 +160,16 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     alpha = torch.empty_like(p)
     s = torch.empty(n, b, dtype=dtype, device=device)
     alpha[0] = p[0]
+    # ``x[t].mul_(y)``, not ``x[t] *= y``, which copies the product back onto itself (``__setitem__``)
     for t in range(n):
         if t:
             if shared:
                 torch.mm(alpha[t - 1], m, out=alpha[t])
             else:
                 torch.bmm(alpha[t - 1, :, None, :], m if per_example else m[t - 1], out=alpha[t, :, None, :])
-            alpha[t] *= p[t]
+            alpha[t].mul_(p[t])
         torch.sum(alpha[t], -1, out=s[t])
-        alpha[t] *= (1.0 / s[t])[:, None]
+        alpha[t].mul_((1.0 / s[t])[:, None])
 
     beta = torch.empty_like(p)
     r = torch.empty(n, b, dtype=dtype, device=device)
@@ -182,7 +183,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         else:
             torch.bmm(m if per_example else m[t], v[:, :, None], out=beta[t, :, :, None])
         torch.sum(beta[t], -1, out=r[t])
-        beta[t] *= (1.0 / r[t])[:, None]
+        beta[t].mul_((1.0 / r[t])[:, None])
         if any_short:
             done = (t >= lengths - 1)
             beta[t] = torch.where(done[:, None], torch.ones((), dtype=dtype), beta[t])
