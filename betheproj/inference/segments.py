@@ -18,14 +18,16 @@ marginals are ``mu*``, it decodes a non-local model's solution.
 
 ``P(s)`` comes from one forward-backward pass for every start and end at once, its sums over labels done as matrix
 products in probability space and redone in log space wherever a term may have underflowed, so it is exact to
-rounding with ``-inf`` potentials and gaps of any size: ``O(B N C^2 + B F N^2)`` time; the result holds ``B F N^2``
-entries, the pass's intermediates are taken in chunks of the batch.  ``python benchmarks/segments.py`` measures it
-against Viterbi on the citation experiment's size.
+rounding with ``-inf`` potentials and gaps of any size: ``O(B N C^2 + B F N^2)`` time.  The segments are produced
+one end position at a time, and the decoder's dynamic programme takes each such column as it comes, so decoding
+holds ``O(B (F + C) N)`` numbers, never the ``B F N^2`` of the whole table (which :func:`segment_log_marginals`
+returns, for inspection).  ``python benchmarks/segments.py`` measures it against Viterbi on the citation
+experiment's size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,9 +37,6 @@ from .._checks import check_real, is_bio_label
 from ..oracles.base import PairwisePotentials
 
 __all__ = ["BIOFields", "segment_log_marginals", "decode_segments", "decode_segments_at", "best_segments"]
-
-_CHUNK_ENTRIES = 1 << 24          # segment posteriors held at once (B F N^2 entries, 128 MB in float64)
-
 
 @dataclass(frozen=True)
 class BIOFields:
@@ -143,14 +142,29 @@ def _forward_backward(node: Tensor, edge: Tensor, lengths: Tensor) -> tuple[Tens
     return alpha, beta, log_z
 
 
-def _chunk(node: Tensor, edge: Tensor, lengths: Tensor, begin: Tensor, inside: Tensor, out: Tensor) -> None:
-    """:func:`segment_log_marginals` of one chunk, written into ``out`` [B, F, N, N] (``-inf`` already): one
-    diagonal (segments of one length) at a time, through strided views.  ``node`` [B, N, C+1] and ``edge``
-    ([C+1, C+1] or [B, N-1, C+1, C+1]) carry one more label, of score ``-inf``, that stands for a missing begin or
-    inside label."""
-    b, n, c = node.shape
-    f = begin.numel()
+def _columns(potentials: PairwisePotentials, fields: BIOFields) -> Iterator[Tensor]:
+    """For each end position ``t = 0 .. W-1`` (``W`` the longest length): ``log P(segment s..t of field f)``
+    [B, F, t+1] over the starts ``s = 0 .. t`` (:func:`segment_log_marginals`' column ``t``), ``-inf`` where ``t``
+    is past an example's length.  A running sum over the starts carries the ``I-`` scores from one end to the next,
+    adding them in the order a segment's own positions come, so each entry is the same sum whatever the layout."""
+    node, lengths = potentials.node, potentials.lengths
+    b, _, c = node.shape
+    n = int(lengths.max()) if b else 0
+    if n == 0:
+        return
     device, ninf = node.device, -torch.inf
+    f = len(fields.names)
+    # one more label, of score -inf, stands for a missing begin or inside label
+    begin = torch.tensor([i if i >= 0 else c for i in fields.begin], device=device)
+    inside = torch.tensor([i if i >= 0 else c for i in fields.inside], device=device)
+    node = torch.cat([node[:, :n], node.new_full((b, n, 1), ninf)], -1)
+    if potentials.shared_edge:
+        edge = potentials.edge.new_full((c + 1, c + 1), ninf)
+        edge[:c, :c] = potentials.edge
+    else:
+        edge = potentials.edge.new_full((b, n - 1, c + 1, c + 1), ninf)
+        edge[:, :, :c, :c] = potentials.edge[:, : n - 1]
+    c += 1
     shared = edge.dim() == 2
     alpha, beta, log_z = _forward_backward(node, edge, lengths)
     if not bool(torch.isfinite(log_z).all()):
@@ -190,46 +204,34 @@ def _chunk(node: Tensor, edge: Tensor, lengths: Tensor, begin: Tensor, inside: T
     into = _lse_product(alpha[:, :-1].reshape(b * (n - 1), c), rows_then_fields(cols))
     open_i = torch.cat([node.new_zeros(b, f, 1), into.reshape(b, n - 1, f).transpose(1, 2)], -1) + node_in
     open_i = open_i - log_z[:, None, None]
-    end = lengths[:, None, None] - torch.arange(n, device=device)               # [B, 1, N]: positions left at s
     exit_in = leave(inside)
-    value = torch.logaddexp(open_b + leave(begin), open_i + exit_in)
-    # from the second token on, both ways of opening a segment s..t add the same I- scores: one running sum [B, F, *]
-    run = torch.logaddexp(open_b[..., :-1] + to_in, open_i[..., :-1] + stay_in) if n > 1 else None
-    for length in range(1, n + 1):
-        if length > 1:                                                 # segments s..t, t = s + length - 1
-            if length > 2:
-                run = run[..., :-1] + stay_in[..., length - 2:]
-            run = run + node_in[..., length - 1:]
-            value = run + exit_in[..., length - 1:]
-        # past an example's end (t >= its length): -inf
-        out.diagonal(length - 1, -2, -1).copy_(value.masked_fill(end[..., : n - length + 1] < length, ninf))
+    single = torch.logaddexp(open_b + leave(begin), open_i + exit_in)     # one-token segments [B, F, N]
+    # from the second token on, both ways of opening a segment s..t add the same I- scores: the mass of s..t
+    # before its exit, for every start s < t at once
+    opened = torch.logaddexp(open_b[..., :-1] + to_in, open_i[..., :-1] + stay_in)     # [B, F, N-1]
+    run = node.new_empty(b, f, n)
+    for t in range(n):
+        column = node.new_empty(b, f, t + 1)
+        if t:
+            run[..., : t - 1] += stay_in[..., t - 1, None]
+            run[..., t - 1] = opened[..., t - 1]
+            run[..., :t] += node_in[..., t, None]
+            torch.add(run[..., :t], exit_in[..., t, None], out=column[..., :t])
+        column[..., t] = single[..., t]
+        yield column.masked_fill_((t >= lengths)[:, None, None], ninf)
 
 
 def segment_log_marginals(potentials: PairwisePotentials, fields: BIOFields) -> Tensor:
     """``log P(segment)`` [B, F, N, N] under a linear chain's MRF: entry ``[b, f, s, t]`` is the log-probability
     that positions ``s..t`` (inclusive) form one segment of field ``f``, i.e. ``y_s`` opens it (its ``B-`` label, or
     its ``I-`` label after any label but the field's two), ``y_{s+1..t}`` are its ``I-`` label and ``y_{t+1}`` is
-    not (or ``t`` is the last position); ``-inf`` where ``t < s`` or past the example's length."""
+    not (or ``t`` is the last position); ``-inf`` where ``t < s`` or past the example's length.  The whole table
+    holds ``B F N^2`` numbers; :func:`decode_segments` never builds it."""
     _check(potentials, fields)
-    node, lengths = potentials.node, potentials.lengths
-    b, n, c = node.shape
-    begin = torch.tensor([i if i >= 0 else c for i in fields.begin], device=node.device)
-    inside = torch.tensor([i if i >= 0 else c for i in fields.inside], device=node.device)
-    f = begin.numel()
-    out = node.new_full((b, f, n, n), -torch.inf)
-    step = max(1, _CHUNK_ENTRIES // max(1, f * n * n))
-    for lo in range(0, b, step):
-        rows = slice(lo, min(b, lo + step))
-        width = int(lengths[rows].max())
-        sub_node = node[rows, :width]
-        sub_node = torch.cat([sub_node, sub_node.new_full((*sub_node.shape[:2], 1), -torch.inf)], -1)
-        if potentials.shared_edge:
-            sub_edge = potentials.edge.new_full((c + 1, c + 1), -torch.inf)
-            sub_edge[:c, :c] = potentials.edge
-        else:
-            sub_edge = potentials.edge.new_full((sub_node.shape[0], width - 1, c + 1, c + 1), -torch.inf)
-            sub_edge[:, :, :c, :c] = potentials.edge[rows, : width - 1]
-        _chunk(sub_node, sub_edge, lengths[rows], begin, inside, out[rows, :, :width, :width])
+    b, n, _ = potentials.node.shape
+    out = potentials.node.new_full((b, len(fields.names), n, n), -torch.inf)
+    for t, column in enumerate(_columns(potentials, fields)):
+        out[:, :, : t + 1, t] = column
     return out
 
 
@@ -251,20 +253,17 @@ def decode_segments_at(potentials: PairwisePotentials, fields: BIOFields, thresh
     thresholds = [check_real(f"thresholds[{i}]", t, 0.0, 1.0) for i, t in enumerate(thresholds)]
     _check(potentials, fields)
     b, n, _ = potentials.node.shape
-    labels = [torch.full((b, n), -1, dtype=torch.long, device=potentials.node.device) for _ in thresholds]
-    step = max(1, _CHUNK_ENTRIES // max(1, len(fields.names) * n * n))      # bounded memory: chunks of the batch
-    for lo in range(0, b, step):
-        rows = torch.arange(lo, min(b, lo + step), device=potentials.node.device)
-        part = potentials.index(rows)
-        log_p = segment_log_marginals(part, fields)
-        for out, threshold in zip(labels, thresholds, strict=True):
-            out[rows] = best_segments(log_p, part.lengths, fields, threshold)
-    return labels
+    decoders = [_Decoder(b, n, fields, t, potentials.node) for t in thresholds]
+    for column in _columns(potentials, fields):
+        shared = _Decoder.column_parts(column, fields)
+        for decoder in decoders:
+            decoder.step(column, shared)
+    return [decoder.labels(potentials.lengths) for decoder in decoders]
 
 
 def best_segments(log_marginals: Tensor, lengths: Tensor, fields: BIOFields, threshold: float = 0.5) -> Tensor:
     """:func:`decode_segments` from segment posteriors already computed (``segment_log_marginals``' [B, F, N, N]
-    and the potentials' ``lengths`` [B]): to try several thresholds at the cost of one forward-backward pass."""
+    and the potentials' ``lengths`` [B])."""
     threshold = check_real("threshold", threshold, 0.0, 1.0)
     if not isinstance(fields, BIOFields):
         raise TypeError(f"fields must be a BIOFields (BIOFields.from_labels(names)), got {type(fields).__name__}")
@@ -276,55 +275,101 @@ def best_segments(log_marginals: Tensor, lengths: Tensor, fields: BIOFields, thr
     if not isinstance(lengths, Tensor) or lengths.shape != (b,) or (b and (int(lengths.min()) < 1
                                                                             or int(lengths.max()) > n)):
         raise ValueError(f"lengths must be the potentials' lengths [B={b}] in [1, {n}]")
-    device = log_marginals.device
-    # the DP's states at a boundary: 0 "free" (the last token O or in a segment of a field with a B- label), 1 + g
-    # "in a segment of the g-th field without one", which that field's next segment must not touch (they would
-    # read as one)
-    bare = [k for k in range(f) if fields.begin[k] < 0]
-    with_b = torch.tensor([k for k in range(f) if fields.begin[k] >= 0], dtype=torch.long, device=device)
-    ninf = -torch.inf
-    best = log_marginals.new_full((b, n + 1, 1 + len(bare)), ninf)
-    best[:, 0, 0] = 0.0
-    start_at = torch.full((b, n + 1, 1 + len(bare)), -1, dtype=torch.long, device=device)  # -1: token e-1 is O
-    field_of = torch.zeros_like(start_at)
-    prev_of = torch.zeros_like(start_at)
-    if with_b.numel():                                                   # the best field at each (s, t), [B, N, N]
-        free_gain, free_field = (log_marginals if len(bare) == 0 else log_marginals[:, with_b]).max(1)
-        free_gain, free_field = free_gain.exp() - threshold, with_b[free_field]
-    bare_gain = [log_marginals[:, k].exp() - threshold for k in bare]     # [B, N(s), N(t)] each
-    for e in range(1, n + 1):
-        into, state_in = best[:, :e].max(-1)                             # [B, e]: the best state at each start
-        value, prev = best[:, e - 1].max(-1)                             # token e-1 is O
-        best[:, e, 0], prev_of[:, e, 0] = value, prev
-        if with_b.numel():
-            cand, s = (into + free_gain[:, :e, e - 1]).max(1)
+    decoder = _Decoder(b, n, fields, threshold, log_marginals)
+    for t in range(n):
+        column = log_marginals[:, :, : t + 1, t]
+        decoder.step(column, _Decoder.column_parts(column, fields))
+    return decoder.labels(lengths)
+
+
+class _Decoder:
+    """The dynamic programme of :func:`decode_segments` at one threshold, fed the segment posteriors one end
+    position at a time (:func:`_columns`).  Its states at a boundary ``e`` (after token ``e-1``): 0 "free" (the
+    last token ``O`` or in a segment of a field with a ``B-`` label), ``1 + g`` "in a segment of the ``g``-th field
+    without one", which that field's next segment must not touch (they would read as one)."""
+
+    def __init__(self, b: int, n: int, fields: BIOFields, threshold: float, like: Tensor):
+        self.fields, self.threshold = fields, threshold
+        self.bare = [k for k in range(len(fields.names)) if fields.begin[k] < 0]
+        states = 1 + len(self.bare)
+        device = like.device
+        self.rows = torch.arange(b, device=device)
+        self.best = like.new_full((b, n + 1, states), -torch.inf)
+        self.best[:, 0, 0] = 0.0
+        self.start_at = torch.full((b, n + 1, states), -1, dtype=torch.long, device=device)   # -1: token e-1 is O
+        self.field_of = torch.zeros_like(self.start_at)
+        self.prev_of = torch.zeros_like(self.start_at)
+        # the best state at each boundary, and for each bare field the best but its own: a boundary's scores are
+        # final once written, so each is taken once, not at every later end
+        self.into = like.new_empty(b, n + 1, states)
+        self.into_state = torch.zeros_like(self.start_at)
+        self.e = 0
+        self._close()
+
+    @staticmethod
+    def column_parts(column: Tensor, fields: BIOFields) -> tuple[Tensor, Tensor] | None:
+        """The threshold-free part of a step: the most probable field with a ``B-`` label of each segment, as
+        ``(log P, field)`` [B, t+1] (``None`` if no field has one)."""
+        with_b = [k for k in range(len(fields.names)) if fields.begin[k] >= 0]
+        if not with_b:
+            return None
+        if len(with_b) == len(fields.names):
+            gain, field = column.max(1)
+            return gain, field
+        ids = torch.tensor(with_b, dtype=torch.long, device=column.device)
+        gain, field = column[:, ids].max(1)
+        return gain, ids[field]
+
+    def _close(self) -> None:
+        """Boundary ``self.e`` is final: the best state there, overall and without each bare field's own."""
+        e, best = self.e, self.best[:, self.e]
+        self.into[:, e, 0], self.into_state[:, e, 0] = best.max(-1)
+        for g in range(len(self.bare)):
+            others = best.clone()
+            others[:, 1 + g] = -torch.inf
+            self.into[:, e, 1 + g], self.into_state[:, e, 1 + g] = others.max(-1)
+
+    def step(self, column: Tensor, parts: tuple[Tensor, Tensor] | None) -> None:
+        """Boundary ``e + 1`` from the segments that end at token ``e`` (``column`` [B, F, e+1] of log posteriors,
+        ``parts`` its :meth:`column_parts`)."""
+        e = self.e + 1
+        best, threshold = self.best, self.threshold
+        value, prev = self.into[:, e - 1, 0], self.into_state[:, e - 1, 0]        # token e-1 is O
+        best[:, e, 0], self.prev_of[:, e, 0] = value, prev
+        if parts is not None:
+            gain, field = parts
+            cand, s = (self.into[:, :e, 0] + (gain.exp() - threshold)).max(1)
             take = cand > value
             best[:, e, 0] = torch.where(take, cand, value)
-            start_at[:, e, 0] = torch.where(take, s, -1)
-            field_of[:, e, 0] = free_field[torch.arange(b, device=device), s, e - 1]
-            prev_of[:, e, 0] = torch.where(take, state_in.gather(1, s[:, None])[:, 0], prev)
-        for g, k in enumerate(bare):
-            others = best[:, :e].clone()
-            others[..., 1 + g] = ninf
-            into_g, state_g = others.max(-1)
-            cand, s = (into_g + bare_gain[g][:, :e, e - 1]).max(1)
+            self.start_at[:, e, 0] = torch.where(take, s, -1)
+            self.field_of[:, e, 0] = field[self.rows, s]
+            self.prev_of[:, e, 0] = torch.where(take, self.into_state[self.rows, s, 0], prev)
+        for g, k in enumerate(self.bare):
+            cand, s = (self.into[:, :e, 1 + g] + (column[:, k].exp() - threshold)).max(1)
             best[:, e, 1 + g] = cand
-            start_at[:, e, 1 + g], field_of[:, e, 1 + g] = s, k
-            prev_of[:, e, 1 + g] = state_g.gather(1, s[:, None])[:, 0]
-    labels = torch.full((b, n), -1, dtype=torch.long, device=device)
-    begin, inside = fields.begin, fields.inside
-    start_at, field_of, prev_of = start_at.tolist(), field_of.tolist(), prev_of.tolist()
-    for i, e in enumerate(lengths.tolist()):
-        row = [fields.outside] * e
-        state = int(best[i, e].argmax())
-        while e > 0:
-            s, prev = start_at[i][e][state], prev_of[i][e][state]
-            if s < 0:
-                e, state = e - 1, prev
-                continue
-            k = field_of[i][e][state]
-            row[s] = begin[k] if begin[k] >= 0 else inside[k]
-            row[s + 1:e] = [inside[k]] * (e - 1 - s)
-            e, state = s, prev
-        labels[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return labels
+            self.start_at[:, e, 1 + g], self.field_of[:, e, 1 + g] = s, k
+            self.prev_of[:, e, 1 + g] = self.into_state[self.rows, s, 1 + g]
+        self.e = e
+        self._close()
+
+    def labels(self, lengths: Tensor) -> Tensor:
+        """The decoded labels [B, N], ``-1`` past each length (every boundary up to each length fed)."""
+        fields = self.fields
+        b, n = self.best.shape[0], self.best.shape[1] - 1
+        labels = torch.full((b, n), -1, dtype=torch.long, device=self.best.device)
+        begin, inside = fields.begin, fields.inside
+        start_at, field_of, prev_of = self.start_at.tolist(), self.field_of.tolist(), self.prev_of.tolist()
+        for i, e in enumerate(lengths.tolist()):
+            row = [fields.outside] * e
+            state = int(self.best[i, e].argmax())
+            while e > 0:
+                s, prev = start_at[i][e][state], prev_of[i][e][state]
+                if s < 0:
+                    e, state = e - 1, prev
+                    continue
+                k = field_of[i][e][state]
+                row[s] = begin[k] if begin[k] >= 0 else inside[k]
+                row[s + 1:e] = [inside[k]] * (e - 1 - s)
+                e, state = s, prev
+            labels[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        return labels

@@ -117,14 +117,22 @@ def test_float32_agrees_with_float64():
                                segment_log_marginals(pot, fields).exp(), rtol=1e-4, atol=1e-6)
 
 
-def test_chunks_give_the_batch_result(monkeypatch):
+@pytest.mark.parametrize("labels", [LABELS, ["O", "B-a", "I-a", "B-b", "I-b"], ["O", "I-c", "I-e"]])
+def test_decoding_streams_the_table_it_would_decode(monkeypatch, labels):
+    # decode_segments takes the segment posteriors one end position at a time and never builds the [B, F, N, N]
+    # table; best_segments decodes that table: the same labels
     import betheproj.inference.segments as segments
-    pot = _potentials(4)
-    fields = BIOFields.from_labels(LABELS)
-    whole, labels = segment_log_marginals(pot, fields), decode_segments(pot, fields, 0.3)
-    monkeypatch.setattr(segments, "_CHUNK_ENTRIES", 1)
-    torch.testing.assert_close(segment_log_marginals(pot, fields), whole, rtol=0, atol=0)
-    assert torch.equal(decode_segments(pot, fields, 0.3), labels)
+
+    g = torch.Generator().manual_seed(7)
+    c = len(labels)
+    pot = ChainPotentials(torch.randn(5, 9, c, generator=g, dtype=torch.float64),
+                          torch.randn(5, 8, c, c, generator=g, dtype=torch.float64), torch.tensor([9, 4, 1, 7, 9]))
+    fields = BIOFields.from_labels(labels)
+    table = segment_log_marginals(pot, fields)
+    monkeypatch.setattr(segments, "segment_log_marginals", None)
+    for threshold in (0.0, 0.2, 0.5, 0.8):
+        assert torch.equal(decode_segments(pot, fields, threshold),
+                           segments.best_segments(table, pot.lengths, fields, threshold))
 
 
 def test_bad_arguments_are_named():
