@@ -146,7 +146,8 @@ def _columns(potentials: PairwisePotentials, fields: BIOFields) -> Iterator[Tens
     """For each end position ``t = 0 .. W-1`` (``W`` the longest length): ``log P(segment s..t of field f)``
     [B, F, t+1] over the starts ``s = 0 .. t`` (:func:`segment_log_marginals`' column ``t``), ``-inf`` where ``t``
     is past an example's length.  A running sum over the starts carries the ``I-`` scores from one end to the next,
-    adding them in the order a segment's own positions come, so each entry is the same sum whatever the layout."""
+    adding them in the order a segment's own positions come, so each entry is the same sum whatever the layout.
+    Without gradients (the recursions write in place): the callers run it under ``torch.no_grad``."""
     node, lengths = potentials.node, potentials.lengths
     b, _, c = node.shape
     n = int(lengths.max()) if b else 0
@@ -226,12 +227,13 @@ def segment_log_marginals(potentials: PairwisePotentials, fields: BIOFields) -> 
     that positions ``s..t`` (inclusive) form one segment of field ``f``, i.e. ``y_s`` opens it (its ``B-`` label, or
     its ``I-`` label after any label but the field's two), ``y_{s+1..t}`` are its ``I-`` label and ``y_{t+1}`` is
     not (or ``t`` is the last position); ``-inf`` where ``t < s`` or past the example's length.  The whole table
-    holds ``B F N^2`` numbers; :func:`decode_segments` never builds it."""
+    holds ``B F N^2`` numbers (:func:`decode_segments` never builds it); it carries no gradient."""
     _check(potentials, fields)
     b, n, _ = potentials.node.shape
-    out = potentials.node.new_full((b, len(fields.names), n, n), -torch.inf)
-    for t, column in enumerate(_columns(potentials, fields)):
-        out[:, :, : t + 1, t] = column
+    with torch.no_grad():
+        out = potentials.node.new_full((b, len(fields.names), n, n), -torch.inf)
+        for t, column in enumerate(_columns(potentials, fields)):
+            out[:, :, : t + 1, t] = column
     return out
 
 
@@ -253,12 +255,13 @@ def decode_segments_at(potentials: PairwisePotentials, fields: BIOFields, thresh
     thresholds = [check_real(f"thresholds[{i}]", t, 0.0, 1.0) for i, t in enumerate(thresholds)]
     _check(potentials, fields)
     b, n, _ = potentials.node.shape
-    decoders = [_Decoder(b, n, fields, t, potentials.node) for t in thresholds]
-    for column in _columns(potentials, fields):
-        shared = _Decoder.column_parts(column, fields)
-        for decoder in decoders:
-            decoder.step(column, shared)
-    return [decoder.labels(potentials.lengths) for decoder in decoders]
+    with torch.no_grad():
+        decoders = [_Decoder(b, n, fields, t, potentials.node) for t in thresholds]
+        for column in _columns(potentials, fields):
+            parts = _Decoder.column_parts(column, fields)
+            for decoder in decoders:
+                decoder.step(column, parts)
+        return [decoder.labels(potentials.lengths) for decoder in decoders]
 
 
 def best_segments(log_marginals: Tensor, lengths: Tensor, fields: BIOFields, threshold: float = 0.5) -> Tensor:
@@ -275,11 +278,12 @@ def best_segments(log_marginals: Tensor, lengths: Tensor, fields: BIOFields, thr
     if not isinstance(lengths, Tensor) or lengths.shape != (b,) or (b and (int(lengths.min()) < 1
                                                                             or int(lengths.max()) > n)):
         raise ValueError(f"lengths must be the potentials' lengths [B={b}] in [1, {n}]")
-    decoder = _Decoder(b, n, fields, threshold, log_marginals)
-    for t in range(n):
-        column = log_marginals[:, :, : t + 1, t]
-        decoder.step(column, _Decoder.column_parts(column, fields))
-    return decoder.labels(lengths)
+    with torch.no_grad():
+        decoder = _Decoder(b, n, fields, threshold, log_marginals)
+        for t in range(n):
+            column = log_marginals[:, :, : t + 1, t]
+            decoder.step(column, _Decoder.column_parts(column, fields))
+        return decoder.labels(lengths)
 
 
 class _Decoder:

@@ -135,6 +135,19 @@ def test_decoding_streams_the_table_it_would_decode(monkeypatch, labels):
                            segments.best_segments(table, pot.lengths, fields, threshold))
 
 
+def test_potentials_that_require_grad_decode_without_a_graph():
+    # the decoder and the table run without gradients (their recursions write in place); a model's potentials
+    # that carry a graph decode as their values do
+    pot = _potentials(8)
+    fields = BIOFields.from_labels(LABELS)
+    node = pot.node.clone().requires_grad_(True)
+    with_grad = ChainPotentials(node * 1.0, pot.edge, pot.lengths)
+    table = segment_log_marginals(with_grad, fields)
+    assert not table.requires_grad
+    torch.testing.assert_close(table, segment_log_marginals(pot, fields), rtol=0, atol=0)
+    assert torch.equal(decode_segments(with_grad, fields, 0.4), decode_segments(pot, fields, 0.4))
+
+
 def test_bad_arguments_are_named():
     pot = _potentials(0)
     fields = BIOFields.from_labels(LABELS)
