@@ -160,33 +160,36 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     alpha = torch.empty_like(p)
     s = torch.empty(n, b, dtype=dtype, device=device)
     alpha[0] = p[0]
+    # each position's views made once (the steps are small at small B: per-op overhead is most of their cost), and
     # ``x[t].mul_(y)``, not ``x[t] *= y``, which copies the product back onto itself (``__setitem__``)
+    alpha_t, s_t, p_t = alpha.unbind(0), s.unbind(0), p.unbind(0)
     for t in range(n):
         if t:
             if shared:
-                torch.mm(alpha[t - 1], m, out=alpha[t])
+                torch.mm(alpha_t[t - 1], m, out=alpha_t[t])
             else:
-                torch.bmm(alpha[t - 1, :, None, :], m if per_example else m[t - 1], out=alpha[t, :, None, :])
-            alpha[t].mul_(p[t])
-        torch.sum(alpha[t], -1, out=s[t])
-        alpha[t].mul_((1.0 / s[t])[:, None])
+                torch.bmm(alpha_t[t - 1][:, None, :], m if per_example else m[t - 1], out=alpha_t[t][:, None, :])
+            alpha_t[t].mul_(p_t[t])
+        torch.sum(alpha_t[t], -1, out=s_t[t])
+        alpha_t[t].mul_(s_t[t].reciprocal()[:, None])
 
     beta = torch.empty_like(p)
     r = torch.empty(n, b, dtype=dtype, device=device)
     beta[n - 1] = 1.0
     mt = m.t() if shared else None
     v = torch.empty(b, c, dtype=dtype, device=device)
+    beta_t, r_t = beta.unbind(0), r.unbind(0)
+    done = (torch.arange(n, device=device)[:, None] >= lengths - 1)[..., None] if any_short else None   # [N, B, 1]
     for t in range(n - 2, -1, -1):
-        torch.mul(p[t + 1], beta[t + 1], out=v)
+        torch.mul(p_t[t + 1], beta_t[t + 1], out=v)
         if shared:
-            torch.mm(v, mt, out=beta[t])
+            torch.mm(v, mt, out=beta_t[t])
         else:
-            torch.bmm(m if per_example else m[t], v[:, :, None], out=beta[t, :, :, None])
-        torch.sum(beta[t], -1, out=r[t])
-        beta[t].mul_((1.0 / r[t])[:, None])
+            torch.bmm(m if per_example else m[t], v[:, :, None], out=beta_t[t][:, :, None])
+        torch.sum(beta_t[t], -1, out=r_t[t])
+        beta_t[t].mul_(r_t[t].reciprocal()[:, None])
         if any_short:
-            done = (t >= lengths - 1)
-            beta[t] = torch.where(done[:, None], torch.ones((), dtype=dtype), beta[t])
+            beta_t[t].masked_fill_(done[t], 1.0)
     if any_short:
         r = torch.where((torch.arange(n, device=device)[:, None] >= lengths - 1), torch.inf, r)
     else:
