@@ -158,7 +158,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         edge_max, m, m_lost = (oracle or LinearChain())._edge_factors(edge, shared)
 
     alpha = torch.empty_like(p)
-    s = torch.empty(n, b, dtype=dtype, device=device)
+    s = torch.empty(n, b, 1, dtype=dtype, device=device)        # the normalisers, kept [N, B, 1] for the steps
     alpha[0] = p[0]
     # each position's views made once (the steps are small at small B: per-op overhead is most of their cost), and
     # ``x[t].mul_(y)``, not ``x[t] *= y``, which copies the product back onto itself (``__setitem__``)
@@ -170,26 +170,28 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
             else:
                 torch.bmm(alpha_t[t - 1][:, None, :], m if per_example else m[t - 1], out=alpha_t[t][:, None, :])
             alpha_t[t].mul_(p_t[t])
-        torch.sum(alpha_t[t], -1, out=s_t[t])
-        alpha_t[t].mul_(s_t[t].reciprocal()[:, None])
+        torch.sum(alpha_t[t], -1, keepdim=True, out=s_t[t])
+        alpha_t[t].mul_(s_t[t].reciprocal())
+    s = s[..., 0]
 
     beta = torch.empty_like(p)
-    r = torch.empty(n, b, dtype=dtype, device=device)
+    r = torch.empty(n, b, 1, dtype=dtype, device=device)
     beta[n - 1] = 1.0
     mt = m.t() if shared else None
     v = torch.empty(b, c, dtype=dtype, device=device)
     beta_t, r_t = beta.unbind(0), r.unbind(0)
-    done = (torch.arange(n, device=device)[:, None] >= lengths - 1)[..., None] if any_short else None   # [N, B, 1]
+    done = (torch.arange(n, device=device)[:, None] >= lengths - 1)[..., None].unbind(0) if any_short else None
     for t in range(n - 2, -1, -1):
         torch.mul(p_t[t + 1], beta_t[t + 1], out=v)
         if shared:
             torch.mm(v, mt, out=beta_t[t])
         else:
             torch.bmm(m if per_example else m[t], v[:, :, None], out=beta_t[t][:, :, None])
-        torch.sum(beta_t[t], -1, out=r_t[t])
-        beta_t[t].mul_(r_t[t].reciprocal()[:, None])
+        torch.sum(beta_t[t], -1, keepdim=True, out=r_t[t])
+        beta_t[t].mul_(r_t[t].reciprocal())
         if any_short:
             beta_t[t].masked_fill_(done[t], 1.0)
+    r = r[..., 0]
     if any_short:
         r = torch.where((torch.arange(n, device=device)[:, None] >= lengths - 1), torch.inf, r)
     else:
