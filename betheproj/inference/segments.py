@@ -257,8 +257,9 @@ def decode_segments_at(potentials: PairwisePotentials, fields: BIOFields, thresh
     b, n, _ = potentials.node.shape
     with torch.no_grad():
         decoders = [_Decoder(b, n, fields, t, potentials.node) for t in thresholds]
+        with_begin = _with_begin(fields, potentials.node.device)
         for column in _columns(potentials, fields):
-            parts = _Decoder.column_parts(column, fields)
+            parts = _column_parts(column, with_begin)
             for decoder in decoders:
                 decoder.step(column, parts)
         return [decoder.labels(potentials.lengths) for decoder in decoders]
@@ -280,10 +281,29 @@ def best_segments(log_marginals: Tensor, lengths: Tensor, fields: BIOFields, thr
         raise ValueError(f"lengths must be the potentials' lengths [B={b}] in [1, {n}]")
     with torch.no_grad():
         decoder = _Decoder(b, n, fields, threshold, log_marginals)
+        with_begin = _with_begin(fields, log_marginals.device)
         for t in range(n):
             column = log_marginals[:, :, : t + 1, t]
-            decoder.step(column, _Decoder.column_parts(column, fields))
+            decoder.step(column, _column_parts(column, with_begin))
         return decoder.labels(lengths)
+
+
+def _with_begin(fields: BIOFields, device: torch.device) -> Tensor | None:
+    """The indices of the fields with a ``B-`` label (``None``: every field has one), made once per decoding."""
+    ids = [k for k in range(len(fields.names)) if fields.begin[k] >= 0]
+    return None if len(ids) == len(fields.names) else torch.tensor(ids, dtype=torch.long, device=device)
+
+
+def _column_parts(column: Tensor, with_begin: Tensor | None) -> tuple[Tensor, Tensor] | None:
+    """The threshold-free part of a step of :class:`_Decoder`: the most probable field with a ``B-`` label of each
+    segment of ``column`` [B, F, t+1], as ``(log P, field)`` [B, t+1] (``None`` if no field has one)."""
+    if with_begin is None:
+        gain, field = column.max(1)
+        return gain, field
+    if not with_begin.numel():
+        return None
+    gain, field = column[:, with_begin].max(1)
+    return gain, with_begin[field]
 
 
 class _Decoder:
@@ -310,20 +330,6 @@ class _Decoder:
         self.e = 0
         self._close()
 
-    @staticmethod
-    def column_parts(column: Tensor, fields: BIOFields) -> tuple[Tensor, Tensor] | None:
-        """The threshold-free part of a step: the most probable field with a ``B-`` label of each segment, as
-        ``(log P, field)`` [B, t+1] (``None`` if no field has one)."""
-        with_b = [k for k in range(len(fields.names)) if fields.begin[k] >= 0]
-        if not with_b:
-            return None
-        if len(with_b) == len(fields.names):
-            gain, field = column.max(1)
-            return gain, field
-        ids = torch.tensor(with_b, dtype=torch.long, device=column.device)
-        gain, field = column[:, ids].max(1)
-        return gain, ids[field]
-
     def _close(self) -> None:
         """Boundary ``self.e`` is final: the best state there, overall and without each bare field's own."""
         e, best = self.e, self.best[:, self.e]
@@ -335,7 +341,7 @@ class _Decoder:
 
     def step(self, column: Tensor, parts: tuple[Tensor, Tensor] | None) -> None:
         """Boundary ``e + 1`` from the segments that end at token ``e`` (``column`` [B, F, e+1] of log posteriors,
-        ``parts`` its :meth:`column_parts`)."""
+        ``parts`` its :func:`_column_parts`)."""
         e = self.e + 1
         best, threshold = self.best, self.threshold
         value, prev = self.into[:, e - 1, 0], self.into_state[:, e - 1, 0]        # token e-1 is O
