@@ -6,7 +6,7 @@ Run by hand:  python benchmarks/segments.py  [--fields 47] [--batch 1000] [--len
               python benchmarks/segments.py --memory 2000
 
 The default size is the citation experiment's: 47 fields (95 labels with O), citations of up to 40 tokens.
-``--memory N`` decodes one chain of N tokens first and prints how much the process's peak resident size grew: the
+``--memory N`` instead decodes one chain of N tokens and prints how much the process's peak resident size grew: the
 decoder takes the segment posteriors one end position at a time, so it never holds the F N^2 of the whole table
 (``segment_log_marginals``' size is printed beside it).
 """

@@ -384,12 +384,12 @@ def viterbi_predictor(base: SparseChainCRF) -> Callable[[Tensor, Tensor], Tensor
 def nonlocal_predictor(model: NonLocalCRF, max_iter: int, iterations: list[Tensor] | None = None
                        ) -> Callable[[Tensor, Tensor], Tensor]:
     """``(features, lengths) -> labels``: the non-local row, Viterbi in ``theta - grad L(mu*)`` after at most
-    ``max_iter`` solver iterations (each batch's iteration counts appended to ``iterations`` if given)."""
+    ``max_iter`` solver iterations (each batch's iteration counts appended to ``iterations`` if given): the MAP
+    labelling of :func:`nonlocal_tagger`."""
+    tag = nonlocal_tagger(model, max_iter, iterations=iterations)
+
     def predict(x: Tensor, n: Tensor) -> Tensor:
-        sol = model.infer(x, n, max_iter)
-        if iterations is not None:
-            iterations.append(sol.iterations.clone())
-        return decode(model.oracle, sol)
+        return tag(x, n)[0]
     return predict
 
 
