@@ -55,6 +55,7 @@ from ..data.citations import Citation, check_citations, escape_tags, is_tag_name
 from ..energies import BigramExclusion, Energy, LinearMeasurements, Precedence
 from ..energies.linear import Loss
 from ..inference import BIOFields, decode, decode_segments_at
+from ..inference.segments import check_thresholds
 from ..inference.solve import METHODS
 from ..learning import ConstantPsi, NonLocalCRF, SparseChainCRF, fit_crf
 from ..learning.crf import length_chunks
@@ -220,8 +221,7 @@ def mbr_f1(potentials_of: Callable[[Tensor, Tensor], PairwisePotentials], index:
     ``theta - grad L(mu*)``); the segment posteriors are computed once for all thresholds."""
     citations = _check_encoded(citations, encoded)
     fields = BIOFields.from_labels(index.labels)
-    if not thresholds:
-        raise ValueError("thresholds must hold at least one threshold")
+    thresholds = check_thresholds(thresholds)          # before the first chunk's potentials
     pred = _tag_all(lambda x, n: decode_segments_at(potentials_of(x, n), fields, thresholds), index, citations,
                     encoded, chunk_size, progress, desc)
     return _scores(citations, pred)

@@ -246,13 +246,19 @@ def decode_segments(potentials: PairwisePotentials, fields: BIOFields, threshold
     return decode_segments_at(potentials, fields, (check_real("threshold", threshold, 0.0, 1.0),))[0]
 
 
+def check_thresholds(thresholds: object) -> list[float]:
+    """``thresholds`` as a list of floats, or a ``ValueError`` unless it is a non-empty sequence of numbers in
+    [0, 1]."""
+    if isinstance(thresholds, str) or not isinstance(thresholds, Sequence) or not thresholds:
+        raise ValueError(f"thresholds must be a non-empty sequence of numbers in [0, 1], got {thresholds!r}")
+    return [check_real(f"thresholds[{i}]", t, 0.0, 1.0) for i, t in enumerate(thresholds)]
+
+
 def decode_segments_at(potentials: PairwisePotentials, fields: BIOFields, thresholds: Sequence[float]
                        ) -> list[Tensor]:
     """:func:`decode_segments` at each of ``thresholds`` (one labelling [B, N] each), from one pass of segment
     posteriors: to choose a threshold on held-out data at the cost of one."""
-    if isinstance(thresholds, str) or not isinstance(thresholds, Sequence) or not thresholds:
-        raise ValueError(f"thresholds must be a non-empty sequence of numbers in [0, 1], got {thresholds!r}")
-    thresholds = [check_real(f"thresholds[{i}]", t, 0.0, 1.0) for i, t in enumerate(thresholds)]
+    thresholds = check_thresholds(thresholds)
     _check(potentials, fields)
     b, n, _ = potentials.node.shape
     with torch.no_grad():

@@ -478,10 +478,8 @@ class SolverState:
     def _with_rows(self, rows: Tensor, node: Tensor, edge: Tensor | None) -> Marginals:
         """Full-batch marginals with ``rows`` replaced, as the energy reads them: energies may hold data for the
         whole batch."""
-        if not self.edge_offsets:
-            edge = None
-        return self._point(self.mu_node.index_put((rows,), node),
-                           None if edge is None else self.mu_edge.index_put((rows,), edge), self.lengths)
+        edge = None if edge is None or not self.edge_offsets else self.mu_edge.index_put((rows,), edge)
+        return self._energy_point(self.mu_node.index_put((rows,), node), edge, self.lengths)
 
     def _gradient_rows(self, rows: Tensor, node: Tensor, edge: Tensor | None) -> tuple[Tensor, Tensor | None]:
         g = self._gradient(self._with_rows(rows, node, edge))

@@ -128,8 +128,10 @@ def test_mbr_f1_checks_its_citations_as_f1_of_does_and_agrees_with_decode_segmen
         ids = decode_segments(model.theta(x, n), fields, threshold)
         pred = [[index.labels[int(v)] for v in ids[i, : int(n[i])]] for i in range(len(cites))]
         assert f1 == 100 * segment_f1([c.labels for c in cites], pred).f1
-    with pytest.raises(ValueError, match="thresholds must hold at least one threshold"):
+    with pytest.raises(ValueError, match=r"^thresholds must be a non-empty sequence of numbers in \[0, 1\]"):
         citations.mbr_f1(model.theta, index, cites, encoded, ())
+    with pytest.raises(ValueError, match=r"^thresholds\[1\] must be a finite number in \[0, 1\], got 1.5"):
+        citations.mbr_f1(model.theta, index, cites, encoded, (0.5, 1.5))
     with pytest.raises(ValueError, match=r"^encoded must be index.encode\(citations\)"):
         citations.mbr_f1(model.theta, index, cites[:2], encoded, (0.5,))
 
