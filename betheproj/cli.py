@@ -563,7 +563,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"betheproj {args.command}: interrupted", file=sys.stderr)
         _drop_stdout()
         return 130
-    except (ValueError, TypeError, ImportError, OSError, EOFError) as err:
+    # Warning: a library warning that the caller's warnings filter (``python -W error``) turned into an error
+    except (ValueError, TypeError, ImportError, OSError, EOFError, Warning) as err:
         message = error_text(err)
         from .progress import close_bars
 

@@ -593,6 +593,8 @@ def test_output_that_cannot_be_written_is_a_one_line_error(monkeypatch, capsys, 
         sys.stdout.flush()                              # what the interpreter does at exit: now quiet
         dropped = not isinstance(sys.stdout, _FullDisk)
     finally:
+        if sys.stdout is not stdout and not isinstance(sys.stdout, _FullDisk):
+            sys.stdout.close()                          # the null device main put there
         sys.stdout = stdout
     assert status == 2 and dropped
     want = "bad input" if fails else "No space left on device: standard output"     # it said which file no more
@@ -624,6 +626,8 @@ def test_a_failed_write_to_standard_output_names_it(monkeypatch, capsys, err, st
         assert main(["demo"]) == status
         after = sys.stdout
     finally:
+        if sys.stdout is not failing:
+            sys.stdout.close()                          # the null device main put there
         sys.stdout = stdout
     assert capsys.readouterr().err == message
     assert (after is not failing) == (err == errno.EPIPE)      # a closed pipe: the rest goes nowhere
@@ -677,6 +681,7 @@ def test_ctrl_c_during_start_up_is_one_line():
     assert proc.returncode == 130 and err.count("\n") == 1 and err.endswith(": interrupted\n"), err
 
 
+@pytest.mark.filterwarnings("default::UserWarning")      # as a shell runs it, whatever pytest's -W says
 def test_library_warnings_are_one_line(monkeypatch, capsys):
     import warnings
 
@@ -688,6 +693,10 @@ def test_library_warnings_are_one_line(monkeypatch, capsys):
     monkeypatch.setattr(betheproj.demo, "run_demo", warn)
     assert main(["demo"]) == 0
     assert capsys.readouterr().err == "betheproj: warning: first line second line\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # `python -W error -m betheproj.cli demo`: an error, one line
+        assert main(["demo"]) == 2
+    assert capsys.readouterr().err == "betheproj demo: error: first line second line\n"
 
 
 def test_citation_predict_on_a_file_that_is_not_utf8(tagger_stubbed, tmp_path, capsys):

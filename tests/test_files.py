@@ -3,6 +3,7 @@ checks."""
 
 import errno
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,14 +74,14 @@ def test_write_atomically_leaves_the_earlier_file_when_a_write_fails(tmp_path):
 def test_write_atomically_permissions_links_and_missing_folders(tmp_path):
     umask = os.umask(0o022)
     try:
-        _files.write_atomically(tmp_path / "new.txt", lambda name: open(name, "w").write("x"))
+        _files.write_atomically(tmp_path / "new.txt", lambda name: Path(name).write_text("x"))
     finally:
         os.umask(umask)
     assert (tmp_path / "new.txt").stat().st_mode & 0o777 == 0o644          # as a plain open() makes it, not 0o600
     target, link = tmp_path / "target.txt", tmp_path / "link.txt"
     target.write_text("old")
     link.symlink_to(target)
-    _files.write_atomically(link, lambda name: open(name, "w").write("new"))
+    _files.write_atomically(link, lambda name: Path(name).write_text("new"))
     assert link.is_symlink() and target.read_text() == "new"                # written through the link
     with pytest.raises(OSError, match=f"No such file or directory: '{tmp_path / 'missing' / 'x.json'}'"):
         _files.write_json(tmp_path / "missing" / "x.json", {"a": 1})
@@ -94,7 +95,7 @@ def test_torch_save_and_write_conllu_keep_the_earlier_file_when_a_write_fails(tm
     before = model.read_bytes()
 
     def full_disk(obj, f, *args, **kwargs):                                 # what torch.save says on a full disk
-        open(f, "wb").write(b"PK half")
+        Path(f).write_bytes(b"PK half")
         raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")
 
     monkeypatch.setattr(torch, "save", full_disk)
@@ -142,7 +143,7 @@ def test_save_figure_writes_atomically_in_the_suffixs_format(tmp_path):
 
     class Broken:                                              # savefig failing part-way (a full disk)
         def savefig(self, name, **options):
-            open(name, "wb").write(b"\x89PNG half")
+            Path(name).write_bytes(b"\x89PNG half")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
 
     before = (tmp_path / "a.png").read_bytes()

@@ -442,6 +442,7 @@ def test_is_projective_matches_a_reference_on_random_trees():
     assert is_projective(np.array([2, 0, 2]))
 
 
+@pytest.mark.filterwarnings("default::UserWarning")      # the CLI's one-line warning, whatever pytest's -W says
 def test_projective_training_on_non_projective_gold_warns(tmp_path, capsys):
     text = _conllu([3, 4, 0, 3], [2, 0, 2])                   # the first tree has crossing arcs
     with pytest.warns(UserWarning, match="^1 of 2 training sentences have a non-projective gold tree"):
