@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_real
-from ..oracles.base import Marginals
+from ..oracles.base import Marginals, check_marginals
 
 __all__ = ["Energy", "Gradient", "EnergySum", "Scaled", "FunctionEnergy", "as_weight"]
 
@@ -34,6 +34,15 @@ class Gradient:
 
     def scale(self, w: Tensor | float) -> Gradient:
         """Multiply by a scalar or a per-example weight [B]."""
+        if isinstance(w, Tensor):
+            # the batch of a part with one: not a [C, C] table, nor one viewed as [1, 1, C, C] for every example
+            batched = [x for x in (self.node, self.edge) if x is not None and x.dim() >= 3 and x.shape[0] != 1]
+            b = batched[0].shape[0] if batched else None
+            if w.dim() > 1 or (w.dim() == 1 and b is not None and w.shape[0] != b):
+                raise ValueError(f"w must be a scalar or a per-example weight [B] (B = {b}), got shape "
+                                 f"{tuple(w.shape)}")
+        elif isinstance(w, bool | np.bool_) or not isinstance(w, Real):
+            raise TypeError(f"w must be a number or a tensor, got {type(w).__name__}")
         return Gradient(_scale(self.node, w), _scale(self.edge, w))
 
 
@@ -131,7 +140,9 @@ class Energy:
         return Gradient(g.node, g.edge[:, 0])
 
     def validate(self, marginals: Marginals) -> None:
-        """Raise ``ValueError`` if the energy does not fit marginals of this shape (called once by solvers)."""
+        """Raise ``ValueError`` if the energy does not fit marginals of this shape (called once by solvers; ``value``
+        and ``grad`` trust marginals it has accepted), ``TypeError`` if ``marginals`` are none."""
+        check_marginals(marginals)
 
     def __add__(self, other: Energy) -> Energy:
         if not isinstance(other, Energy):
@@ -167,6 +178,9 @@ def autograd_gradient(energy: Energy, marginals: Marginals, create_graph: bool |
     The solvers run without recording, so they get plain tensors.  A value that does not require grad (it does not
     depend on the marginals, or autograd cannot see that it does) has a zero gradient.
     """
+    if not callable(getattr(energy, "value", None)):
+        raise TypeError(f"energy must be an Energy (with a value method), got {type(energy).__name__}")
+    check_marginals(marginals)
     if create_graph is None:
         create_graph = torch.is_grad_enabled()
     with torch.enable_grad():
@@ -238,6 +252,7 @@ class EnergySum(Energy):
         return total
 
     def validate(self, marginals: Marginals) -> None:
+        check_marginals(marginals)
         for term in self.terms:
             term.validate(marginals)
 
@@ -271,6 +286,7 @@ class Scaled(Energy):
         return _batch_edge_table(self.energy.total_grad(marginals), 3).scale(w)
 
     def validate(self, marginals: Marginals) -> None:
+        check_marginals(marginals)
         weight_per_example(self.weight, marginals.batch_size, marginals.node, "weight")
         self.energy.validate(marginals)
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_positive
-from ..oracles.base import Marginals
+from ..oracles.base import Marginals, check_marginals
 from .base import Energy, Gradient, as_weight, in_dtype
 
 __all__ = ["Loss", "LOSSES", "LinearMeasurements", "MeasurementLoss", "smoothed_hinge", "squared_hinge", "squared",
@@ -39,6 +39,8 @@ class Loss:
         return LOSSES[self.name][1](z, self._width(z))
 
     def _width(self, z: Tensor) -> float:
+        if not isinstance(z, Tensor):
+            raise TypeError(f"{self.name}: z must be a tensor, got {type(z).__name__}")
         # a width below z's smallest normal number would become 0 in z's dtype (0 / 0 at the kink)
         return max(self.width, torch.finfo(z.dtype).tiny) if z.is_floating_point() else self.width
 
@@ -306,6 +308,7 @@ class LinearMeasurements(MeasurementLoss):
         return Gradient(g_node, g_edge)
 
     def validate(self, marginals: Marginals) -> None:
+        check_marginals(marginals)
         b, n, c = marginals.node.shape
         if self.node is not None and self.node.shape[-1] != c:
             raise ValueError(f"node measurement vectors have {self.node.shape[-1]} labels, marginals have C={c}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..oracles.base import Marginals
+from ..oracles.base import Marginals, check_marginals
 from .base import Energy, Gradient
 
 __all__ = ["MeanField"]
@@ -24,7 +24,10 @@ class MeanField(Energy):
     edge_totals = True          # node marginals only
 
     def __init__(self, pairs: Tensor, weights: Tensor):
-        pairs = torch.as_tensor(pairs)
+        try:
+            pairs = torch.as_tensor(pairs)
+        except (RuntimeError, TypeError, ValueError):
+            raise TypeError(f"pairs must be an integer tensor [K, 2], got {type(pairs).__name__}") from None
         if pairs.is_floating_point() or pairs.is_complex() or pairs.dtype == torch.bool:
             raise TypeError(f"pairs must be an integer tensor [K, 2], got {pairs.dtype}")
         if pairs.dim() != 2 or pairs.shape[1] != 2:
@@ -65,6 +68,7 @@ class MeanField(Energy):
         return Gradient(g, None)
 
     def validate(self, marginals: Marginals) -> None:
+        check_marginals(marginals)
         bsz, n, c = marginals.node.shape
         if int(self.pairs.max()) >= n:
             raise ValueError(f"pairs reference node {int(self.pairs.max())} but marginals have N={n}")

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_positive
-from ..oracles.base import Marginals
+from ..oracles.base import Marginals, check_marginals
 from .base import Energy, Gradient, weight_per_example
 
 __all__ = ["Poisson"]
@@ -82,6 +82,7 @@ class Poisson(Energy):
         return Gradient(g * marginals.node_mask()[..., None], None)
 
     def validate(self, marginals: Marginals) -> None:
+        check_marginals(marginals)
         if self.counts.shape != marginals.node.shape:
             raise ValueError(f"counts have shape {tuple(self.counts.shape)} but the node marginals have "
                              f"{tuple(marginals.node.shape)}")

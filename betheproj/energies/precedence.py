@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..oracles.base import Marginals
+from ..oracles.base import Marginals, check_marginals
 from .base import Gradient, as_weight
 from .linear import Loss, MeasurementLoss, label_vectors, measurement_offset
 from .vector_pairs import VectorPairs
@@ -87,6 +87,7 @@ class Precedence(MeasurementLoss):
         return Gradient(self._pairs_of.node_gradient(coef, marginals), None)
 
     def validate(self, marginals: Marginals) -> None:
+        check_marginals(marginals)
         c = marginals.node.shape[-1]
         if self.first.shape[1] != c:
             raise ValueError(f"first/then have {self.first.shape[1]} labels, marginals have C={c}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..oracles.base import Marginals
+from ..oracles.base import Marginals, check_marginals
 from .base import Energy, Gradient, as_weight, weight_per_example
 
 __all__ = ["NearestPrototype", "PrototypeDistance"]
@@ -149,6 +149,7 @@ class NearestPrototype(Energy):
         return weight_per_example(self.psi, lengths.shape[0], like) >= 0
 
     def validate(self, marginals: Marginals) -> None:
+        check_marginals(marginals)
         c = marginals.node.shape[2]
         if self.prototypes.shape[-1] != c:
             raise ValueError(f"prototypes have {self.prototypes.shape[-1]} labels, marginals have C={c}")
@@ -221,6 +222,7 @@ class PrototypeDistance(Energy):
         return Gradient(g * marginals.node_mask()[..., None], None)
 
     def validate(self, marginals: Marginals) -> None:
+        check_marginals(marginals)
         if self.targets.shape[0] != marginals.batch_size or self.targets.shape[-1] != marginals.node.shape[2]:
             raise ValueError(f"targets must have B={marginals.batch_size} rows and C={marginals.node.shape[2]} labels")
         weight_per_example(self.psi, marginals.batch_size, marginals.node)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..oracles.base import Marginals
+from ..oracles.base import Marginals, check_marginals
 from .base import Energy, Gradient
 
 __all__ = ["SecondOrderArcs", "second_order_masks"]
@@ -209,6 +209,7 @@ class SecondOrderArcs(Energy):
         return Gradient(ga[:, :, 1:].transpose(1, 2), None)
 
     def validate(self, marginals: Marginals) -> None:
+        check_marginals(marginals)
         b, n, c = marginals.node.shape
         if c != n + 1:
             raise ValueError(f"SecondOrderArcs needs arc marginals [B, N, N+1], got {tuple(marginals.node.shape)}")

@@ -57,6 +57,8 @@ class LPBuilder:
     variable state ``(v, s)`` is column :meth:`var_col`."""
 
     def __init__(self, graph: FactorGraph):
+        if not isinstance(graph, FactorGraph):
+            raise TypeError(f"graph must be a FactorGraph, got {type(graph).__name__}")
         self.graph = graph
         self._var_start = np.concatenate([[0], np.cumsum(graph.cardinalities)]).astype(np.int64)
         self._upper: list[np.ndarray] = []

@@ -31,6 +31,8 @@ def check_sequences(features: object, labels: object, lengths: object, *, featur
 
 def check_lengths_like(features: Tensor, lengths: object) -> None:
     """``lengths``: a [B] tensor of integers in [1, N] for ``features`` [B, N, ...]."""
+    if not isinstance(features, Tensor) or features.dim() < 2:
+        raise ValueError(f"features must be a [B, N, ...] tensor, got {_shape(features)}")
     if not isinstance(lengths, Tensor) or lengths.shape != features.shape[:1]:
         raise ValueError(f"lengths must be a [B]=({features.shape[0]},) tensor like features, got {_shape(lengths)}")
     _check_lengths(lengths, features.shape[0], features.shape[1], lengths.device)

@@ -439,8 +439,20 @@ def _check_enumerable(cards: Sequence[int], max_configurations: int) -> None:
                          "use lp_map or lbp_map")
 
 
+def _label_names(name: str, labels: object) -> list:
+    """``labels`` as a list: a sequence (not a string) or a one-dimensional array or tensor of names."""
+    if hasattr(labels, "tolist") and hasattr(labels, "shape"):            # a NumPy array or a torch tensor
+        if len(labels.shape) != 1:
+            raise ValueError(f"{name} must be one-dimensional, got shape {tuple(labels.shape)}")
+        return labels.tolist()
+    if isinstance(labels, str) or not isinstance(labels, Sequence):
+        raise TypeError(f"{name} must be a sequence of label names, got {type(labels).__name__}")
+    return list(labels)
+
+
 def agreement_table(labels_i: Sequence[Hashable], labels_j: Sequence[Hashable]) -> np.ndarray:
     """``I(y_i = y_j)`` by label *name* as a ``(len(labels_i), len(labels_j))`` 0/1 table (Figure 1's edges)."""
+    labels_i, labels_j = _label_names("labels_i", labels_i), _label_names("labels_j", labels_j)
     return np.array([[1.0 if a == b else 0.0 for b in labels_j] for a in labels_i])
 
 

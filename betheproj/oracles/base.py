@@ -375,6 +375,13 @@ def bethe_entropy(node: Tensor, edge: Tensor, degree: Tensor) -> Tensor:
 
     ``degree`` [B, N] holds each node's number of valid edges and 0 at padding; padded marginals are zero.
     """
+    for name, x in (("node", node), ("edge", edge), ("degree", degree)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+    if node.dim() != 3 or edge.dim() != 4 or degree.shape != node.shape[:2] or edge.shape[0] != node.shape[0] \
+            or edge.shape[2:] != (node.shape[2], node.shape[2]):
+        raise ValueError(f"node [B, N, C], edge [B, E, C, C] and degree [B, N] must agree, got shapes "
+                         f"{tuple(node.shape)}, {tuple(edge.shape)} and {tuple(degree.shape)}")
     h_node = -_plogp(node).sum(-1)
     h_edge = -_plogp(edge).sum((-1, -2))
     return h_edge.sum(-1) - ((degree - 1) * h_node).sum(-1)
@@ -432,6 +439,20 @@ class Oracle(Protocol):
         ...
 
 
+def check_degree_args(lengths: object, n: object) -> int:
+    """``n`` as an int >= 0 once ``lengths`` is known to be an integer tensor [B]: the arguments of an oracle's
+    ``degree`` (the lengths' values are the marginals' own, checked where those were made)."""
+    if not isinstance(lengths, Tensor) or lengths.dim() != 1 or lengths.is_floating_point() \
+            or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be an integer tensor [B], got {type(lengths).__name__}"
+                        f"{f' {lengths.dtype} {tuple(lengths.shape)}' if isinstance(lengths, Tensor) else ''}")
+    if isinstance(n, bool) or not isinstance(n, int | Tensor) or (isinstance(n, Tensor) and n.dim() != 0):
+        raise TypeError(f"n must be an int (the number of positions), got {type(n).__name__}")
+    if int(n) < 0:
+        raise ValueError(f"n must be >= 0, got {int(n)}")
+    return int(n)
+
+
 def tree_parents(oracle: Oracle, n: int) -> Tensor | None:
     """The parent array [N] of ``oracle``'s structure (its ``parents``), or ``None`` for a chain (edge ``k``
     couples nodes ``k`` and ``k+1``); a ``ValueError`` if the tree has other than ``n`` nodes."""
@@ -460,6 +481,15 @@ def has_pairwise_factors(oracle: Oracle) -> bool:
 def edge_row_ends(x: Tensor, parents: Tensor | None) -> Tensor:
     """``x`` [B, N, ...] at the row end of every edge, [B, N-1, ...]: node ``k`` on a chain (``parents=None``),
     node ``parents[k+1]`` on a tree (the column end is always ``x[:, 1:]``)."""
+    if not isinstance(x, Tensor) or x.dim() < 2:
+        raise TypeError(f"x must be a tensor [B, N, ...], got {type(x).__name__}"
+                        f"{f' of shape {tuple(x.shape)}' if isinstance(x, Tensor) else ''}")
+    if parents is not None:
+        if not isinstance(parents, Tensor) or parents.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"parents must be None or an integer tensor [N], got {type(parents).__name__}"
+                            f"{f' of {parents.dtype}' if isinstance(parents, Tensor) else ''}")
+        if parents.shape != (x.shape[1],):
+            raise ValueError(f"parents must be [N] with N = {x.shape[1]} (x's positions), got {tuple(parents.shape)}")
     return x[:, :-1] if parents is None else x[:, parents[1:].to(x.device)]
 
 

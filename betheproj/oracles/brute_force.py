@@ -20,6 +20,7 @@ from .base import (
     _split_add,
     _two_sum,
     bethe_entropy,
+    check_degree_args,
     check_marginals,
     check_potentials,
     log_partition,
@@ -138,6 +139,7 @@ class BruteForce:
 
     def degree(self, lengths: Tensor, n: int) -> Tensor:
         """Number of valid edges at each node [B, N]."""
+        n = check_degree_args(lengths, n)
         return Tree(self._parents(n)).degree(lengths, n)
 
     def entropy(self, marginals: Marginals) -> Tensor:

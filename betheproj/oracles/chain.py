@@ -54,6 +54,7 @@ from .base import (
     _sum_shifts,
     _valid_node,
     bethe_entropy,
+    check_degree_args,
     check_marginals,
     check_potentials,
     log_partition,
@@ -116,6 +117,7 @@ class LinearChain:
 
     def degree(self, lengths: Tensor, n: int) -> Tensor:
         """Number of valid edges at each node [B, N]."""
+        n = check_degree_args(lengths, n)
         pos = torch.arange(n, device=lengths.device)
         last = lengths[:, None] - 1
         valid = pos < lengths[:, None]

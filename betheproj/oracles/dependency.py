@@ -41,6 +41,7 @@ from .base import (
     _first_order_only,
     _split_sum,
     _unchecked,
+    check_degree_args,
     log_partition,
     raise_if_not_finite,
 )
@@ -386,6 +387,7 @@ class _DependencyOracle:
         """[B, N]: 1 at each word, 0 at padding.  In factor-graph terms every head variable belongs to exactly one
         factor, the global TREE factor; there are no pairwise edges, so ``bethe_entropy`` with these degrees is
         just a sum of per-word head entropies (an upper bound).  Use :meth:`entropy` for the tree entropy."""
+        n = check_degree_args(lengths, n)
         return (torch.arange(n, device=lengths.device) < lengths[:, None]).long()
 
     def entropy(self, marginals: Marginals) -> Tensor:

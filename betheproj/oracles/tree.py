@@ -35,6 +35,7 @@ from .base import (
     _split_sum,
     _sum_shifts,
     bethe_entropy,
+    check_degree_args,
     check_marginals,
     check_potentials,
     log_partition,
@@ -362,6 +363,7 @@ class Tree:
 
     def degree(self, lengths: Tensor, n: int) -> Tensor:
         """Number of valid edges at each node [B, N] (a node's valid children and its parent)."""
+        n = check_degree_args(lengths, n)
         if n != self.num_nodes:
             raise ValueError(f"n={n} positions but the tree has {self.num_nodes} nodes")
         valid = torch.arange(n, device=lengths.device) < lengths[:, None]

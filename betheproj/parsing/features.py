@@ -161,10 +161,17 @@ class ArcFeatures:
 
     def __call__(self, sentence: Sentence) -> np.ndarray:
         """Feature ids [N, N+1, K] (int32) of one sentence."""
+        if not isinstance(sentence, Sentence):
+            raise TypeError(f"sentence must be a Sentence (from read_conllu or parse_conllu), got "
+                            f"{type(sentence).__name__}")
         return self.batch([sentence])[0]
 
     def batch(self, sentences: Sequence[Sentence], chunk_arcs: int = 2_000_000) -> list[np.ndarray]:
         """Feature ids of every sentence, extracted in vectorised chunks of about ``chunk_arcs`` arcs."""
+        bad = next((i for i, s in enumerate(sentences) if not isinstance(s, Sentence)), None)
+        if bad is not None:
+            raise TypeError(f"sentences[{bad}] must be a Sentence (from read_conllu or parse_conllu), got "
+                            f"{type(sentences[bad]).__name__}")
         out: list[np.ndarray] = []
         start = 0
         while start < len(sentences):

@@ -242,6 +242,8 @@ class DependencyParser:
     @classmethod
     def from_config(cls, cfg: dict) -> DependencyParser:
         """An untrained parser with the configuration :meth:`config` returned."""
+        if not isinstance(cfg, dict):
+            raise TypeError(f"cfg must be the dict that config() returned, got {type(cfg).__name__}")
         return cls(bits=cfg["bits"], projective=cfg["projective"], single_root=cfg["single_root"],
                    lowercase=cfg["lowercase"], xpos=cfg.get("xpos", False),
                    context=cfg.get("context", False))          # models saved before the context templates
@@ -400,6 +402,8 @@ class DependencyParser:
     @classmethod
     def from_state(cls, state: dict, path: str | Path) -> DependencyParser:
         """The parser a state read by :func:`read_model` describes (``path`` names it in errors)."""
+        if not isinstance(state, dict):
+            raise ValueError(f"{path}: a malformed parser model (a {type(state).__name__}, not a dict of fields)")
         try:
             cfg = state["config"]
             parser = cls.from_config(cfg)

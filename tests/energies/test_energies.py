@@ -592,3 +592,31 @@ def test_a_weight_or_offset_beyond_float32_is_named(make, name):
         bp.solve(bp.LinearChain(), pot, make(), max_iter=3)
     wide = bp.ChainPotentials(pot.node.to(DT), pot.edge.to(DT), pot.lengths)          # float64 holds them
     assert torch.isfinite(bp.solve(bp.LinearChain(), wide, make(), max_iter=3).objective).all()
+
+
+def test_helpers_name_an_argument_of_the_wrong_type():
+    """Found by calling every public function and method with wrong types: each gave an AttributeError or a
+    RuntimeError from deep inside instead of an error naming the argument."""
+    for loss in LOSSES:
+        with pytest.raises(TypeError, match=f"^{loss}: z must be a tensor, got float"):
+            Loss(loss)(1.5)
+        with pytest.raises(TypeError, match="z must be a tensor, got list"):
+            Loss(loss).derivative([1.0])
+    mu = _marginals()
+    energy = PrototypeDistance(torch.rand(3, 3, dtype=DT), torch.ones(3, dtype=DT))
+    with pytest.raises(TypeError, match="^energy must be an Energy .*, got str"):
+        autograd_gradient("x", mu)
+    with pytest.raises(TypeError, match="^marginals must be Marginals"):
+        autograd_gradient(energy, mu.node)
+    for e in (energy, energy + energy, 2.0 * energy, FunctionEnergy(lambda m: m.node.sum((1, 2))),
+              LinearMeasurements(torch.ones(2, 3, dtype=DT)), MeanField(torch.tensor([[0, 1]]), torch.ones(1, 3, 3))):
+        with pytest.raises(TypeError, match="^marginals must be Marginals"):
+            e.validate(mu.node)
+    with pytest.raises(TypeError, match="^pairs must be an integer tensor \\[K, 2\\], got NoneType"):
+        MeanField(None, torch.ones(1, 3, 3))
+    g = energy.grad(mu)
+    assert torch.equal(g.scale(torch.full((3,), 2.0, dtype=DT)).node, 2 * g.node)
+    with pytest.raises(ValueError, match=r"^w must be a scalar or a per-example weight \[B\] \(B = 3\), got shape"):
+        g.scale(torch.ones(4, dtype=DT))
+    with pytest.raises(TypeError, match="^w must be a number or a tensor, got str"):
+        g.scale("2")

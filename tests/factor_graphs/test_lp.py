@@ -155,3 +155,10 @@ def test_scores_near_the_float64_limit_are_solved():
         g.set_unary(1, [0.0, -top, 0.5 * top])
         result = lp_map(g)
         assert result.objective == pytest.approx(1.5 * top, rel=1e-12)
+
+
+def test_lp_builder_needs_a_factor_graph():
+    from betheproj.factor_graphs import LPBuilder
+
+    with pytest.raises(TypeError, match="^graph must be a FactorGraph, got NoneType"):
+        LPBuilder(None)

@@ -838,3 +838,11 @@ def test_validation_features_of_another_width_are_named():
     wide = torch.cat([x, x[..., :1]], -1)
     with pytest.raises(ValueError, match=r"valid's features \(8, .*\) do not fit the model \(its first example: "):
         NonLocalCRF(LinearChainCRF(6, 4)).fit(x, labels, lengths, valid=(wide, labels, lengths))
+
+
+def test_score_names_features_that_are_not_a_tensor():
+    model = NonLocalCRF(LinearChainCRF(3, 4))
+    with pytest.raises(ValueError, match=r"^features must be a \[B, N, ...\] tensor, got NoneType"):
+        model.score(None, torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 2]))
+    with pytest.raises(ValueError, match=r"^features must be a \[B, N, ...\] tensor, got \(2,\)"):
+        model.score(torch.zeros(2), torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 2]))

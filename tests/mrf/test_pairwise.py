@@ -169,3 +169,15 @@ def test_oracle_potentials_refuse_finite_scores_beyond_the_dtype():
         big.to_pairwise_potentials(dtype=torch.float32)
     pot = mrf.with_potentials([np.array([0.0, -np.inf]), np.zeros(2)]).to_pairwise_potentials(dtype=torch.float32)
     assert pot.node.dtype == torch.float32 and pot.node[0, 0, 1] == -np.inf    # -inf stays a forbidden label
+
+
+def test_agreement_table_by_name_from_sequences_arrays_and_tensors():
+    from betheproj.mrf import agreement_table
+
+    want = np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
+    assert np.array_equal(agreement_table(["a", "b", "c"], ("a", "c")), want)
+    assert np.array_equal(agreement_table(np.array([1, 2, 3]), torch.tensor([1, 3])), want)
+    with pytest.raises(ValueError, match=r"^labels_i must be one-dimensional, got shape \(2, 3\)"):
+        agreement_table(torch.zeros(2, 3), [0.0])
+    with pytest.raises(TypeError, match="^labels_j must be a sequence of label names, got str"):
+        agreement_table(["a"], "ab")

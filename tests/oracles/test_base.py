@@ -196,3 +196,33 @@ def test_edge_total_sums_each_examples_valid_positions_and_ignores_padding():
     torch.testing.assert_close(m.edge_total(), expected, rtol=1e-15, atol=0)
     single = bp.Marginals(torch.rand(2, 1, 3, dtype=DT), torch.zeros(2, 0, 3, 3, dtype=DT), None, torch.tensor([1, 1]))
     assert torch.equal(single.edge_total(), torch.zeros(2, 3, 3, dtype=DT))
+
+
+def test_entropy_helpers_and_degree_name_an_argument_of_the_wrong_type():
+    from betheproj.oracles import bethe_entropy, edge_row_ends
+
+    mu = bp.LinearChain().marginals(bp.ChainPotentials(torch.randn(2, 3, 4, dtype=torch.float64),
+                                                       torch.randn(4, 4, dtype=torch.float64), torch.tensor([3, 2])))
+    degree = bp.LinearChain().degree(mu.lengths, 3)
+    assert torch.equal(bethe_entropy(mu.node, mu.edge, degree), bp.LinearChain().entropy(mu))
+    with pytest.raises(TypeError, match="^edge must be a tensor, got NoneType"):
+        bethe_entropy(mu.node, None, degree)
+    with pytest.raises(ValueError, match=r"^node \[B, N, C\], edge \[B, E, C, C\] and degree \[B, N\] must agree"):
+        bethe_entropy(mu.node, mu.edge, degree[:, :2])
+    assert torch.equal(edge_row_ends(mu.node, None), mu.node[:, :-1])
+    assert torch.equal(edge_row_ends(mu.node, torch.tensor([-1, 0, 0])), mu.node[:, [0, 0]])
+    with pytest.raises(TypeError, match=r"^x must be a tensor \[B, N, ...\], got str"):
+        edge_row_ends("x", None)
+    with pytest.raises(TypeError, match="^parents must be None or an integer tensor"):
+        edge_row_ends(mu.node, torch.zeros(3))
+    with pytest.raises(ValueError, match=r"^parents must be \[N\] with N = 3"):
+        edge_row_ends(mu.node, torch.tensor([-1, 0]))
+    for oracle in (bp.LinearChain(), bp.Tree([-1, 0, 0]), bp.BruteForce(), bp.NonProjective()):
+        with pytest.raises(TypeError, match="^lengths must be an integer tensor"):
+            oracle.degree([3, 2], 3)
+        with pytest.raises(TypeError, match="^lengths must be an integer tensor"):
+            oracle.degree(torch.tensor([3.0, 2.0]), 3)
+        with pytest.raises(TypeError, match="^n must be an int"):
+            oracle.degree(torch.tensor([3, 2]), 3.0)
+        with pytest.raises(ValueError, match="^n must be >= 0, got -1"):
+            oracle.degree(torch.tensor([3, 2]), -1)

@@ -680,3 +680,19 @@ def test_a_sentence_too_long_for_arc_factored_parsing_in_this_memory_is_named(mo
             f"betheproj parse: error: {option} {long}:4: a sentence of 1200 words needs about 1.3 GB of memory in "
             "arc-factored parsing (the features of its n (n + 1) arcs), more than this machine's 1.1 GB; split it\n")
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_feature_extraction_and_model_states_name_what_is_not_a_sentence_or_a_dict():
+    parser = DependencyParser(bits=8)
+    sentence = parse_conllu(_conllu([2, 0]))[0]
+    assert parser.features(sentence).shape[:2] == (2, 3)
+    with pytest.raises(TypeError, match="^sentence must be a Sentence .*, got str"):
+        parser.features("w1 w2")
+    with pytest.raises(TypeError, match=r"^sentences\[1\] must be a Sentence .*, got list"):
+        parser.features.batch([sentence, ["w1"]])
+    with pytest.raises(TypeError, match="^cfg must be the dict that config\\(\\) returned, got Tensor"):
+        DependencyParser.from_config(torch.zeros(2))
+    with pytest.raises(ValueError, match="^m.pt: a malformed parser model \\(a Tensor, not a dict of fields\\)"):
+        DependencyParser.from_state(torch.zeros(2), "m.pt")
+    with pytest.raises(ValueError, match="^m.pt: a malformed parser model \\(a field of the wrong kind"):
+        DependencyParser.from_state({"config": [8], "weights": torch.zeros(3)}, "m.pt")
