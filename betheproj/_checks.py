@@ -88,6 +88,15 @@ def check_nonnegative(name: str, value: object) -> float:
     return check_real(name, value, 0.0)
 
 
+def check_type(name: str, value: object, kind: type | tuple[type, ...], what: str | None = None) -> None:
+    """A ``TypeError`` naming ``name`` unless ``value`` is a ``kind`` (``what`` says what that is, default its
+    name)."""
+    if not isinstance(value, kind):
+        if what is None:
+            what = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+
+
 def check_bool(name: str, value: object) -> bool:
     """``value``, which must be a bool (a NumPy bool is accepted)."""
     if not isinstance(value, bool | np.bool_):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._checks import check_bool, check_int, check_type
+
 __all__ = ["progress_bar", "close_bars"]
 
 
@@ -23,7 +25,11 @@ class _Silent:
 
 def progress_bar(total: int, enabled: bool, desc: str, leave: bool = False) -> Any:
     """A tqdm bar over ``total`` steps labelled ``desc`` if ``enabled`` (and tqdm is importable: progress bars are
-    a nicety, not a dependency), else a silent bar with the same ``update``/``set_postfix``/``close``."""
+    a nicety, not a dependency), else a silent bar with the same ``update``/``set_postfix``/``close``.
+    ``enabled`` is named ``progress`` in errors: the argument of every caller that passes it on."""
+    enabled = check_bool("progress", enabled)
+    total = check_int("total", total, 0)
+    check_type("desc", desc, str)
     if enabled:
         try:
             from tqdm.auto import tqdm

@@ -31,6 +31,13 @@ def second_order_masks(lengths: Tensor, c: int) -> tuple[Tensor, Tensor]:
     Grandparent ``[b, g, h, m]``: ``g <= n``, ``1 <= h, m <= n``, all three distinct (``g = m`` would be a
     two-cycle, which no tree holds).
     """
+    if not isinstance(lengths, Tensor) or lengths.dim() != 1 or lengths.is_floating_point() \
+            or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be an integer tensor [B], got {type(lengths).__name__}")
+    if isinstance(c, bool) or not isinstance(c, int):
+        raise TypeError(f"c must be an int (the positions, the root included), got {type(c).__name__}")
+    if c < 1:
+        raise ValueError(f"c must be >= 1 (the positions, the root included), got {c}")
     pos = torch.arange(c, device=lengths.device)
     inside = pos[None, :] <= lengths[:, None]                                # [B, C]
     word = inside & (pos[None, :] >= 1)

@@ -21,6 +21,13 @@ class VectorPairs:
     """``K`` pairs ``(first[k], then[k])`` of label vectors ([K, C] each), stored as their distinct vectors."""
 
     def __init__(self, first: Tensor, then: Tensor):
+        for name, v in (("first", first), ("then", then)):
+            if not isinstance(v, Tensor) or not v.is_floating_point() or v.dim() != 2:
+                raise TypeError(f"{name} must be a floating-point tensor [K, C], got {type(v).__name__}"
+                                f"{f' {v.dtype} {tuple(v.shape)}' if isinstance(v, Tensor) else ''}")
+        if first.shape != then.shape:
+            raise ValueError(f"first and then must have the same shape [K, C], got {tuple(first.shape)} and "
+                             f"{tuple(then.shape)}")
         k = first.shape[0]
         self.vectors, inverse = torch.unique(torch.cat([first, then]), dim=0, return_inverse=True)   # [G, C]
         self.cells = inverse[:k] * self.vectors.shape[0] + inverse[k:]          # pair k's cell of the [G, G] table

@@ -21,6 +21,9 @@ __all__ = ["count_error", "run"]
 
 def count_error(counts: torch.Tensor, truth: torch.Tensor) -> float:
     """``||counts - truth||_1 / ||truth||_1``."""
+    for name, x in (("counts", counts), ("truth", truth)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
     if counts.shape != truth.shape:                  # broadcasting would compare the wrong entries
         raise ValueError(f"counts must have the truth's shape {tuple(truth.shape)}, got {tuple(counts.shape)}")
     if not bool(truth.any()):

@@ -40,6 +40,7 @@ from .._checks import (
     check_nonnegative,
     check_positive,
     check_real,
+    check_type,
 )
 from .._files import check_writable, torch_load, torch_save
 from ..data.citation_constraints import (
@@ -230,6 +231,8 @@ def mbr_f1(potentials_of: Callable[[Tensor, Tensor], PairwisePotentials], index:
 def train_baseline(index: FeatureIndex, encoded: tuple[Tensor, Tensor, Tensor],
                    config: CitationConfig, progress: bool = False) -> SparseChainCRF:
     """The base chain CRF trained on the (encoded) training split (softmax-margin or likelihood), float64."""
+    check_type("index", index, FeatureIndex)
+    check_type("config", config, CitationConfig)
     torch.manual_seed(config.seed)
     model = SparseChainCRF(index.num_features, len(index.labels)).double()
     x, y, n = encoded
@@ -243,6 +246,7 @@ def templates(train: Sequence[Citation], labels: Sequence[str], config: Citation
               ) -> tuple[Constraints, OrderConstraints | None, BigramExclusions | None]:
     """The count, order and name-format templates of ``config`` instantiated on the ``train`` citations (a
     family whose setting is ``None`` is left out)."""
+    check_type("config", config, CitationConfig)
     constraints = citation_constraints(train, labels, config.min_support, config.min_agreement,
                                        length_agreement=config.length_agreement)
     order = None if config.order_agreement is None else order_constraints(
@@ -256,6 +260,11 @@ def constraint_model(base: SparseChainCRF, constraints: Constraints, config: Cit
                      order: OrderConstraints | None = None, formats: BigramExclusions | None = None) -> NonLocalCRF:
     """The CRF plus energy (20) over the count ``constraints``, the ``order`` and the name-``formats`` templates,
     ``c`` one learned vector (in that order; negative entries ignored)."""
+    check_type("base", base, SparseChainCRF)
+    check_type("constraints", constraints, Constraints)
+    check_type("config", config, CitationConfig)
+    check_type("order", order, (OrderConstraints, type(None)), "OrderConstraints or None")
+    check_type("formats", formats, (BigramExclusions, type(None)), "BigramExclusions or None")
     a, b = constraints.a.to(base.bias), (constraints.b + config.margin).to(base.bias)
     loss = Loss("smoothed_hinge", config.hinge_width)
     j1 = len(constraints)
@@ -280,6 +289,8 @@ def learn_weights(model: NonLocalCRF, encoded: tuple[Tensor, Tensor, Tensor], co
                   epochs: int | None = None, seed: int | None = None, progress: bool = False) -> History:
     """Algorithm 3 with theta fixed: the weights ``c`` of ``model``, reset to ``config.psi_init``, learned on the
     ``encoded`` citations (``config.epochs`` and ``config.seed`` unless given); returns the history."""
+    check_type("model", model, NonLocalCRF)
+    check_type("config", config, CitationConfig)
     with torch.no_grad():
         model.psi.value.fill_(config.psi_init)
     x, y, n = encoded
@@ -321,6 +332,9 @@ def cross_fit_potentials(train: Sequence[Citation], index: FeatureIndex, config:
     other folds with a feature index of its own (features and lexicon from those folds alone, the labels of
     ``index``), so that they are as wrong as the base's on new citations (dev and test) and not as right as on its
     own training data, where the constraints are met already."""
+    check_type("index", index, FeatureIndex)
+    check_type("config", config, CitationConfig)
+    train = check_citations(train, empty=False)
     folds = check_count("config.cross_fit", config.cross_fit)
     if folds < 2 or folds > len(train):
         raise ValueError(f"config.cross_fit must be between 2 and the {len(train)} training citations, got {folds}")
@@ -530,6 +544,7 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
 
 def format_table(results: dict) -> str:
     """Table 1 with the paper's numbers beside ours."""
+    check_type("results", results, dict, "the dict run() returns")
     lines = [f"{'segment F1 (%)':<28}{'dev':>8}{'test':>8}{'paper (test)':>14}"]
     for key, label in (("baseline", "Our baseline (chain CRF)"), ("non-local", "Non-local energies")):
         row = results["rows"][key]
@@ -556,6 +571,7 @@ def format_table(results: dict) -> str:
 
 def plot_iterations(results: dict, path: str) -> None:
     """Figure 1: test F1 against the maximum number of test-time inference iterations."""
+    check_type("results", results, dict, "the dict run() returns")
     with figure(path, (5, 3.5)) as ax:
         ax.plot(results["test_iters"], results["f1_vs_iterations"]["test"], "o-", label="non-local energies")
         ax.axhline(results["rows"]["baseline"]["test"], color="gray", ls="--", label="baseline chain CRF")
@@ -571,6 +587,7 @@ def plot_iterations(results: dict, path: str) -> None:
 
 def plot_histogram(results: dict, path: str) -> None:
     """Figure 2: histogram of the iterations each test citation took to converge (capped at ``max_iter``)."""
+    check_type("results", results, dict, "the dict run() returns")
     its = results["test_iterations_to_converge"]
     cap = results["max_iter"]
     if not its:

@@ -37,6 +37,7 @@ from .._checks import (
     check_positive,
     check_real,
     check_seed,
+    check_type,
 )
 from ..data.ocr import OCRData
 from ..energies import NearestPrototype
@@ -110,6 +111,8 @@ class OCRConfig:
 def word_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LABELS) -> tuple[Tensor, Tensor]:
     """The distinct words of a labelled set as one-hot prototypes ``[P, N, C]`` and their lengths ``[P]``."""
     num_labels = check_count("num_labels", num_labels)
+    check_type("labels", labels, Tensor, "a tensor [W, N]")
+    check_type("lengths", lengths, Tensor, "a tensor [W]")
     if labels.dim() != 2 or lengths.shape != labels.shape[:1]:
         raise ValueError(f"labels [W, N] and lengths [W] must agree: labels have shape {tuple(labels.shape)}, "
                          f"lengths must have shape ({labels.shape[0] if labels.dim() else 0},), got "
@@ -141,6 +144,11 @@ def unigram_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LA
 def median_bandwidth(pixels: Tensor, lengths: Tensor, sample: int = 2000, seed: int = 0) -> float:
     """The median heuristic: the median Euclidean distance between letter images sampled from the set."""
     sample = check_count("sample", sample, 2)               # a median distance needs two letters
+    check_type("pixels", pixels, Tensor, "a tensor [W, N, D]")
+    check_type("lengths", lengths, Tensor, "a tensor [W]")
+    if pixels.dim() != 3 or lengths.shape != pixels.shape[:1]:
+        raise ValueError(f"pixels [W, N, D] and lengths [W] must agree, got shapes {tuple(pixels.shape)} and "
+                         f"{tuple(lengths.shape)}")
     mask = torch.arange(pixels.shape[1], device=lengths.device) < lengths[:, None]
     letters = pixels[mask]
     gen = torch.Generator().manual_seed(check_seed("seed", seed))
@@ -155,6 +163,9 @@ class WordClassifier(nn.Module):
 
     def __init__(self, features: RandomFourierFeatures, prototypes: Tensor, prototype_lengths: Tensor):
         super().__init__()
+        check_type("features", features, RandomFourierFeatures)
+        check_type("prototypes", prototypes, Tensor, "a tensor")
+        check_type("prototype_lengths", prototype_lengths, Tensor, "a tensor")
         if prototypes.dim() != 3 or prototypes.shape[2] != NUM_LABELS:
             raise ValueError(f"prototypes must be one-hot words [P, N, {NUM_LABELS}], got {tuple(prototypes.shape)}")
         if prototype_lengths.shape != prototypes.shape[:1]:
@@ -425,6 +436,7 @@ def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[s
 
 def format_table(results: dict) -> str:
     """Table 3's layout: each row's mean accuracy over the folds beside the paper's and the yardsticks."""
+    check_type("results", results, dict, "the dict run() returns")
     folds = results["folds"]
     lines = [f"Character accuracy (%), {len(folds)} fold(s) (train on the others, test on one)",
              f"{'model':<34}{'ours':>8}{'min':>8}{'max':>8}{'paper':>8}{'train s':>9}",
@@ -443,6 +455,7 @@ def format_table(results: dict) -> str:
 
 def plot_iterations(results: dict, path: str) -> None:
     """Figure 1: test accuracy against the maximum number of test-time inference iterations."""
+    check_type("results", results, dict, "the dict run() returns")
     iters = results["config"]["test_iters"]
     with figure(path, (5.5, 3.8)) as ax:
         for key in (r for r in ENERGY_ROWS if r in results["rows"]):
@@ -460,6 +473,7 @@ def plot_iterations(results: dict, path: str) -> None:
 
 def plot_histogram(results: dict, path: str) -> None:
     """Figure 2: histogram of the iterations each test word took to converge."""
+    check_type("results", results, dict, "the dict run() returns")
     keys = [r for r in ENERGY_ROWS if r in results["rows"]]
     with figure(path, (5.5, 3.8)) as ax:
         top = results["config"]["test_iters"][-1]

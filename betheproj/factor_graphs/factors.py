@@ -74,6 +74,10 @@ class FactorBelief:
 
 def logsumexp_axes(t: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     """``log sum exp`` over ``axes`` (``-inf`` where every term is ``-inf``; ``axes=()`` returns ``t``)."""
+    if not isinstance(t, np.ndarray):
+        raise TypeError(f"t must be a NumPy array, got {type(t).__name__}")
+    if not isinstance(axes, tuple) or not all(isinstance(a, int | np.integer) for a in axes):
+        raise TypeError(f"axes must be a tuple of ints, got {axes!r}")
     if not axes:
         return t
     m = t.max(axis=axes, keepdims=True)

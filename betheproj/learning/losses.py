@@ -38,7 +38,15 @@ import torch
 from torch import Tensor
 
 from .._checks import check_bool, check_nonnegative, check_real
-from ..oracles.base import Oracle, PairwisePotentials, _unchecked, has_pairwise_factors, log_partition, tree_parents
+from ..oracles.base import (
+    Oracle,
+    PairwisePotentials,
+    _unchecked,
+    check_potentials,
+    has_pairwise_factors,
+    log_partition,
+    tree_parents,
+)
 from .crf import (
     _check_gold,
     _check_gold_score,
@@ -82,6 +90,7 @@ def resolve_loss(loss: str | None = None, beta: float | None = None,
 
 def hamming_cost(potentials: PairwisePotentials, gold: Tensor) -> tuple[Tensor, None, None]:
     """Hamming cost as ``p = 1 - onehot(gold)`` on the node parts (zero at padding), no edge part, ``q = 0``."""
+    check_potentials(potentials)
     y = _check_labels(potentials, gold)
     b, n, c = potentials.node.shape
     valid = torch.arange(n, device=y.device) < potentials.lengths[:, None]
@@ -125,6 +134,8 @@ def _check_cost_parts(potentials: PairwisePotentials, p_node: object, p_edge: ob
 def cost_augmented(potentials: PairwisePotentials, gold: Tensor, gamma: float, beta: float = 1.0,
                    cost: str | CostFn = "hamming") -> tuple[PairwisePotentials, Tensor | None]:
     """``beta (theta + gamma p)`` (``beta = inf``: ``theta + gamma p``) and ``gamma q`` [B] (or ``None``)."""
+    check_potentials(potentials)
+    beta, gamma = check_real("beta", beta, 0.0, low_open=True, finite=False), check_nonnegative("gamma", gamma)
     scale = 1.0 if math.isinf(beta) else beta
     cost_fn = _cost_fn(cost)                         # checked even where gamma = 0 makes it unused
     if gamma == 0:

@@ -135,6 +135,8 @@ def sparse_potentials(weights: Tensor, examples: Sequence[SparseExample], num_fe
     get ``-inf``, positions past its length 0) and a shared edge table: the transition block ``[C, C]`` of ``w``
     when ``transitions = C``, else all zeros ``[C_max, C_max]``.  ``weights`` [num_features + 1 (+ C^2)], as
     :func:`fit_online` returns them."""
+    if isinstance(examples, str) or not isinstance(examples, Sequence):
+        raise TypeError(f"examples must be a sequence of SparseExample, got {type(examples).__name__}")
     if not examples:
         raise ValueError("no examples")
     num_features = check_count("num_features", num_features)

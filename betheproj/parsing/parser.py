@@ -128,7 +128,7 @@ def check_gold_trees(sentences: Sequence[Sentence], single_root: bool = False, w
                      name: str | None = None) -> None:
     """Raise ``ValueError`` naming the first sentence whose gold heads are not a tree (:func:`tree_error`):
     ``{what} sentence {i}`` (counted from 1), prefixed with ``{name}:{line}`` when the file ``name`` is given."""
-    for i, s in enumerate(sentences):
+    for i, s in enumerate(_sentences(sentences)):
         problem = tree_error(s.heads, single_root)
         if problem is not None:
             where = f"{name}:{s.line}: " if name is not None and s.line else (f"{name}: " if name else "")
