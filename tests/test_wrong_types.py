@@ -73,16 +73,39 @@ def test_public_functions_name_a_wrong_argument(tmp_path, monkeypatch):
     assert not offences, "\n".join(offences)
 
 
+def _public_classes() -> list[type]:
+    out: dict[type, None] = {}
+    for module in MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in getattr(mod, "__all__", ()):
+            obj = getattr(mod, name)
+            if inspect.isclass(obj) and not issubclass(obj, BaseException):
+                out[obj] = None
+    return list(out)
+
+
 def _instances() -> list[object]:
+    """The classes that need particular arguments, then every other public class that one of a few guesses at its
+    arguments builds."""
     d = torch.float64
-    return [bp.LinearChain(), bp.Tree([-1, 0, 0]), bp.BruteForce(), bp.NonProjective(), bp.Projective(),
-            bp.energies.LinearMeasurements(torch.ones(2, 4, dtype=d)),
-            bp.energies.PrototypeDistance(torch.rand(3, 4, dtype=d), torch.ones(3, dtype=d)),
-            bp.energies.NearestPrototype(torch.rand(3, 4, dtype=d)),
-            bp.energies.MeanField(torch.tensor([[0, 1]]), torch.ones(1, 4, 4, dtype=d)),
-            bp.learning.LinearChainCRF(3, 4), bp.learning.SparseChainCRF(10, 4),
-            bp.learning.NonLocalCRF(bp.learning.LinearChainCRF(3, 4)),
-            bp.factor_graphs.FactorGraph(), DependencyParser(bits=8)]
+    made = [bp.Tree([-1, 0, 0]), bp.energies.MeanField(torch.tensor([[0, 1]]), torch.ones(1, 4, 4, dtype=d)),
+            bp.learning.NonLocalCRF(bp.learning.LinearChainCRF(3, 4)), DependencyParser(bits=8)]
+    guesses = [(), (3,), (3, 4), (torch.rand(3, 4, dtype=d),), (torch.rand(3, 4, dtype=d), torch.ones(3, dtype=d))]
+    for cls in _public_classes():
+        if any(type(obj) is cls for obj in made):
+            continue
+        for args in guesses:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    made.append(cls(*args))
+                break
+            except Exception:  # noqa: BLE001, S112 - a guess that does not fit this class
+                continue
+    return made
 
 
 def test_methods_name_a_wrong_argument(tmp_path, monkeypatch):
@@ -99,6 +122,6 @@ def test_methods_name_a_wrong_argument(tmp_path, monkeypatch):
                 continue
             offences += _offences(f"{type(obj).__name__}.{name}", method, values, 2)
             called += 1
-    assert called > 50
+    assert called > 80
     assert not offences, "\n".join(offences)
 

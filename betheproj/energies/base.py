@@ -26,6 +26,9 @@ class Gradient:
     __slots__ = ("node", "edge")
 
     def __init__(self, node: Tensor | None, edge: Tensor | None = None):
+        for name, x in (("node", node), ("edge", edge)):
+            if x is not None and not isinstance(x, Tensor):
+                raise TypeError(f"Gradient {name} must be a tensor or None, got {type(x).__name__}")
         self.node = node
         self.edge = edge
 

@@ -105,6 +105,18 @@ class _Hasher:
         return out
 
 
+def check_sentence_list(sentences: object) -> None:
+    """A ``TypeError`` unless ``sentences`` is a sequence (not a string) of :class:`Sentence`, naming the first
+    item that is not one."""
+    if isinstance(sentences, str | Sentence) or not isinstance(sentences, Sequence):
+        raise TypeError(f"sentences must be a list of Sentence (from read_conllu or parse_conllu), got "
+                        f"{type(sentences).__name__}")
+    bad = next((i for i, s in enumerate(sentences) if not isinstance(s, Sentence)), None)
+    if bad is not None:
+        raise TypeError(f"sentences[{bad}] must be a Sentence (from read_conllu or parse_conllu), got "
+                        f"{type(sentences[bad]).__name__}")
+
+
 def _mix(seed: int, parts: Sequence[np.ndarray]) -> np.ndarray:
     """A 64-bit hash of the tuple ``(seed, *parts)``, elementwise (uint64 arithmetic wraps around)."""
     h = np.full(np.shape(parts[0]), np.uint64(seed & _MASK64), dtype=np.uint64)
@@ -168,10 +180,7 @@ class ArcFeatures:
 
     def batch(self, sentences: Sequence[Sentence], chunk_arcs: int = 2_000_000) -> list[np.ndarray]:
         """Feature ids of every sentence, extracted in vectorised chunks of about ``chunk_arcs`` arcs."""
-        bad = next((i for i, s in enumerate(sentences) if not isinstance(s, Sentence)), None)
-        if bad is not None:
-            raise TypeError(f"sentences[{bad}] must be a Sentence (from read_conllu or parse_conllu), got "
-                            f"{type(sentences[bad]).__name__}")
+        check_sentence_list(sentences)
         out: list[np.ndarray] = []
         start = 0
         while start < len(sentences):
@@ -190,6 +199,7 @@ class ArcFeatures:
 
     def _tokens(self, sentences: Sequence[Sentence]) -> dict[str, np.ndarray]:
         """Per-token hashed attributes of the concatenated sentences, each with a root token in front."""
+        check_sentence_list(sentences)
         forms: list[str] = []
         lemmas: list[str] = []
         tags: list[str] = []
