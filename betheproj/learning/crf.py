@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_count, check_nonnegative
+from .._checks import check_bool, check_count, check_nonnegative, check_real
 from ..inference.solve import check_oracle
 from ..oracles import LinearChain
 from ..oracles.base import (
@@ -335,7 +335,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
     check_sequences(features, labels, lengths, features_dim=None, training=True)
     if loss not in ("crf", "softmax_margin"):
         raise ValueError(f"loss must be 'crf' or 'softmax_margin' (L-BFGS needs a smooth loss), got {loss!r}")
-    if loss == "crf" and gamma not in (None, 0, 0.0):
+    if loss == "crf" and gamma is not None and check_real("gamma", gamma) != 0:
         raise ValueError(f"gamma applies to loss='softmax_margin' only, got gamma={gamma} with loss='crf'")
     _, gamma = resolve_loss(loss, gamma=gamma)        # the preset's gamma (1) by default; checks it
     oracle = LinearChain() if oracle is None else oracle
@@ -350,7 +350,7 @@ def fit_crf(model: nn.Module, features: Tensor, labels: Tensor, lengths: Tensor,
         return structured_loss(oracle, potentials, gold, beta=1.0, gamma=gamma)
 
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.LBFGS(params, max_iter=max_iter, tolerance_grad=tolerance, tolerance_change=tolerance ** 2,
+    opt = torch.optim.LBFGS(params, max_iter=max_iter, tolerance_grad=tolerance, tolerance_change=tolerance * tolerance,
                             history_size=20, line_search_fn="strong_wolfe")
     chunks = length_chunks(lengths, chunk_size)
     total = len(lengths)

@@ -80,11 +80,13 @@ class MistakeBound:
 
     @property
     def bound_lower(self) -> float:
-        return (self.radius_lower / self.gamma_upper) ** 2 if self.gamma_upper > 0 else float("inf")
+        ratio = self.radius_lower / self.gamma_upper if self.gamma_upper > 0 else float("inf")
+        return ratio * ratio                           # inf, not an OverflowError, beyond the float range
 
     @property
     def bound_upper(self) -> float:
-        return (self.radius_upper / self.gamma_lower) ** 2 if self.gamma_lower > 0 else float("inf")
+        ratio = self.radius_upper / self.gamma_lower if self.gamma_lower > 0 else float("inf")
+        return ratio * ratio
 
 
 def _check_examples(examples: object) -> list[tuple[Any, Any]]:

@@ -471,3 +471,12 @@ def test_fit_crf_keeps_the_full_width_for_a_model_that_reads_every_position():
     model = Flat(n, f, c)
     history = fit_crf(model, x, y, lengths, max_iter=5, chunk_size=2)
     assert all(math.isfinite(v) for v in history) and history[-1] < history[0]
+
+
+def test_fit_crf_checks_gamma_and_tolerance_as_numbers():
+    from betheproj.learning import LinearChainCRF, fit_crf
+
+    x, y, n = torch.randn(2, 3, 4, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 2])
+    with pytest.raises(TypeError, match="^gamma must be"):
+        fit_crf(LinearChainCRF(4, 2).double(), x, y, n, gamma=torch.zeros(2))
+    fit_crf(LinearChainCRF(4, 2).double(), x, y, n, max_iter=2, tolerance=1e308)     # tolerance^2 overflowed

@@ -185,6 +185,8 @@ def test_mistake_bound_without_a_positive_margin_is_infinite():
     for g_lo, g_hi in [(-1.0, 0.0), (-2.3, -2.3)]:     # used to divide by zero / give a finite 4.69
         bound = MistakeBound(g_lo, g_hi, 5.0, 5.8)
         assert bound.bound_lower == float("inf") and bound.bound_upper == float("inf")
+    tiny = MistakeBound(1e-200, 1e-200, 1.0, 1.0)        # R^2 / gamma^2 beyond the float range: inf, no OverflowError
+    assert tiny.bound_lower == float("inf") and tiny.bound_upper == float("inf")
 
 
 def test_flags_must_be_bools():
