@@ -97,6 +97,16 @@ def check_type(name: str, value: object, kind: type | tuple[type, ...], what: st
         raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
 
 
+def check_integer_vector(name: str, value: object, what: str = "[B]") -> torch.Tensor:
+    """``value``, which must be a one-dimensional integer tensor (``what`` names its shape in the error)."""
+    if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point() or value.is_complex() \
+            or value.dtype == torch.bool:
+        got = f"a {value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else \
+            type(value).__name__
+        raise TypeError(f"{name} must be an integer tensor {what}, got {got}")
+    return value
+
+
 def check_bool(name: str, value: object) -> bool:
     """``value``, which must be a bool (a NumPy bool is accepted)."""
     if not isinstance(value, bool | np.bool_):

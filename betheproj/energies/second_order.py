@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._checks import check_integer_vector
 from ..oracles.base import Marginals, check_marginals
 from .base import Energy, Gradient
 
@@ -31,9 +32,7 @@ def second_order_masks(lengths: Tensor, c: int) -> tuple[Tensor, Tensor]:
     Grandparent ``[b, g, h, m]``: ``g <= n``, ``1 <= h, m <= n``, all three distinct (``g = m`` would be a
     two-cycle, which no tree holds).
     """
-    if not isinstance(lengths, Tensor) or lengths.dim() != 1 or lengths.is_floating_point() \
-            or lengths.dtype == torch.bool:
-        raise TypeError(f"lengths must be an integer tensor [B], got {type(lengths).__name__}")
+    check_integer_vector("lengths", lengths)
     if isinstance(c, bool) or not isinstance(c, int):
         raise TypeError(f"c must be an int (the positions, the root included), got {type(c).__name__}")
     if c < 1:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_count, check_nonnegative, check_real
+from .._checks import check_bool, check_count, check_integer_vector, check_nonnegative, check_real
 from ..inference.solve import check_oracle
 from ..oracles import LinearChain
 from ..oracles.base import (
@@ -293,10 +293,7 @@ def _needs_full_width(oracle: Oracle, potentials_of: Callable[[Tensor, Tensor], 
 def length_chunks(lengths: Tensor, chunk_size: int | None) -> list[tuple[Tensor, int]]:
     """Split a batch into chunks of similar length: ``(indices, max length)`` pairs, sorted by length, so
     padding (and memory) stays small.  ``None`` keeps the whole batch as one chunk."""
-    if not isinstance(lengths, Tensor) or lengths.dim() != 1 or lengths.is_floating_point() \
-            or lengths.dtype == torch.bool:
-        raise TypeError(f"lengths must be an integer tensor [B], got {type(lengths).__name__}"
-                        f"{f' {lengths.dtype} {tuple(lengths.shape)}' if isinstance(lengths, Tensor) else ''}")
+    check_integer_vector("lengths", lengths)
     if chunk_size is not None:
         chunk_size = check_count("chunk_size", chunk_size)
     order = torch.argsort(lengths, stable=True)

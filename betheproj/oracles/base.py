@@ -14,6 +14,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from .._checks import check_integer_vector
+
 __all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "bethe_entropy", "log_partition",
            "tree_parents", "has_pairwise_factors", "keeps_width", "edge_row_ends"]
 
@@ -442,10 +444,7 @@ class Oracle(Protocol):
 def check_degree_args(lengths: object, n: object) -> int:
     """``n`` as an int >= 0 once ``lengths`` is known to be an integer tensor [B]: the arguments of an oracle's
     ``degree`` (the lengths' values are the marginals' own, checked where those were made)."""
-    if not isinstance(lengths, Tensor) or lengths.dim() != 1 or lengths.is_floating_point() \
-            or lengths.is_complex() or lengths.dtype == torch.bool:
-        raise TypeError(f"lengths must be an integer tensor [B], got {type(lengths).__name__}"
-                        f"{f' {lengths.dtype} {tuple(lengths.shape)}' if isinstance(lengths, Tensor) else ''}")
+    check_integer_vector("lengths", lengths)
     if isinstance(n, bool) or not isinstance(n, int | Tensor) or (isinstance(n, Tensor) and n.dim() != 0):
         raise TypeError(f"n must be an int (the number of positions), got {type(n).__name__}")
     if int(n) < 0:
