@@ -144,7 +144,7 @@ class Energy:
 
     def validate(self, marginals: Marginals) -> None:
         """Raise ``ValueError`` if the energy does not fit marginals of this shape (called once by solvers; ``value``
-        and ``grad`` trust marginals it has accepted), ``TypeError`` if ``marginals`` are none."""
+        and ``grad`` trust marginals it has accepted), ``TypeError`` if ``marginals`` is not a Marginals."""
         check_marginals(marginals)
 
     def __add__(self, other: Energy) -> Energy:

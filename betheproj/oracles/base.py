@@ -480,9 +480,10 @@ def has_pairwise_factors(oracle: Oracle) -> bool:
 def edge_row_ends(x: Tensor, parents: Tensor | None) -> Tensor:
     """``x`` [B, N, ...] at the row end of every edge, [B, N-1, ...]: node ``k`` on a chain (``parents=None``),
     node ``parents[k+1]`` on a tree (the column end is always ``x[:, 1:]``)."""
-    if not isinstance(x, Tensor) or x.dim() < 2:
-        raise TypeError(f"x must be a tensor [B, N, ...], got {type(x).__name__}"
-                        f"{f' of shape {tuple(x.shape)}' if isinstance(x, Tensor) else ''}")
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a tensor [B, N, ...], got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"x must be a tensor [B, N, ...], got shape {tuple(x.shape)}")
     if parents is not None:
         if not isinstance(parents, Tensor) or parents.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"parents must be None or an integer tensor [N], got {type(parents).__name__}"
