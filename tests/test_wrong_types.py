@@ -125,3 +125,89 @@ def test_methods_name_a_wrong_argument(tmp_path, monkeypatch):
     assert called > 80
     assert not offences, "\n".join(offences)
 
+
+
+def _keyword_cases() -> list[tuple[str, object, dict]]:
+    """(name, a call taking one keyword, the keywords to try): the main entry points with valid positional
+    arguments, so that each keyword's own check is what a wrong value meets."""
+    from betheproj.data.conllu import parse_conllu
+    from betheproj.experiments.citations import CitationConfig
+    from betheproj.experiments.ocr import OCRConfig
+    from betheproj.learning import (
+        ConstantPsi,
+        LinearChainCRF,
+        NonLocalCRF,
+        fit_crf,
+        fit_doubly_stochastic,
+        fit_online,
+        fit_variational_em,
+    )
+
+    d = torch.float64
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 3, 5, dtype=d, generator=gen), torch.randint(0, 4, (4, 3), generator=gen)
+    n = torch.tensor([3, 2, 3, 1])
+    pot = bp.ChainPotentials(torch.randn(2, 3, 4, dtype=d, generator=gen), torch.randn(4, 4, dtype=d, generator=gen),
+                             torch.tensor([3, 2]))
+    energy = bp.energies.LinearMeasurements(torch.ones(2, 4, dtype=d))
+    sentences = parse_conllu("1\tw1\tw1\tNOUN\t_\t_\t2\t_\t_\t_\n2\tw2\tw2\tVERB\t_\t_\t0\t_\t_\t_\n\n")
+
+    def model() -> NonLocalCRF:
+        return NonLocalCRF(LinearChainCRF(5, 4).double(),
+                           lambda psi: bp.energies.LinearMeasurements(torch.ones(2, 4, dtype=d), psi=psi),
+                           psi=ConstantPsi(torch.ones(1, dtype=d)))
+
+    def trained() -> DependencyParser:
+        parser = DependencyParser(bits=8)
+        parser.fit(sentences, epochs=1)
+        return parser
+
+    fields = bp.inference.BIOFields.from_labels(["O", "B-a", "I-a", "B-b"])
+    cases = [(f"solve[{m}]", lambda m=m, **k: bp.solve(bp.LinearChain(), pot, energy, **{"method": m, **k}), bp.solve)
+             for m in ("md", "rda", "accelerated")]
+    cases += [
+        ("fit_crf", lambda **k: fit_crf(LinearChainCRF(5, 4).double(), x, y, n, **k), fit_crf),
+        ("fit_doubly_stochastic", lambda **k: fit_doubly_stochastic(model(), x, y, n, **k), fit_doubly_stochastic),
+        ("fit_variational_em", lambda **k: fit_variational_em(model(), x, y, n, **k), fit_variational_em),
+        ("NonLocalCRF.predict", lambda **k: model().predict(x, n, **k), NonLocalCRF.predict),
+        ("DependencyParser.fit", lambda **k: DependencyParser(bits=8).fit(sentences, **k), DependencyParser.fit),
+        ("DependencyParser.parse", lambda **k: trained().parse(sentences, **k), DependencyParser.parse),
+        ("fit_online", lambda **k: fit_online(bp.LinearChain(), [], num_features=4, **k), fit_online),
+        ("decode_segments", lambda **k: bp.inference.decode_segments(pot, fields, **k), bp.inference.decode_segments),
+        ("CitationConfig", lambda **k: CitationConfig(**k), CitationConfig),
+        ("OCRConfig", lambda **k: OCRConfig(**k), OCRConfig),
+    ]
+    out = []
+    for name, call, target in cases:
+        keywords = [p.name for p in inspect.signature(target).parameters.values()
+                    if p.default is not p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        out.append((name, call, keywords))
+    return out
+
+
+def test_keywords_name_a_wrong_value(tmp_path, monkeypatch):
+    """Each keyword of the main entry points, given a value of the wrong kind or out of range, is a TypeError or
+    ValueError (or is taken: 0 iterations, say); a solve that takes it still returns finite marginals."""
+    monkeypatch.chdir(tmp_path)
+    values = [None, "x", -1, 0, float("nan"), float("inf"), 1e308, True, torch.zeros(2), [1]]
+    offences: list[str] = []
+    tried = 0
+    for name, call, keywords in _keyword_cases():
+        for keyword in keywords:
+            if name.startswith("solve") and keyword == "method":
+                continue
+            for value in values:
+                tried += 1
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        out = call(**{keyword: value})
+                except (TypeError, ValueError):
+                    continue
+                except Exception as err:  # noqa: BLE001 - what the test looks for
+                    offences.append(f"{name}({keyword}={value!r}): {type(err).__name__}: {str(err)[:100]}")
+                    continue
+                if name.startswith("solve") and not bool(torch.isfinite(out.marginals.node).all()):
+                    offences.append(f"{name}({keyword}={value!r}): non-finite marginals")
+    assert tried > 500
+    assert not offences, "\n".join(offences)
