@@ -581,7 +581,6 @@ def _viterbi(pot: PairwisePotentials) -> Tensor:
     lowest = torch.finfo(node.dtype).min
     scores = node.new_empty(b, n, c)              # the running score after each position
     scores[:, 0] = node[:, 0]
-    final = node[:, 0].clone()
     work = node.new_empty(b, c, c)                # the [B, C, C] sums of every position, in one buffer
     for t in range(1, n):
         if edge_max is None:
@@ -592,10 +591,10 @@ def _viterbi(pot: PairwisePotentials) -> Tensor:
             score = torch.amax(work, 1)
         score += node[:, t]
         torch.sub(score, score.amax(-1, keepdim=True).clamp_min(lowest), out=scores[:, t])
-        final = torch.where((t == lengths - 1)[:, None], scores[:, t], final)
+    rows = torch.arange(b, device=node.device)
+    final = scores[rows, lengths - 1]                  # each example's running score at its last position
     raise_if_not_finite(final.amax(-1))
     labels = torch.full((b, n), -1, dtype=torch.long, device=node.device)
-    rows = torch.arange(b, device=node.device)
     last = final.argmax(-1)
     cur = last
     for t in range(n - 1, -1, -1):
