@@ -34,7 +34,7 @@ in-between tags, self-arcs) hold ``2^bits``, a padding weight pinned to zero.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -105,16 +105,18 @@ class _Hasher:
         return out
 
 
-def check_sentence_list(sentences: object) -> None:
-    """A ``TypeError`` unless ``sentences`` is a sequence (not a string) of :class:`Sentence`, naming the first
-    item that is not one."""
-    if isinstance(sentences, str | Sentence) or not isinstance(sentences, Sequence):
-        raise TypeError(f"sentences must be a list of Sentence (from read_conllu or parse_conllu), got "
+def _sentences(sentences: object, name: str = "sentences") -> list[Sentence]:
+    """``sentences`` as a list, which must hold :class:`~betheproj.data.conllu.Sentence` objects only (a
+    ``TypeError`` naming ``name`` otherwise: one sentence or a string given for a list, say)."""
+    if isinstance(sentences, Sentence | str) or not isinstance(sentences, Iterable):
+        raise TypeError(f"{name} must be a list of Sentence (from read_conllu or parse_conllu), got "
                         f"{type(sentences).__name__}")
-    bad = next((i for i, s in enumerate(sentences) if not isinstance(s, Sentence)), None)
-    if bad is not None:
-        raise TypeError(f"sentences[{bad}] must be a Sentence (from read_conllu or parse_conllu), got "
-                        f"{type(sentences[bad]).__name__}")
+    out = list(sentences)
+    for i, s in enumerate(out):
+        if not isinstance(s, Sentence):
+            raise TypeError(f"{name}[{i}] must be a Sentence (from read_conllu or parse_conllu), got "
+                            f"{type(s).__name__}")
+    return out
 
 
 def _mix(seed: int, parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -180,7 +182,7 @@ class ArcFeatures:
 
     def batch(self, sentences: Sequence[Sentence], chunk_arcs: int = 2_000_000) -> list[np.ndarray]:
         """Feature ids of every sentence, extracted in vectorised chunks of about ``chunk_arcs`` arcs."""
-        check_sentence_list(sentences)
+        sentences = _sentences(sentences)
         out: list[np.ndarray] = []
         start = 0
         while start < len(sentences):
@@ -189,7 +191,7 @@ class ArcFeatures:
                 n = len(sentences[stop])
                 arcs += n * (n + 1)
                 stop += 1
-            ids, sent, mod, head = self.flat(sentences[start:stop])
+            ids, sent, mod, head = self._flat(sentences[start:stop])
             bounds = np.concatenate([[0], np.cumsum(np.bincount(sent, minlength=stop - start))])
             for i in range(stop - start):
                 n = len(sentences[start + i])
@@ -199,7 +201,6 @@ class ArcFeatures:
 
     def _tokens(self, sentences: Sequence[Sentence]) -> dict[str, np.ndarray]:
         """Per-token hashed attributes of the concatenated sentences, each with a root token in front."""
-        check_sentence_list(sentences)
         forms: list[str] = []
         lemmas: list[str] = []
         tags: list[str] = []
@@ -252,6 +253,10 @@ class ArcFeatures:
     def flat(self, sentences: Sequence[Sentence]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """All arcs of the sentences at once: ids [A, K] (int32), and per arc its sentence, modifier ``m``
         (1..n) and head ``h`` (0..n) [A] (int64); arcs are ordered by sentence, then ``m``, then ``h``."""
+        return self._flat(_sentences(sentences))
+
+    def _flat(self, sentences: list[Sentence]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`flat` of sentences already checked (:meth:`batch`'s chunks)."""
         tok = self._tokens(sentences)
         n_words = tok["lengths"] - 1
         per = n_words * (n_words + 1)                               # arcs per sentence

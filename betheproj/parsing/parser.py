@@ -11,7 +11,7 @@ import math
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ from ..oracles.base import Marginals, Oracle, PairwisePotentials
 from ..oracles.dependency import _is_tree, check_arc_potentials
 from ..oracles.nonprojective import NonProjective
 from ..progress import progress_bar
-from .features import ArcFeatures
+from .features import ArcFeatures, _sentences
 from .metrics import _require_scorable, scorable_words, uas
 
 __all__ = ["DependencyParser", "GreedyFirst", "read_model", "tree_error", "check_gold_trees", "is_projective"]
@@ -49,20 +49,6 @@ def read_model(path: str | Path, formats: dict[str, int], what: str) -> dict:
         raise ValueError(f"{p}: unsupported model version {state.get('version')!r} "
                          f"(expected {formats[state['format']]})")
     return state
-
-
-def _sentences(sentences: object, name: str = "sentences") -> list[Sentence]:
-    """``sentences`` as a list, which must hold :class:`~betheproj.data.conllu.Sentence` objects only (a
-    ``TypeError`` naming ``name`` otherwise: one sentence or a string given for a list, say)."""
-    if isinstance(sentences, Sentence | str) or not isinstance(sentences, Iterable):
-        raise TypeError(f"{name} must be a list of Sentence (from read_conllu or parse_conllu), got "
-                        f"{type(sentences).__name__}")
-    out = list(sentences)
-    for i, s in enumerate(out):
-        if not isinstance(s, Sentence):
-            raise TypeError(f"{name}[{i}] must be a Sentence (from read_conllu or parse_conllu), got "
-                            f"{type(s).__name__}")
-    return out
 
 
 def _what_failed(err: Exception) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._checks import check_bool, check_int
 from ..data.conllu import Sentence
-from .features import _hash_string, _Hasher, _literal, _mix, check_sentence_list
+from .features import _hash_string, _Hasher, _literal, _mix, _sentences
 
 __all__ = ["SecondOrderFeatures"]
 
@@ -75,7 +75,7 @@ class SecondOrderFeatures:
         previous and next token ``q``, ``n`` (the root's ``q`` a constant; a sentence's root before its first word
         and the next sentence's root after its last one: both read as the sentence boundary) and the offset of each
         sentence's root in those arrays."""
-        check_sentence_list(sentences)
+        sentences = _sentences(sentences)
         forms, tags = [], []
         for s in sentences:
             forms.append("<root>")
