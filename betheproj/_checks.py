@@ -89,11 +89,11 @@ def check_nonnegative(name: str, value: object) -> float:
 
 
 def check_type(name: str, value: object, kind: type | tuple[type, ...], what: str | None = None) -> None:
-    """A ``TypeError`` naming ``name`` unless ``value`` is a ``kind`` (``what`` says what that is, default its
-    name)."""
+    """A ``TypeError`` naming ``name`` unless ``value`` is a ``kind`` (``what`` says what that is, default "a"
+    and its name)."""
     if not isinstance(value, kind):
         if what is None:
-            what = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            what = " or ".join(f"a {k.__name__}" for k in (kind if isinstance(kind, tuple) else (kind,)))
         raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_real
+from .._checks import check_real, check_type
 from ..oracles.base import Marginals, check_marginals
 
 __all__ = ["Energy", "Gradient", "EnergySum", "Scaled", "FunctionEnergy", "as_weight"]
@@ -27,8 +27,7 @@ class Gradient:
 
     def __init__(self, node: Tensor | None, edge: Tensor | None = None):
         for name, x in (("node", node), ("edge", edge)):
-            if x is not None and not isinstance(x, Tensor):
-                raise TypeError(f"Gradient {name} must be a tensor or None, got {type(x).__name__}")
+            check_type(f"Gradient {name}", x, (Tensor, type(None)), "a tensor or None")
         self.node = node
         self.edge = edge
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._checks import check_positive
+from .._checks import check_positive, check_type
 from ..oracles.base import Marginals, check_marginals
 from .base import Energy, Gradient, as_weight, in_dtype
 
@@ -39,8 +39,7 @@ class Loss:
         return LOSSES[self.name][1](z, self._width(z))
 
     def _width(self, z: Tensor) -> float:
-        if not isinstance(z, Tensor):
-            raise TypeError(f"{self.name}: z must be a tensor, got {type(z).__name__}")
+        check_type(f"{self.name}: z", z, Tensor, "a tensor")
         # a width below z's smallest normal number would become 0 in z's dtype (0 / 0 at the kink)
         return max(self.width, torch.finfo(z.dtype).tiny) if z.is_floating_point() else self.width
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._checks import check_integer_vector
+from .._checks import check_int, check_integer_vector
 from ..oracles.base import Marginals, check_marginals
 from .base import Energy, Gradient
 
@@ -33,10 +33,7 @@ def second_order_masks(lengths: Tensor, c: int) -> tuple[Tensor, Tensor]:
     two-cycle, which no tree holds).
     """
     check_integer_vector("lengths", lengths)
-    if isinstance(c, bool) or not isinstance(c, int):
-        raise TypeError(f"c must be an int (the positions, the root included), got {type(c).__name__}")
-    if c < 1:
-        raise ValueError(f"c must be >= 1 (the positions, the root included), got {c}")
+    c = check_int("c", c, 1)                           # the positions, the root included
     pos = torch.arange(c, device=lengths.device)
     inside = pos[None, :] <= lengths[:, None]                                # [B, C]
     word = inside & (pos[None, :] >= 1)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .._checks import check_bool, check_device
+from .._checks import check_bool, check_device, check_type
 from .._files import write_json
 from ..cgm import TransitionModel, default_model, fit_hard_em, interior_point, map_counts, simulate
 from ..cgm.interior_point import check_installed
@@ -22,8 +22,7 @@ __all__ = ["count_error", "run"]
 def count_error(counts: torch.Tensor, truth: torch.Tensor) -> float:
     """``||counts - truth||_1 / ||truth||_1``."""
     for name, x in (("counts", counts), ("truth", truth)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+        check_type(name, x, torch.Tensor, "a tensor")
     if counts.shape != truth.shape:                  # broadcasting would compare the wrong entries
         raise ValueError(f"counts must have the truth's shape {tuple(truth.shape)}, got {tuple(counts.shape)}")
     if not bool(truth.any()):

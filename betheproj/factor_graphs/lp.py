@@ -22,7 +22,7 @@ import numpy as np
 from scipy.optimize import OptimizeResult, linprog
 from scipy.sparse import coo_matrix
 
-from .._checks import check_real
+from .._checks import check_real, check_type
 from ._util import as_numpy
 from .graph import FactorGraph
 
@@ -57,8 +57,7 @@ class LPBuilder:
     variable state ``(v, s)`` is column :meth:`var_col`."""
 
     def __init__(self, graph: FactorGraph):
-        if not isinstance(graph, FactorGraph):
-            raise TypeError(f"graph must be a FactorGraph, got {type(graph).__name__}")
+        check_type("graph", graph, FactorGraph)
         self.graph = graph
         self._var_start = np.concatenate([[0], np.cumsum(graph.cardinalities)]).astype(np.int64)
         self._upper: list[np.ndarray] = []

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from .._checks import check_integer_vector
+from .._checks import check_int, check_integer_vector, check_type
 
 __all__ = ["PairwisePotentials", "ChainPotentials", "Marginals", "Oracle", "bethe_entropy", "log_partition",
            "tree_parents", "has_pairwise_factors", "keeps_width", "edge_row_ends"]
@@ -378,8 +378,7 @@ def bethe_entropy(node: Tensor, edge: Tensor, degree: Tensor) -> Tensor:
     ``degree`` [B, N] holds each node's number of valid edges and 0 at padding; padded marginals are zero.
     """
     for name, x in (("node", node), ("edge", edge), ("degree", degree)):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+        check_type(name, x, Tensor, "a tensor")
     if node.dim() != 3 or edge.dim() != 4 or degree.shape != node.shape[:2] or edge.shape[0] != node.shape[0] \
             or edge.shape[2:] != (node.shape[2], node.shape[2]):
         raise ValueError(f"node [B, N, C], edge [B, E, C, C] and degree [B, N] must agree, got shapes "
@@ -445,11 +444,7 @@ def check_degree_args(lengths: object, n: object) -> int:
     """``n`` as an int >= 0 once ``lengths`` is known to be an integer tensor [B]: the arguments of an oracle's
     ``degree`` (the lengths' values are the marginals' own, checked where those were made)."""
     check_integer_vector("lengths", lengths)
-    if isinstance(n, bool) or not isinstance(n, int | Tensor) or (isinstance(n, Tensor) and n.dim() != 0):
-        raise TypeError(f"n must be an int (the number of positions), got {type(n).__name__}")
-    if int(n) < 0:
-        raise ValueError(f"n must be >= 0, got {int(n)}")
-    return int(n)
+    return check_int("n", n, 0)
 
 
 def tree_parents(oracle: Oracle, n: int) -> Tensor | None:
@@ -480,8 +475,7 @@ def has_pairwise_factors(oracle: Oracle) -> bool:
 def edge_row_ends(x: Tensor, parents: Tensor | None) -> Tensor:
     """``x`` [B, N, ...] at the row end of every edge, [B, N-1, ...]: node ``k`` on a chain (``parents=None``),
     node ``parents[k+1]`` on a tree (the column end is always ``x[:, 1:]``)."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a tensor [B, N, ...], got {type(x).__name__}")
+    check_type("x", x, Tensor, "a tensor [B, N, ...]")
     if x.dim() < 2:
         raise ValueError(f"x must be a tensor [B, N, ...], got shape {tuple(x.shape)}")
     if parents is not None:
