@@ -54,10 +54,9 @@ def _offences(name: str, fn: object, values: list[object], most: int) -> list[st
     return out
 
 
-def test_public_functions_name_a_wrong_argument(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)                     # a function that writes to the path "x" writes here
-    seen: set[int] = set()
-    offences: list[str] = []
+def _public() -> list[tuple[str, object]]:
+    """``(module.name, object)`` of every name in a public module's ``__all__``, each object once."""
+    out: dict[int, tuple[str, object]] = {}
     for module in MODULES:
         try:
             mod = importlib.import_module(module)
@@ -65,26 +64,20 @@ def test_public_functions_name_a_wrong_argument(tmp_path, monkeypatch):
             continue
         for name in getattr(mod, "__all__", ()):
             obj = getattr(mod, name)
-            if not callable(obj) or id(obj) in seen or name == "main":
-                continue
-            seen.add(id(obj))
-            offences += _offences(f"{module}.{name}", obj, _wrong_values(), 3)
-    assert len(seen) > 100
+            out.setdefault(id(obj), (f"{module}.{name}", obj))
+    return list(out.values())
+
+
+def test_public_functions_name_a_wrong_argument(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                     # a function that writes to the path "x" writes here
+    called = [(name, obj) for name, obj in _public() if callable(obj) and not name.endswith(".main")]
+    offences = [o for name, obj in called for o in _offences(name, obj, _wrong_values(), 3)]
+    assert len(called) > 100
     assert not offences, "\n".join(offences)
 
 
 def _public_classes() -> list[type]:
-    out: dict[type, None] = {}
-    for module in MODULES:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        for name in getattr(mod, "__all__", ()):
-            obj = getattr(mod, name)
-            if inspect.isclass(obj) and not issubclass(obj, BaseException):
-                out[obj] = None
-    return list(out)
+    return [obj for _, obj in _public() if inspect.isclass(obj) and not issubclass(obj, BaseException)]
 
 
 def _instances() -> list[object]:
