@@ -408,21 +408,25 @@ def nonlocal_predictor(model: NonLocalCRF, max_iter: int, iterations: list[Tenso
 
 
 def nonlocal_tagger(model: NonLocalCRF, max_iter: int, fields: BIOFields | None = None,
-                    thresholds: Sequence[float] = (), iterations: list[Tensor] | None = None
-                    ) -> Callable[[Tensor, Tensor], list[Tensor]]:
+                    thresholds: Sequence[float] = (), iterations: list[Tensor] | None = None, *,
+                    map_labels: bool = True) -> Callable[[Tensor, Tensor], list[Tensor]]:
     """``(features, lengths) -> [MAP labels, segment-MBR labels at each threshold]``: one solve (at most
     ``max_iter`` iterations; each batch's iteration counts appended to ``iterations`` if given), its MRF
     ``theta - grad L(mu*)`` decoded by Viterbi (Proposition 1) and, given ``fields``, for segment F1 at each of
-    ``thresholds`` (:func:`decode_segments_at`)."""
+    ``thresholds`` (:func:`decode_segments_at`).  ``map_labels=False`` leaves out the MAP labels (and their Viterbi
+    pass): the list holds the segment-MBR labels alone."""
     if thresholds and fields is None:
         raise ValueError("thresholds need fields: pass BIOFields.from_labels(index.labels)")
+    check_type("map_labels", map_labels, bool)
+    if not map_labels and not thresholds:
+        raise ValueError("map_labels=False needs thresholds: the tagger would decode nothing")
 
     def tag(x: Tensor, n: Tensor) -> list[Tensor]:
         sol = model.infer(x, n, max_iter)
         if iterations is not None:
             iterations.append(sol.iterations.clone())
         mbr = decode_segments_at(sol.potentials, fields, thresholds) if thresholds else []
-        return [decode(model.oracle, sol), *mbr]
+        return [decode(model.oracle, sol), *mbr] if map_labels else mbr
     return tag
 
 
@@ -765,9 +769,9 @@ def tag_strings(lines: Sequence[str], index: FeatureIndex, model: NonLocalCRF, m
     max_iter = model.max_iter if max_iter is None else max_iter
     fields, thresholds = (None, ()) if mbr_threshold is None else (BIOFields.from_labels(index.labels),
                                                                     (mbr_threshold,))
-    # the last of the tagger's outputs: Proposition 1's MAP, or segment MBR where a threshold is given
-    pred = predictions(nonlocal_tagger(model, max_iter, fields, thresholds), index, [cites[i] for i in keep], enc,
-                       progress=progress)[-1]
+    # Proposition 1's MAP, or segment MBR alone where a threshold is given
+    tagger = nonlocal_tagger(model, max_iter, fields, thresholds, map_labels=mbr_threshold is None)
+    pred = predictions(tagger, index, [cites[i] for i in keep], enc, progress=progress)[0]
     for i, labels in zip(keep, pred, strict=True):
         out[i] = to_nested_tags(cites[i].tokens, labels)
     return out

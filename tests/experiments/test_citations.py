@@ -136,7 +136,7 @@ def test_mbr_f1_checks_its_citations_as_f1_of_does_and_agrees_with_decode_segmen
         citations.mbr_f1(model.theta, index, cites[:2], encoded, (0.5,))
 
 
-def test_nonlocal_tagger_decodes_one_solve_by_map_and_segment_mbr_as_the_single_decoders_do():
+def test_nonlocal_tagger_decodes_one_solve_by_map_and_segment_mbr_as_the_single_decoders_do(monkeypatch):
     """One solve per chunk, decoded by Proposition 1's MAP and by segment MBR at each threshold: the labels of
     nonlocal_predictor and of decode_segments on the same solution; predictions checks its citations as f1_of."""
     from betheproj.inference import BIOFields, decode_segments
@@ -170,6 +170,16 @@ def test_nonlocal_tagger_decodes_one_solve_by_map_and_segment_mbr_as_the_single_
         ids = decode_segments(sol.potentials, fields, threshold)
         assert labels == [[index.labels[int(v)] for v in ids[i, : int(n[i])]] for i in range(len(cites))]
     assert len(citations.predictions(citations.nonlocal_tagger(model, 5), index, cites, encoded)) == 1
+    calls.clear()
+    decoded = []
+    monkeypatch.setattr(citations, "decode", lambda *a: decoded.append(1))
+    alone = citations.predictions(citations.nonlocal_tagger(model, 5, fields, (0.3, 0.7), map_labels=False), index,
+                                  cites, encoded, chunk_size=2)
+    assert alone == got[1:] and sum(calls) == 3 and not decoded          # the MBR labels alone, no Viterbi pass
+    with pytest.raises(ValueError, match="map_labels=False needs thresholds"):
+        citations.nonlocal_tagger(model, 5, map_labels=False)
+    with pytest.raises(TypeError, match="map_labels must be a bool, got int"):
+        citations.nonlocal_tagger(model, 5, fields, (0.5,), map_labels=0)
     with pytest.raises(ValueError, match="thresholds need fields"):
         citations.nonlocal_tagger(model, 5, None, (0.5,))
     with pytest.raises(TypeError, match="tagger must be a callable"):
