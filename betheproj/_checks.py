@@ -12,8 +12,8 @@ from numbers import Integral, Real
 import numpy as np
 import torch
 
-__all__ = ["check_bool", "check_count", "check_device", "check_float_dtype", "check_int", "check_log",
-           "check_nonnegative", "check_positive", "check_real", "check_seed", "is_bio_label"]
+__all__ = ["check_bool", "check_count", "check_damping_space", "check_device", "check_float_dtype", "check_int",
+           "check_log", "check_nonnegative", "check_positive", "check_real", "check_seed", "is_bio_label"]
 
 SEED_MAX = 2 ** 63 - 1          # the seeds of the command line; torch wraps larger ones, NumPy counts in int64
 
@@ -165,3 +165,14 @@ def is_bio_label(label: object) -> bool:
         return False
     tag, _, name = label.partition("-")
     return label == "O" or (tag in ("B", "I") and bool(name))
+
+
+DAMPING_SPACES = ("probability", "log")
+
+
+def check_damping_space(damping_space: object) -> str:
+    """``damping_space`` of a loopy BP, which must be ``"probability"`` or ``"log"`` (where damping mixes the
+    messages)."""
+    if damping_space not in DAMPING_SPACES:
+        raise ValueError(f"damping_space must be one of {DAMPING_SPACES}, got {damping_space!r}")
+    return damping_space  # type: ignore[return-value]

@@ -206,3 +206,17 @@ def normalise_log(v: np.ndarray, how: str) -> tuple[np.ndarray, float]:
     w = v - top
     c = float(np.log(np.exp(w).sum()))
     return w - c, top + c
+
+
+def damp_log_message(new: np.ndarray, old: np.ndarray, damping: float, space: str) -> np.ndarray:
+    """The damped log-messages (not normalised) from normalised log-messages ``new`` and ``old`` (one message
+    along the last axis): in probability space ``log((1 - d) e^new + d e^old)``, in log space
+    ``(1 - d) new + d old``.  Exact zeros (``-inf``) of ``new`` are kept in both (mixed in probability space, a
+    zero would only shrink by ``d`` per iteration and never converge); in log space a message with an entry that
+    is ``-inf`` in ``old`` alone is taken undamped (mixed, that entry would stay ``-inf``)."""
+    if space == "log":
+        revived = (np.isneginf(old) & ~np.isneginf(new)).any(-1, keepdims=True)
+        return np.where(revived, new, (1.0 - damping) * new + damping * old)
+    with np.errstate(divide="ignore"):
+        damped = np.logaddexp(np.log1p(-damping) + new, np.log(damping) + old)
+    return np.where(np.isneginf(new), -np.inf, damped)

@@ -25,7 +25,11 @@ Damping ``d`` mixes each new factor-to-variable message with the previous one in
 by ``D`` nats from one iteration to the next (large scores) shrinks only by the factor ``d`` per iteration, so
 its log-message settles after about ``D / log(1/d)`` iterations (1,000 nats at ``d = 0.5``: ~1,450); until
 then the beliefs can be far from the fixed point, and the result says ``converged=False``.  Exact zeros (a
-hard constraint's verdict, ``-inf``) are not mixed.  Convergence: the
+hard constraint's verdict, ``-inf``) are not mixed.  ``damping_space="log"`` mixes the log-messages instead,
+``log M <- (1 - d) log M_new + d log M_old`` (geometric mixing, then normalised; the same fixed points): a gap of
+any size then shrinks by the factor ``d`` per iteration, so large scores converge in as many iterations as small
+ones; exact zeros of the new message are kept, and a message with an entry that is ``-inf`` in the old message
+alone is taken undamped (mixed, an old zero would hold that entry at zero for ever).  Convergence: the
 largest absolute change of a factor-to-variable log-message entry within one iteration (entries that are
 ``-inf`` in both count 0, in one only count ``inf``) drops below ``tol``.
 """
@@ -37,8 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._checks import check_count, check_nonnegative, check_real
-from ._util import as_numpy, normalise_log, xlogy
+from .._checks import check_count, check_damping_space, check_nonnegative, check_real
+from ._util import as_numpy, damp_log_message, normalise_log, xlogy
 from .factors import Dense, Factor
 from .graph import FactorGraph
 
@@ -108,8 +112,10 @@ class _Contradiction(ValueError):
 
 def belief_propagation(graph: FactorGraph, mode: str = "sum", *, schedule: str = "parallel", damping: float = 0.0,
                        normalize: str | None = None, tol: float = 1e-8, max_iter: int = 200,
-                       init_messages: Sequence[Sequence[np.ndarray]] | None = None) -> BPResult:
-    """Run loopy BP (``mode`` ``"sum"`` or ``"max"``) on ``graph``; see the module docstring for the options.
+                       init_messages: Sequence[Sequence[np.ndarray]] | None = None,
+                       damping_space: str = "probability") -> BPResult:
+    """Run loopy BP (``mode`` ``"sum"`` or ``"max"``) on ``graph``; see the module docstring for the options
+    (``damping_space``: ``"probability"`` or ``"log"``, where ``damping`` mixes the messages).
 
     Raises ``ValueError`` if the messages become contradictory (every state of some variable or factor
     gets zero belief: infeasible hard constraints, or a contradiction reached by loopy BP).
@@ -125,6 +131,7 @@ def belief_propagation(graph: FactorGraph, mode: str = "sum", *, schedule: str =
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS} (or None), got {normalize!r}")
     damping = check_real("damping", damping, 0.0, 1.0, high_open=True)
+    damping_space = check_damping_space(damping_space)
     tol, max_iter = check_nonnegative("tol", tol), check_count("max_iter", max_iter)
     factors = graph.factors
     if normalize == "none" and any(not isinstance(f, Dense) for f in factors):
@@ -159,11 +166,7 @@ def belief_propagation(graph: FactorGraph, mode: str = "sum", *, schedule: str =
                 raise _Contradiction(f"factor {f} ({factor!r}) sends an all-zero message to variable "
                                      f"{factor.variables[k]} (contradictory constraints)")
             if damping > 0.0:
-                # an exact zero (a hard constraint's verdict) is kept: mixed in, it would only shrink by a
-                # constant factor per iteration and the messages would never converge
-                with np.errstate(divide="ignore"):
-                    damped = np.logaddexp(np.log1p(-damping) + m, np.log(damping) + mu[f][k])
-                m, _ = normalise_log(np.where(np.isneginf(m), -np.inf, damped), normalize)
+                m, _ = normalise_log(damp_log_message(m, mu[f][k], damping, damping_space), normalize)
             new.append(m)
         return new
 

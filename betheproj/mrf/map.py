@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from .._checks import check_count, check_nonnegative, check_real
+from .._checks import check_count, check_damping_space, check_nonnegative, check_real
 from ..factor_graphs import belief_propagation
 from ..factor_graphs import lp_map as _fg_lp_map
+from ..factor_graphs._util import damp_log_message
 from .pairwise import MAX_CONFIGURATIONS, LocalMarginals, MAPResult, PairwiseMRF, _overflow
 
 __all__ = ["exact_map", "lp_map", "lbp_map"]
@@ -79,13 +80,15 @@ def lp_map(mrf: PairwiseMRF, *, tol: float = 1e-6) -> MAPResult:
 
 
 def lbp_map(mrf: PairwiseMRF, *, damping: float = 0.0, tol: float = 1e-9, max_iter: int = 1000,
-            backend: str = "numpy") -> MAPResult:
+            backend: str = "numpy", damping_space: str = "probability") -> MAPResult:
     """Max-product loopy BP (Kulesza & Pereira 2007, eq. 5) with the parallel schedule, decoded by
     ``argmax_y b_i(y)`` with ``b_i ∝ psi_i prod_{j in N(i)} m_ji`` (section 4.1).
 
     Every message is normalised, to max 1 (section 4.1 normalises to sum 1, ``m_ij(-1) + m_ij(1) = 1``: the two
     differ by a positive factor per message, which changes neither the beliefs' argmax nor whether the messages
-    converge), optionally damped in probability space, ``m <- (1 - damping) m_new + damping m_old``, and the run
+    converge), optionally damped in probability space, ``m <- (1 - damping) m_new + damping m_old``, or with
+    ``damping_space="log"`` in log space, ``log m <- (1 - damping) log m_new + damping log m_old`` (a gap of any
+    size shrinks by the factor ``damping`` per iteration: see :mod:`betheproj.factor_graphs.bp`), and the run
     stops when the largest change of a normalised log-message entry drops below ``tol`` (or after ``max_iter``
     iterations; ``converged`` says which).  Messages start uniform.  With finite potentials the messages of
     section 4.1 converge: ``log m_ij(1) - log m_ij(-1)`` is clipped to ``[-log lambda, log lambda]``.
@@ -100,12 +103,13 @@ def lbp_map(mrf: PairwiseMRF, *, damping: float = 0.0, tol: float = 1e-9, max_it
     ``objective`` is that labelling's score (``ValueError`` where it overflows float64, as in :func:`exact_map`)."""
     mrf = _check_mrf(mrf)
     damping = check_real("damping", damping, 0.0, 1.0, high_open=True)
+    damping_space = check_damping_space(damping_space)
     tol, max_iter = check_nonnegative("tol", tol), check_count("max_iter", max_iter)
     if backend == "numpy":
-        beliefs, converged, iterations, history = _lbp_numpy(mrf, damping, float(tol), max_iter)
+        beliefs, converged, iterations, history = _lbp_numpy(mrf, damping, float(tol), max_iter, damping_space)
     elif backend == "factor_graphs":
         res = belief_propagation(mrf.to_factor_graph(), "max", schedule="parallel", damping=damping,
-                                 normalize="max", tol=float(tol), max_iter=max_iter)
+                                 normalize="max", tol=float(tol), max_iter=max_iter, damping_space=damping_space)
         beliefs, converged, iterations, history = res.variable_beliefs, res.converged, res.iterations, res.history
     else:
         raise ValueError(f"backend must be 'numpy' or 'factor_graphs', got {backend!r}")
@@ -118,7 +122,7 @@ def lbp_map(mrf: PairwiseMRF, *, damping: float = 0.0, tol: float = 1e-9, max_it
                      ties=ties, beliefs=beliefs)
 
 
-def _lbp_numpy(mrf: PairwiseMRF, damping: float, tol: float, max_iter: int
+def _lbp_numpy(mrf: PairwiseMRF, damping: float, tol: float, max_iter: int, damping_space: str = "probability"
                ) -> tuple[list[np.ndarray], bool, int, list[float]]:
     """Parallel max-product over directed edges ``d = 2e`` (``i -> j``) and ``2e + 1`` (``j -> i``) of edge
     ``e = (i, j)``, in log space, label sets padded with ``-inf``.  Cavities ``theta_i + sum_{k != j} m_ki`` are
@@ -162,7 +166,6 @@ def _lbp_numpy(mrf: PairwiseMRF, damping: float, tol: float, max_iter: int
     history: list[float] = []
     converged = False
     it = 0
-    log_keep, log_mix = (np.log1p(-damping), np.log(damping)) if damping > 0.0 else (0.0, 0.0)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         while it < max_iter:
             it += 1
@@ -178,7 +181,7 @@ def _lbp_numpy(mrf: PairwiseMRF, damping: float, tol: float, max_iter: int
             if not exact_inf and not np.isfinite(new).all():  # finite potentials: a -inf or NaN is an overflow below
                 raise ValueError("node plus edge scores overflow float64 in a message: rescale the potentials")
             if damping > 0.0:                              # exact zeros are kept (see factor_graphs.bp)
-                new = _normalise_rows(np.where(np.isneginf(new), -np.inf, np.logaddexp(log_keep + new, log_mix + msg)))
+                new = _normalise_rows(damp_log_message(new, msg, damping, damping_space))
             d = np.abs(new - msg)
             change = float(np.nanmax(d)) if exact_inf else float(d.max())
             if np.isnan(change):

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import check_count, check_nonnegative, check_positive, check_real, check_seed
+from .._checks import check_count, check_damping_space, check_nonnegative, check_positive, check_real, check_seed
 from .._files import torch_save
 from ..data.conllu import Sentence
 from ..energies.second_order import SecondOrderArcs
@@ -244,13 +244,15 @@ class SecondOrderParser:
     @torch.no_grad()
     def predict(self, sentences: Sequence[Sentence], method: str = "mean_field", candidates: Candidates | None = None,
                 max_batch: int = 64, budget: int = 4_000_000, max_iter: int | None = None, damping: float = 0.0,
-                decode_on: str | None = None, progress: bool = False) -> list[np.ndarray]:
+                decode_on: str | None = None, progress: bool = False, damping_space: str = "probability"
+                ) -> list[np.ndarray]:
         """Heads (int64 arrays) of every sentence: ``method="mean_field"`` (:func:`mean_field_parse`, default 30
         Bethe-RDA iterations) or ``"loopy_bp"`` (:func:`loopy_bp_parse`, default 20 iterations); ``"first_order"``
         decodes the pruned arc-factored part alone (``w1``, no second-order terms).  ``max_iter`` applies to the
-        first two, ``damping`` (in [0, 1)) to loopy BP, ``decode_on`` to mean field (``"map"``, the default, or
-        ``"marginals"``) and loopy BP (``"beliefs"``, the default, or ``"log_odds"``); an option the method does
-        not use is an error rather than ignored."""
+        first two, ``damping`` (in [0, 1)) and ``damping_space`` (``"probability"`` or ``"log"``: where damping
+        mixes the messages, :func:`~betheproj.parsing.second_order_decoding.loopy_bp`) to loopy BP, ``decode_on``
+        to mean field (``"map"``, the default, or ``"marginals"``) and loopy BP (``"beliefs"``, the default, or
+        ``"log_odds"``); an option the method does not use is an error rather than ignored."""
         _check_method("method", method)
         max_batch, budget = check_count("max_batch", max_batch), check_count("budget", budget)
         if max_iter is not None:
@@ -262,6 +264,9 @@ class SecondOrderParser:
         if damping != 0.0 and method != "loopy_bp":
             raise ValueError(f"damping applies to method='loopy_bp' only, got damping={damping!r} with {method!r}")
         damping = check_real("damping", damping, 0.0, 1.0, high_open=True)    # as loopy_bp, before any pruning
+        damping_space = check_damping_space(damping_space)
+        if damping_space != "probability" and method != "loopy_bp":
+            raise ValueError(f"damping_space applies to method='loopy_bp' only, got {damping_space!r} with {method!r}")
         choices = {"mean_field": ("map", "marginals"), "loopy_bp": ("beliefs", "log_odds"), "first_order": ()}[method]
         if decode_on is not None and decode_on not in choices:
             raise ValueError(f"decode_on must be one of {choices} for method={method!r}, got {decode_on!r}"
@@ -297,7 +302,8 @@ class SecondOrderParser:
             elif method == "loopy_bp":
                 heads, _ = loopy_bp_parse(batch.potentials, batch.sibling, batch.grandparent,
                                           max_iter=20 if max_iter is None else max_iter,
-                                          damping=damping, decode_on=decode_on or "beliefs", single_root=single)
+                                          damping=damping, decode_on=decode_on or "beliefs", single_root=single,
+                                          damping_space=damping_space)
             else:
                 heads = GreedyFirst(NonProjective(single)).map(batch.potentials)
             for j, i in enumerate(idx):

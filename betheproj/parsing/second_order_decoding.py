@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._checks import check_count, check_nonnegative, check_real
+from .._checks import check_count, check_damping_space, check_nonnegative, check_real
 from ..energies.second_order import SecondOrderArcs, second_order_masks
 from ..inference.decode import decode
 from ..inference.solve import Solution, solve
@@ -43,12 +43,17 @@ def _pair_message(a: Tensor, w: Tensor) -> Tensor:
     return torch.where(a == math.inf, w, torch.logaddexp(zero, a + w) - torch.logaddexp(zero, a))
 
 
-def _damp(new: Tensor, old: Tensor, d: float) -> Tensor:
+def _damp(new: Tensor, old: Tensor, d: float, space: str = "probability") -> Tensor:
     """Damping in probability space on normalised binary messages, ``M <- (1 - d) M_new + d M_old`` (as
     :func:`betheproj.factor_graphs.belief_propagation`), in log-odds.  An infinite message (an exact zero, a
-    hard constraint's verdict) is kept: mixed in, it would only shrink by ``d`` per iteration, never converge."""
+    hard constraint's verdict) is kept: mixed in, it would only shrink by ``d`` per iteration, never converge.
+    ``space="log"``: the log-messages mixed instead, which for log-odds is ``(1 - d) new + d old``; where either is
+    infinite the new message is taken (an old infinity would otherwise hold it for ever), as the factor graphs'
+    log-space damping does (:func:`betheproj.factor_graphs._util.damp_log_message`)."""
     if d == 0.0:
         return new
+    if space == "log":
+        return torch.where(torch.isinf(new) | torch.isinf(old), new, torch.lerp(new, old, d))
     ld, lk = math.log(d), math.log1p(-d)
     ls_new, ls_old = torch.nn.functional.logsigmoid(new), torch.nn.functional.logsigmoid(old)
     on = torch.logaddexp(lk + ls_new, ld + ls_old)
@@ -66,7 +71,8 @@ def _change(new: Tensor, old: Tensor) -> float:
 
 @torch.no_grad()
 def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, lengths: Tensor,
-             max_iter: int = 20, damping: float = 0.0, tol: float = 1e-6, single_root: bool = False) -> BPResult:
+             max_iter: int = 20, damping: float = 0.0, tol: float = 1e-6, single_root: bool = False, *,
+             damping_space: str = "probability") -> BPResult:
     """Turbo Parser #1 (Martins et al. 2010, section 4): sum-product loopy BP, parallel schedule, over binary arc
     variables ``y_hm`` with unary log-potentials ``theta[b, h, m]`` (head-major [B, C, C]; ``-inf``: pruned arc,
     no variable), one TREE factor and one pairwise factor ``exp(W y_hm y_hs)`` per sibling pair ``m < s``
@@ -82,14 +88,18 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
     messages of the batch at once: a few gathers / ``index_add`` over the factors (``O(#parts)``, not
     ``O(B C^3)``: pruning leaves few parts) and one batched matrix-tree call, no Python loop over parts.
     The TREE factor's messages to arcs in no tree (every tree) are exact ``-inf`` (``inf``: those log marginals
-    are exact zeros), which ``damping``, a mix of old and new messages in probability space, keeps.  BP stops
-    when the largest log-odds change is below ``tol`` or after ``max_iter`` iterations.
+    are exact zeros), which ``damping``, a mix of old and new messages in probability space, keeps.  With
+    ``damping_space="log"`` the log-messages are mixed instead (the log-odds: ``(1 - d) new + d old``): a message
+    that must fall by ``D`` nats then settles in ``O(log D)`` iterations, not ``D / log(1/d)`` (see
+    :mod:`betheproj.factor_graphs.bp`).  BP stops when the largest log-odds change is below ``tol`` or after
+    ``max_iter`` iterations.
     """
     if not isinstance(theta, Tensor) or theta.dim() != 3 or theta.shape[1] != theta.shape[2]:
         raise ValueError("theta must be head-major arc scores [B, C, C]")
     if not theta.is_floating_point() or bool((torch.isnan(theta) | (theta == math.inf)).any()):
         raise ValueError("theta must be floating-point arc scores without NaN or +inf (-inf marks a pruned arc)")
     damping = check_real("damping", damping, 0.0, 1.0, high_open=True)
+    damping_space = check_damping_space(damping_space)
     max_iter = check_count("max_iter", max_iter)
     tol = check_nonnegative("tol", tol)
     b, c, _ = theta.shape
@@ -142,10 +152,10 @@ def loopy_bp(theta: Tensor, sibling: Tensor | None, grandparent: Tensor | None, 
         total = (cavity + tree).flatten()
         _, log_marg = log_arc_marginals(cavity, lengths, single_root)
         new_tree = torch.where(arcs, _arc_logits(log_marg) - cavity, zero)
-        new_tree = _damp(new_tree, tree, damping)
+        new_tree = _damp(new_tree, tree, damping, damping_space)
         # factor -> x from the cavity of y (its total without this factor's message to y), and vice versa
-        new_x = _damp(_pair_message(total[y] - to_y, w), to_x, damping)
-        new_y = _damp(_pair_message(total[x] - to_x, w), to_y, damping)
+        new_x = _damp(_pair_message(total[y] - to_y, w), to_x, damping, damping_space)
+        new_y = _damp(_pair_message(total[x] - to_x, w), to_y, damping, damping_space)
         change = max(_change(new, old) for old, new in ((tree, new_tree), (to_x, new_x), (to_y, new_y)))
         tree, to_x, to_y = new_tree, new_x, new_y
         if change < tol:
@@ -167,7 +177,7 @@ def _head_major(node: Tensor) -> Tensor:
 
 def loopy_bp_parse(potentials: PairwisePotentials, sibling: Tensor | None, grandparent: Tensor | None,
                    max_iter: int = 20, damping: float = 0.0, tol: float = 1e-6, decode_on: str = "beliefs",
-                   single_root: bool = False) -> tuple[Tensor, BPResult]:
+                   single_root: bool = False, *, damping_space: str = "probability") -> tuple[Tensor, BPResult]:
     """Heads [B, N] (``-1`` past each length) of Turbo Parser #1: :func:`loopy_bp` then Chu-Liu-Edmonds on the
     beliefs (``decode_on="beliefs"``: the tree of highest expected number of correct arcs under the beliefs) or on
     their log-odds (``"log_odds"``; an arc in every tree, log-odds ``+inf``, counts 0 there)."""
@@ -175,7 +185,7 @@ def loopy_bp_parse(potentials: PairwisePotentials, sibling: Tensor | None, grand
         raise ValueError(f"decode_on must be 'beliefs' or 'log_odds', got {decode_on!r}")
     check_arc_potentials(potentials)              # as the oracles and mean_field_parse (an edge table was ignored)
     res = loopy_bp(_head_major(potentials.node), sibling, grandparent, potentials.lengths, max_iter, damping,
-                   tol, single_root)
+                   tol, single_root, damping_space=damping_space)
     score = res.beliefs if decode_on == "beliefs" else res.log_odds
     # an arc in every tree (damped BP's exact log-odds +inf) is in whichever tree wins: any finite score decodes it
     score = torch.where(score == math.inf, torch.zeros((), dtype=score.dtype, device=score.device), score)

@@ -139,6 +139,64 @@ def test_damping_makes_oscillating_bp_converge():
     np.testing.assert_allclose(warm.log_partition, damped.log_partition, atol=1e-8)
 
 
+def _strong_loop(scale: float, seed: int = 0) -> FactorGraph:
+    """Five ternary variables on a cycle with a chord, unaries and pairwise tables of size ``scale``."""
+    rng = np.random.default_rng(seed)
+    g = FactorGraph()
+    vs = [g.add_variable(3, rng.normal(size=3) * scale) for _ in range(5)]
+    for i in range(5):
+        g.add_dense([vs[i], vs[(i + 1) % 5]], rng.normal(size=(3, 3)) * scale)
+    g.add_dense([vs[0], vs[2]], rng.normal(size=(3, 3)) * scale)
+    return g
+
+
+@pytest.mark.parametrize("mode", ["sum", "max"])
+def test_log_space_damping_converges_at_any_scale_to_the_undamped_fixed_point(mode):
+    """Damped in probability space, a message entry that must fall by D nats moves by log(damping) a step: at
+    scores of 1e3 it had not converged after 500 iterations.  Mixed in log space, every gap shrinks by the factor
+    damping a step, so it converges in as many iterations at 1e3 and 1e6 as at 1, to the fixed point of plain BP."""
+    for scale in (1.0, 1e3, 1e6):
+        g = _strong_loop(scale)
+        plain = belief_propagation(g, mode, max_iter=500, tol=1e-10)
+        log = belief_propagation(g, mode, damping=0.5, damping_space="log", max_iter=500, tol=1e-10)
+        assert plain.converged and log.converged and log.iterations < 100
+        for a, b in zip(plain.variable_beliefs, log.variable_beliefs, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-8)
+        if mode == "sum":
+            assert log.log_partition == pytest.approx(plain.log_partition, rel=1e-9, abs=1e-8)
+        if scale > 1.0:
+            prob = belief_propagation(g, mode, damping=0.5, max_iter=500, tol=1e-10)
+            assert not prob.converged
+
+
+def test_log_space_damping_makes_oscillating_bp_converge():
+    g = _k4(35)
+    damped = belief_propagation(g, "sum", damping=0.5, damping_space="log", max_iter=400, tol=1e-10)
+    assert damped.converged
+    warm = belief_propagation(g, "sum", max_iter=3, tol=1e-8, init_messages=damped)     # a plain BP fixed point
+    assert warm.converged and warm.iterations == 1
+    prob = belief_propagation(g, "sum", damping=0.5, max_iter=400, tol=1e-10)
+    assert damped.log_partition == pytest.approx(prob.log_partition, abs=1e-8)
+
+
+def test_damp_log_message_mixes_and_keeps_exact_zeros():
+    from betheproj.factor_graphs._util import damp_log_message
+
+    inf = np.inf
+    new = np.array([[0.0, -2.0, -inf], [0.0, -2.0, -1.0], [-inf, -inf, -inf]])
+    old = np.array([[-1.0, 0.0, -3.0], [-1.0, 0.0, -inf], [-inf, -inf, -inf]])
+    # log space: linear in the logs, a new zero stays 0; a message where an old zero became non-zero is taken
+    # undamped (the second); entries -inf in both (padding) stay -inf
+    np.testing.assert_allclose(damp_log_message(new, old, 0.25, "log"),
+                               [[-0.25, -1.5, -inf], [0.0, -2.0, -1.0], [-inf, -inf, -inf]])
+    with np.errstate(divide="ignore"):
+        want = np.log(0.75 * np.exp(new) + 0.25 * np.exp(old))
+    want[0, 2] = -inf                                      # probability space: a new zero stays 0 as well
+    np.testing.assert_allclose(damp_log_message(new, old, 0.25, "probability"), want)
+    with pytest.raises(ValueError, match=r"damping_space must be one of \('probability', 'log'\), got 'geometric'"):
+        belief_propagation(_strong_loop(1.0), damping=0.5, damping_space="geometric")
+
+
 def test_unnormalised_messages_grow_on_loops():
     """Kulesza & Pereira (2007), section 4.1: without normalisation, max-product messages on a loop grow without
     bound; normalised (m(0) + m(1) = 1) the same iteration converges, to the same beliefs."""
@@ -248,12 +306,13 @@ def test_or_family_sum_product_beyond_exp_underflow(factor, u0, u1, log_z):
     assert res.log_partition == pytest.approx(graph_reference(graph)["log_z"], abs=1e-9)
 
 
+@pytest.mark.parametrize("space", ["probability", "log"])
 @pytest.mark.parametrize("mode", ["sum", "max"])
-def test_damping_keeps_hard_zeros_and_converges(mode):
+def test_damping_keeps_hard_zeros_and_converges(mode, space):
     graph = FactorGraph([2, 2])
     graph.set_unary(0, [-np.inf, 0.0])                     # v0 clamped on, so XOR turns v1 off exactly
     graph.add_factor(XOR([0, 1]))
-    res = belief_propagation(graph, mode, damping=0.5, max_iter=100)
+    res = belief_propagation(graph, mode, damping=0.5, max_iter=100, damping_space=space)
     assert res.converged                                   # the zero only halved each iteration before
     assert np.allclose(res.variable_beliefs[1], [1.0, 0.0])
 

@@ -117,29 +117,46 @@ def test_lbp_is_exact_on_trees_and_matches_the_factor_graph_backend():
         res = lbp_map(tree)
         assert res.converged and res.iterations < 20
         assert np.array_equal(res.labels, exact_map(tree).labels)
-    for damping in (0.0, 0.3):
+    for damping, space in ((0.0, "probability"), (0.3, "probability"), (0.3, "log")):
         loopy = random_mrf(rng, (2, 3, 2, 3), [(0, 1), (1, 2), (2, 3), (3, 0), (1, 3)])
         for iters in (1, 2, 7):
-            mine = lbp_map(loopy, max_iter=iters, tol=0.0, damping=damping)
+            mine = lbp_map(loopy, max_iter=iters, tol=0.0, damping=damping, damping_space=space)
             ref = belief_propagation(loopy.to_factor_graph(), "max", schedule="parallel", normalize="max",
-                                     damping=damping, tol=0.0, max_iter=iters)
+                                     damping=damping, tol=0.0, max_iter=iters, damping_space=space)
             for b, r in zip(mine.beliefs, ref.variable_beliefs, strict=True):
                 assert np.allclose(b, r, atol=1e-12)
             k = min(len(mine.history), len(ref.history))     # tol=0 stops at an exact fixed point, which
             assert np.allclose(mine.history[:k], ref.history[:k], atol=1e-12)   # rounding may reach in one only
             assert max(mine.history[k:] + ref.history[k:], default=0.0) <= 1e-12
-        fg = lbp_map(loopy, backend="factor_graphs", damping=damping)
-        npy = lbp_map(loopy, damping=damping)
+        fg = lbp_map(loopy, backend="factor_graphs", damping=damping, damping_space=space)
+        npy = lbp_map(loopy, damping=damping, damping_space=space)
         assert np.array_equal(fg.labels, npy.labels) and fg.converged == npy.converged
 
 
 @pytest.mark.parametrize("backend", ["numpy", "factor_graphs"])
-def test_damped_lbp_keeps_hard_zeros_and_converges(backend):
+def test_log_space_damping_converges_at_large_scores(backend):
+    """Scores of 1e3: damped in probability space LBP had not converged after 400 iterations (a message entry that
+    must fall by D nats moves by log(damping) a step); damped in log space it converges, to undamped LBP's labels
+    and beliefs."""
+    mrf = random_mrf(np.random.default_rng(4), (3, 3, 3, 3), [(0, 1), (1, 2), (2, 3), (3, 0), (0, 2)], scale=1e3)
+    plain = lbp_map(mrf, max_iter=400, backend=backend)
+    log = lbp_map(mrf, damping=0.5, damping_space="log", max_iter=400, backend=backend)
+    prob = lbp_map(mrf, damping=0.5, max_iter=400, backend=backend)
+    assert plain.converged and log.converged and log.iterations < 100 and not prob.converged
+    assert np.array_equal(log.labels, plain.labels)
+    for a, b in zip(log.beliefs, plain.beliefs, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-8)
+
+
+@pytest.mark.parametrize("space", ["probability", "log"])
+@pytest.mark.parametrize("backend", ["numpy", "factor_graphs"])
+def test_damped_lbp_keeps_hard_zeros_and_converges(backend, space):
     """A forbidden label pair on a triangle: the exact zeros it sends used to be mixed with the old messages,
     shrinking by the damping factor per iteration, so a tight tolerance was never met."""
     mrf = PairwiseMRF([2, 2, 2], [(0, 1), (1, 2), (2, 0)], [[-np.inf, 1.0], [0.5, 0.0], [0.0, 0.2]],
                       [np.array([[0.0, 0.3], [0.0, -np.inf]]), np.zeros((2, 2)), np.array([[0.4, 0.0], [0.0, 0.1]])])
-    res = lbp_map(mrf, damping=0.5, tol=1e-12, max_iter=500, backend=backend)   # node 0 = 1 forbids node 1 = 1
+    res = lbp_map(mrf, damping=0.5, tol=1e-12, max_iter=500, backend=backend,   # node 0 = 1 forbids node 1 = 1
+                  damping_space=space)
     assert res.converged and res.iterations < 200
     assert res.beliefs[1][1] == 0.0
     assert np.array_equal(res.labels, exact_map(mrf).labels)

@@ -58,6 +58,8 @@ def test_potential_errors():
         lbp_map(mrf, backend="torch")
     with pytest.raises(ValueError, match=r"damping must be a finite number in \[0, 1\)"):
         lbp_map(mrf, damping=1.0)
+    with pytest.raises(ValueError, match=r"damping_space must be one of \('probability', 'log'\), got 'prob'"):
+        lbp_map(mrf, damping=0.5, damping_space="prob")
     with pytest.raises(ValueError, match="max_iter must be an int >= 1"):
         lbp_map(mrf, max_iter=0)
     forbidden = PairwiseMRF([2, 2], [(0, 1)], None, np.full((2, 2), -np.inf))

@@ -202,6 +202,9 @@ def test_predict_refuses_options_its_method_does_not_use():
     parser = SecondOrderParser(first, bits=10)
     sents = _grandparent_treebank(1)
     for method, options, match in (("mean_field", {"damping": 5.0}, "damping applies to method='loopy_bp' only"),
+                                   ("mean_field", {"damping_space": "log"},
+                                    "damping_space applies to method='loopy_bp' only"),
+                                   ("loopy_bp", {"damping_space": "geometric"}, "damping_space must be one of"),
                                    ("first_order", {"max_iter": -5}, "max_iter applies to"),
                                    ("first_order", {"decode_on": "x"}, "decode_on applies to"),
                                    ("mean_field", {"decode_on": "beliefs"}, r"decode_on must be one of \('map', "),
@@ -209,6 +212,7 @@ def test_predict_refuses_options_its_method_does_not_use():
         with pytest.raises(ValueError, match=match):
             parser.predict(sents, method=method, **options)
     assert len(parser.predict(sents, method="loopy_bp", damping=0.5, decode_on="log_odds", max_iter=3)) == len(sents)
+    assert len(parser.predict(sents, method="loopy_bp", damping=0.5, damping_space="log", max_iter=3)) == len(sents)
     # first_order as the dev method: fit passes it no iteration count
     parser.fit(sents, epochs=1, max_batch=8, dev=sents[:2], dev_method="first_order")
     assert parser.info["dev_history"]

@@ -38,7 +38,7 @@ def _arcs(theta: torch.Tensor, n: int) -> list[tuple[int, int]]:
     return [(h, m) for h in range(n + 1) for m in range(1, n + 1) if h != m and theta[h, m] > -torch.inf]
 
 
-def _reference_bp(theta, s, g, n, damping, iters, single_root=False, log_odds=False):
+def _reference_bp(theta, s, g, n, damping, iters, single_root=False, log_odds=False, damping_space="probability"):
     """The same model built with betheproj.factor_graphs (per-message Python BP): beliefs ``b(y_hm = 1)``, or with
     ``log_odds`` ``log b(1) - log b(0)`` (``nan`` at absent arcs and where a belief is 0 or 1)."""
     arcs = _arcs(theta, n)
@@ -52,7 +52,7 @@ def _reference_bp(theta, s, g, n, damping, iters, single_root=False, log_odds=Fa
     for gp, h, m in itertools.permutations(range(n + 1), 3):
         if m >= 1 and (gp, h) in var and (h, m) in var:
             graph.add_dense([var[(gp, h)], var[(h, m)]], [[0.0, 0.0], [0.0, float(g[gp, h, m])]])
-    res = belief_propagation(graph, "sum", damping=damping, tol=0.0, max_iter=iters)
+    res = belief_propagation(graph, "sum", damping=damping, tol=0.0, max_iter=iters, damping_space=damping_space)
     out = torch.full((n + 1, n + 1), math.nan if log_odds else 0.0, dtype=torch.float64)
     for a in arcs:
         b0, b1 = res.variable_beliefs[var[a]]
@@ -95,19 +95,21 @@ def _is_tree(heads: np.ndarray) -> bool:
 
 # ----------------------------------------------------------------------------------------------- loopy BP
 
+@pytest.mark.parametrize("space", ["probability", "log"])
 @pytest.mark.parametrize(("damping", "prune_p", "seed"), [(0.0, 0.3, 1), (0.4, 0.3, 1), (0.4, 0.6, 4)])
-def test_vectorised_bp_equals_factor_graph_bp(damping, prune_p, seed):
+def test_vectorised_bp_equals_factor_graph_bp(damping, prune_p, seed, space):
     theta, s, g, lengths = _random_problem([4, 3, 2], seed=seed, prune_p=prune_p)   # 0.6: arcs in no / every tree
-    res = loopy_bp(theta, s, g, lengths, max_iter=12, damping=damping, tol=0.0)
+    res = loopy_bp(theta, s, g, lengths, max_iter=12, damping=damping, tol=0.0, damping_space=space)
     assert res.iterations == 12
     for b, n in enumerate(lengths.tolist()):
-        ref = _reference_bp(theta[b], s[b], g[b], n, damping, 12)
+        ref = _reference_bp(theta[b], s[b], g[b], n, damping, 12, damping_space=space)
         torch.testing.assert_close(res.beliefs[b, : n + 1, : n + 1], ref, atol=1e-8, rtol=0)
     assert res.beliefs[1, 4:].abs().max() == 0 and res.beliefs[2, :, 3:].abs().max() == 0     # padding
 
 
+@pytest.mark.parametrize("space", ["probability", "log"])
 @pytest.mark.parametrize("single_root", [False, True])
-def test_damped_bp_keeps_arcs_in_no_tree_and_every_tree_exact(single_root):
+def test_damped_bp_keeps_arcs_in_no_tree_and_every_tree_exact(single_root, space):
     """Word 2's only head is 3 and word 3's heads are 0 and 2: the arc 2 -> 3 is in no tree, 3 -> 2 and 0 -> 3
     in every tree.  Damping mixed those exact verdicts with old messages, so they only shrank by the damping
     factor per iteration and BP never met a tight tolerance."""
@@ -117,10 +119,11 @@ def test_damped_bp_keeps_arcs_in_no_tree_and_every_tree_exact(single_root):
     theta[0, :, 3] = -torch.inf
     theta[0, 0, 3], theta[0, 2, 3] = 0.2, 1.5
     theta[0, 0, 1] = theta[0, 0, 4] = -torch.inf                 # (and so 0 -> 3 is the only root arc)
-    res = loopy_bp(theta, s, g, lengths, max_iter=300, damping=0.5, tol=1e-10, single_root=single_root)
+    res = loopy_bp(theta, s, g, lengths, max_iter=300, damping=0.5, tol=1e-10, single_root=single_root,
+                   damping_space=space)
     assert res.converged and res.iterations < 200
     assert res.beliefs[0, 2, 3] == 0.0 and res.beliefs[0, 3, 2] == 1.0 and res.beliefs[0, 0, 3] == 1.0
-    ref = _reference_bp(theta[0], s[0], g[0], 4, 0.5, res.iterations)
+    ref = _reference_bp(theta[0], s[0], g[0], 4, 0.5, res.iterations, damping_space=space)
     torch.testing.assert_close(res.beliefs[0], ref, atol=1e-9, rtol=0)
 
 
@@ -180,6 +183,24 @@ def test_undamped_bp_parse_at_huge_magnitudes(scale):
     assert (torch.minimum(res.beliefs, 1.0 - res.beliefs) < 1e-12).all()
     for b, n in enumerate(lengths.tolist()):
         assert heads[b, :n].tolist() == chu_liu_edmonds(theta[b, : n + 1, : n + 1]).tolist()
+
+
+def test_log_space_damping_converges_at_large_scores():
+    """Arc scores of scale 1e3: damped in probability space, a log-odds message that must fall by D nats moves by
+    about log(1/damping) a step, and BP had not converged after 200 iterations; damped in log space it converges
+    to undamped BP's beliefs and tree."""
+    theta, s, g, lengths = _random_problem([6, 5], seed=5)
+    theta = 1e3 * theta
+    node = theta[:, :, 1:].transpose(1, 2).contiguous()
+    pot = PairwisePotentials(node, node.new_zeros(7, 7), lengths)
+    plain_heads, plain = loopy_bp_parse(pot, s, g, max_iter=200)
+    heads, log = loopy_bp_parse(pot, s, g, max_iter=200, damping=0.5, damping_space="log")
+    _, prob = loopy_bp_parse(pot, s, g, max_iter=200, damping=0.5)
+    assert plain.converged and log.converged and log.iterations < 100 and not prob.converged
+    assert torch.equal(heads, plain_heads)
+    torch.testing.assert_close(log.beliefs, plain.beliefs, atol=1e-9, rtol=0)
+    with pytest.raises(ValueError, match="damping_space must be one of"):
+        loopy_bp_parse(pot, s, g, damping=0.5, damping_space="logs")
 
 
 def test_bp_parse_and_mean_field_parse_return_trees():
