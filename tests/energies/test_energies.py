@@ -620,3 +620,20 @@ def test_helpers_name_an_argument_of_the_wrong_type():
         g.scale(torch.ones(4, dtype=DT))
     with pytest.raises(TypeError, match="^w must be a number or a tensor, got str"):
         g.scale("2")
+
+
+def test_linear_measurements_name_bad_measurement_vectors():
+    """The measurement tensors' shape, finiteness and label and position counts are named before a solve reads
+    them: at construction or in validate."""
+    with pytest.raises(ValueError, match=r"node must have 2 to 4 dims .*got shape \(1, 1, 1, 1, 3\)"):
+        LinearMeasurements(node=torch.zeros(1, 1, 1, 1, 3))
+    with pytest.raises(ValueError, match="node must be finite"):
+        LinearMeasurements(node=torch.tensor([[0.0, float("nan"), 1.0]]))
+    with pytest.raises(TypeError, match="edge must be a floating-point tensor"):
+        LinearMeasurements(edge=torch.zeros(1, 3, 3, dtype=torch.long))
+    mu = _marginals()                                                # B 3, N 4, C 3
+    with pytest.raises(ValueError, match=r"edge measurement vectors have label dims \(2, 2\), expected \(3, 3\)"):
+        LinearMeasurements(edge=torch.zeros(1, 2, 2)).validate(mu)
+    with pytest.raises(ValueError, match=r"edge measurement vectors have 2 positions, marginals have N-1=3"):
+        LinearMeasurements(edge=torch.zeros(1, 2, 3, 3)).validate(mu)
+    assert repr(LinearMeasurements(node=torch.zeros(2, 3), loss="squared")) == "LinearMeasurements(J=2, loss=squared)"

@@ -173,6 +173,40 @@ def test_bad_arguments_are_named():
         segment_log_marginals(dead, fields)
 
 
+@pytest.mark.parametrize(("args", "match"), [
+    (((), (), (), 0), "names must hold at least one field"),
+    ((("a", "b"), (1,), (2, 3), 0), r"begin and inside must hold one label per field \(2\), got 1 and 2"),
+    ((("a",), (-2,), (1,), 0), r"begin must hold label indices \(>= 0\) or -1 for none, got \[-2\]"),
+    ((("a",), (True,), (2,), 0), "begin must hold label indices"),
+    ((("a",), (1,), (1.0,), 0), "inside must hold label indices"),
+    ((("a", "b"), (1, -1), (2, -1), 0), "field 'b' has neither a begin nor an inside label"),
+    ((("a", "b"), (1, 2), (2, 3), 0), "begin and inside must name every label at most once"),
+    ((("a",), (1,), (2,), True), "outside must be the O label's index"),
+])
+def test_bio_fields_built_by_hand_are_checked(args, match):
+    with pytest.raises(ValueError, match=match):
+        BIOFields(*args)
+
+
+def test_bio_fields_from_labels_and_best_segments_name_bad_arguments():
+    with pytest.raises(TypeError, match="labels must be a sequence of label names, got str"):
+        BIOFields.from_labels("O B-a I-a")
+    with pytest.raises(ValueError, match="at least one 'B-<field>' or 'I-<field>' label"):
+        BIOFields.from_labels(["O"])
+    from betheproj.inference.segments import best_segments
+
+    pot = _potentials(0)
+    fields = BIOFields.from_labels(LABELS)
+    table = segment_log_marginals(pot, fields)
+    assert torch.equal(best_segments(table, pot.lengths, fields, 0.5), decode_segments(pot, fields, 0.5))
+    with pytest.raises(TypeError, match="fields must be a BIOFields"):
+        best_segments(table, pot.lengths, LABELS)
+    with pytest.raises(ValueError, match=r"log_marginals must be segment_log_marginals' \[B, F="):
+        best_segments(table[:, :1], pot.lengths, fields)
+    with pytest.raises(ValueError, match=r"lengths must be the potentials' lengths \[B="):
+        best_segments(table, pot.lengths + table.shape[-1], fields)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_accelerator_agrees_with_the_cpu(accelerator, dtype):
     """Segment posteriors and decodings on the accelerator (skipped without CUDA; ``BETHEPROJ_TEST_DEVICE=cpu``
