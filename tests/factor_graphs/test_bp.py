@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -140,14 +143,14 @@ def test_damping_makes_oscillating_bp_converge():
 
 
 def _strong_loop(scale: float, seed: int = 0) -> FactorGraph:
-    """Five ternary variables on a cycle with a chord, unaries and pairwise tables of size ``scale``."""
-    rng = np.random.default_rng(seed)
-    g = FactorGraph()
-    vs = [g.add_variable(3, rng.normal(size=3) * scale) for _ in range(5)]
-    for i in range(5):
-        g.add_dense([vs[i], vs[(i + 1) % 5]], rng.normal(size=(3, 3)) * scale)
-    g.add_dense([vs[0], vs[2]], rng.normal(size=(3, 3)) * scale)
-    return g
+    """Five ternary variables on a cycle with a chord, unaries and pairwise tables of size ``scale``: the graphs
+    of ``benchmarks/bp_damping.py``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from bp_damping import loop_graph
+    finally:
+        sys.path.pop(0)
+    return loop_graph(scale, seed)
 
 
 @pytest.mark.parametrize("mode", ["sum", "max"])
