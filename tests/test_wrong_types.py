@@ -1,7 +1,8 @@
 """Every public function, and every method of the main classes, called with arguments of the wrong kind raises a
 ``TypeError`` or ``ValueError`` (or an ``OSError`` for a path), never an ``AttributeError``, ``IndexError`` or
-``RuntimeError`` from deep inside.  An energy's ``value`` and ``grad`` are left out: they trust marginals that its
-``validate`` accepted (the solvers call it once), so they stay free of checks in the solvers' inner loop."""
+``RuntimeError`` from deep inside.  An energy's ``value`` and ``grad`` check only that they are given Marginals (a
+test of its own below): they trust the shapes that its ``validate`` accepted (the solvers call it once), so they stay
+free of shape checks in the solvers' inner loop."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import itertools
 import pkgutil
 import warnings
 
+import pytest
 import torch
 
 import betheproj as bp
@@ -117,6 +119,28 @@ def test_methods_name_a_wrong_argument(tmp_path, monkeypatch):
             called += 1
     assert called > 80
     assert not offences, "\n".join(offences)
+
+
+def test_energies_take_marginals_only():
+    """Every energy's ``value``, ``grad`` and ``total_grad`` (a user's subclass's too) given something other than
+    Marginals raise a TypeError that names it; before, most were an AttributeError on ``.node``."""
+
+    class Mine(bp.energies.Energy):
+        def value(self, marginals):
+            return marginals.node.sum((1, 2))
+
+    e, d = bp.energies, torch.float64
+    one_hot = torch.eye(4, dtype=d)[:2]
+    made = [e.Poisson(torch.ones(2, 3, 4, dtype=d)), e.FunctionEnergy(lambda m: m.node.sum((1, 2))),
+            e.Precedence(one_hot[:1], one_hot[1:]), e.BigramExclusion(one_hot, one_hot, torch.tensor([[0, 1]])),
+            e.SecondOrderArcs(torch.zeros(1, 3, 3, 3, dtype=d), None), Mine(), 2.0 * Mine(), Mine() + Mine()]
+    energies = [obj for obj in _instances() if isinstance(obj, e.Energy) and type(obj) is not e.Energy] + made
+    assert len(energies) >= 13
+    for energy in energies:
+        for name in ("value", "grad", "total_grad"):
+            for wrong in _wrong_values():
+                with pytest.raises(TypeError, match="marginals must be Marginals"):
+                    getattr(energy, name)(wrong)
 
 
 

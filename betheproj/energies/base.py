@@ -8,6 +8,7 @@ every solver.  Energies with a closed-form gradient override :meth:`Energy.grad`
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import wraps
 from numbers import Real
 
 import numpy as np
@@ -108,7 +109,9 @@ class Energy:
     """A non-local energy ``L_psi(mu)``: :meth:`value` [B], :meth:`grad` (autograd unless overridden).
 
     ``value`` of example ``b`` must depend on ``mu[b]`` only.  Energies add with ``+`` and scale with
-    ``w * energy`` (``w`` a float or a per-example [B] tensor).
+    ``w * energy`` (``w`` a float or a per-example [B] tensor).  A subclass's ``value``, ``grad`` and
+    ``total_grad`` raise a ``TypeError`` when given anything but :class:`Marginals` (checked for them);
+    shapes are :meth:`validate`'s to check, once per solve.
 
     ``edge_totals`` (default ``False``) declares that :meth:`value` and :meth:`grad` read edge marginals only
     through :meth:`Marginals.edge_total <betheproj.oracles.base.Marginals.edge_total>` (each example's sum
@@ -118,6 +121,15 @@ class Energy:
 
     edge_totals: bool = False
     __array_ufunc__ = None      # ``ndarray * energy`` defers to __rmul__ (a TypeError), not an array of energies
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # every subclass's value / grad / total_grad takes Marginals or raises a TypeError that says so, not
+        # an AttributeError from inside its body (``validate`` checks shapes; this checks only the type)
+        super().__init_subclass__(**kwargs)
+        for name in ("value", "grad", "total_grad"):
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "_checks_marginals", False):
+                setattr(cls, name, _taking_marginals(method))
 
     def value(self, marginals: Marginals) -> Tensor:
         """``L_psi(mu)`` [B], one value per example: the one method a new energy must write."""
@@ -160,6 +172,17 @@ class Energy:
         return Scaled(self, w)
 
     __rmul__ = __mul__
+
+
+def _taking_marginals(method: Callable) -> Callable:
+    """``method(self, marginals, ...)`` that first checks that ``marginals`` is a :class:`Marginals`."""
+    @wraps(method)
+    def checked(self: Energy, marginals: Marginals, *args: object, **kwargs: object) -> object:
+        check_marginals(marginals)
+        return method(self, marginals, *args, **kwargs)
+
+    checked._checks_marginals = True
+    return checked
 
 
 def check_value_shape(energy: Energy, value: object, b: int) -> Tensor:
