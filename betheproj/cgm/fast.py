@@ -89,7 +89,7 @@ def _residual(delta: np.ndarray, grad: np.ndarray, mu: np.ndarray, log_mu: np.nd
 
 def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rate: float, population: float,
                    tol: float, max_iter: int, delta: np.ndarray | None = None, step: float = 1.0,
-                   trust_region: float = 10.0, max_backtracks: int = 40) -> tuple:
+                   trust_region: float = 10.0, max_backtracks: int = 40) -> tuple | None:
     """Minimise ``-H_B(mu) - <theta, mu> + L(mu)`` (the Poisson ``L``) for one chain: ``node`` [T, L], ``edge``
     [T-1, L, L], ``observed`` [T, L].  Returns ``(mu, delta, objective, iterations, converged, residual,
     safeguarded)`` with the dual iterate ``theta + delta`` (``safeguarded``: some step was rejected, as

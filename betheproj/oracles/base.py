@@ -203,7 +203,7 @@ def _sum_shifts(*terms: tuple[Tensor, int]) -> tuple[Tensor, Tensor]:
 
 
 def _max_shifted(pot: PairwisePotentials, errors: bool = True) -> tuple[PairwisePotentials, tuple[Tensor, Tensor],
-                                                                          Tensor, Tensor]:
+                                                                          Tensor | None, Tensor | None]:
     """New potentials (no tensor shared with ``pot``): node scores zeroed past each length, each position's node
     scores and each edge table ([B, N-1, C, C]) shifted by their (finite) maximum; the total shift per example in
     two parts ([B] each, :func:`_split_sum`; with ``errors=False`` a plain sum and 0), which only rescales Z;

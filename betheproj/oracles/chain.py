@@ -87,7 +87,8 @@ class LinearChain:
         with torch.no_grad():
             return _forward_backward(pot, self)
 
-    def _edge_factors(self, edge: Tensor, shared: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _edge_factors(self, edge: Tensor, shared: bool
+                      ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
         """``edge_max``, ``exp(edge - edge_max)`` (time-major [N-1, B, C, C] unless shared) and the logs of each
         table's largest factors that underflowed, by row and by column ([C] or [N-1, B, C] each, see
         :func:`_underflowed`)."""
