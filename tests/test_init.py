@@ -29,3 +29,17 @@ except AttributeError as err:
     print(err)
 """
     assert _fresh(code) == "module 'betheproj' has no attribute 'no_such_name'"
+
+
+def test_the_package_marks_its_type_hints_for_users():
+    """PEP 561: ``py.typed`` beside ``__init__.py`` (and in the wheel, by pyproject's package-data), so that a
+    user's type checker reads the public functions' hints instead of treating the package as untyped."""
+    import pathlib
+
+    import betheproj
+
+    root = pathlib.Path(betheproj.__file__).parent
+    assert (root / "py.typed").is_file()
+    pyproject = root.parent / "pyproject.toml"
+    if pyproject.is_file():                          # a source checkout
+        assert 'betheproj = ["py.typed"]' in pyproject.read_text()
