@@ -546,3 +546,33 @@ def test_tree_belief_at_huge_log_ratios_equals_the_clamped_one(n, single_root):
         np.testing.assert_allclose(belief.marginals, ref["z"], atol=1e-12, rtol=0)
         assert belief.entropy == pytest.approx(ref["entropy"], abs=1e-12)
         assert belief.log_partition == pytest.approx(ref["log_z"], abs=1e-12)
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+def test_tree_factor_clamps_that_leave_no_tree(single_root):
+    """Incoming clamps that no dependency tree satisfies (two arcs forced into one word, every arc into a word
+    forbidden, a forced cycle, and with a single root two forced root arcs): the outgoing messages are undefined (NaN
+    in both modes, as brute force's are, rather than a finite message from a tree that breaks a clamp) and the belief
+    is a ValueError that says the messages contradict each other; malformed log-ratios are named."""
+    inf = np.inf
+    arcs = Tree.all_arcs(2)                                      # (0, 1), (0, 2), (1, 2), (2, 1)
+    tree = Tree(range(4), arcs, single_root=single_root)
+    cases = [[inf, 0.3, -0.2, inf], [-inf, 0.1, 0.2, -inf], [-inf, -inf, inf, inf]]
+    if single_root:
+        cases.append([inf, inf, 0.1, 0.2])
+    for l in cases:
+        l = np.array(l)
+        clamped = np.isinf(l)
+        configs = [v for v in itertools.product([0, 1], repeat=4)
+                   if tree.allows(v) and np.array_equal(np.array(v)[clamped], (l[clamped] > 0).astype(int))]
+        assert configs == []                                     # brute force agrees: no tree is left
+        for mode in ("sum", "max"):
+            assert np.isnan(tree.ratio_messages(l, mode)).all()
+        incoming = [np.array([0.0, x]) if np.isfinite(x) else np.array([-inf, 0.0] if x > 0 else [0.0, -inf])
+                    for x in l]
+        with pytest.raises(ValueError, match="no dependency tree is compatible .*contradictory"):
+            tree.belief(incoming)
+    with pytest.raises(ValueError, match="in_ratios must be 4 log-ratios without NaN"):
+        tree.ratio_messages([np.nan, 0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="in_ratios must be 4 log-ratios"):
+        tree.ratio_messages([0.0, 0.0])
