@@ -129,18 +129,16 @@ class Tree(Factor):
             s[self._h[k], self._m[k]] = 0.0
         return s
 
-    def _matrix_tree(self, batch: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """``log Z`` [B] and head-major marginals [B, n+1, n+1]; ``-inf``/NaN for examples without a tree."""
-        scores = torch.as_tensor(np.stack(batch), dtype=torch.float64)
-        lengths = torch.full((len(batch),), self.n, dtype=torch.long)
+    def _matrix_tree(self, s: np.ndarray) -> tuple[float, np.ndarray | None]:
+        """``log Z`` and the head-major marginals [n+1, n+1] under scores ``s``; ``-inf`` and ``None`` if no tree
+        has a finite score."""
+        scores = torch.as_tensor(s[None], dtype=torch.float64)
+        lengths = torch.full((1,), self.n, dtype=torch.long)
         try:
             log_z, marg = matrix_tree(scores, lengths, single_root=self.single_root)
-            return log_z.detach().numpy(), marg.detach().numpy()
         except ValueError:
-            if len(batch) == 1:
-                return np.array([-np.inf]), np.full((1, self.n + 1, self.n + 1), np.nan)
-            parts = [self._matrix_tree([b]) for b in batch]
-            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+            return -np.inf, None
+        return float(log_z[0]), marg[0].detach().numpy()
 
     def _best(self, s: np.ndarray) -> tuple[float, np.ndarray | None]:
         """Score and heads [n+1] (``heads[0] = -1``) of the best tree under scores ``s`` (``-inf``, None if none)."""
@@ -238,17 +236,17 @@ class Tree(Factor):
         if base is not None:
             top = base.max(0)
             base = base - np.where(np.isfinite(top), top, 0.0)
-        log_z, marg = (np.array([-np.inf]), None) if base is None else self._matrix_tree([base])
-        if log_z[0] == -np.inf or marg is None:
+        log_z, marg = (-np.inf, None) if base is None else self._matrix_tree(base)
+        if log_z == -np.inf or marg is None:
             raise ValueError(f"Tree factor on {self.variables}: no dependency tree is compatible with the incoming "
                              "messages (contradictory messages)")
-        z = np.where(l == np.inf, 1.0, np.where(l == -np.inf, 0.0, marg[0, self._h, self._m]))
+        z = np.where(l == np.inf, 1.0, np.where(l == -np.inf, 0.0, marg[self._h, self._m]))
         lead = np.zeros(self.arity, dtype=bool)              # one arc of best score into each word
         for m in range(1, self.n + 1):
             into = np.nonzero(self._m == m)[0]
             lead[into[np.argmax(l[into])]] = True
-        log_zc = float(log_z[0] + np.sum(np.where(lead, log_sigmoid(l), log_sigmoid(-l))))
-        entropy = float(log_z[0]) - float(np.sum(xlogy(z, base[self._h, self._m])))
+        log_zc = log_z + float(np.sum(np.where(lead, log_sigmoid(l), log_sigmoid(-l))))
+        entropy = log_z - float(np.sum(xlogy(z, base[self._h, self._m])))
         return FactorBelief(z, max(entropy, 0.0), 0.0, log_zc)
 
     # --- LP -------------------------------------------------------------------------------------------------
