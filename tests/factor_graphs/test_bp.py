@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from betheproj.factor_graphs import NAND, OR, XOR, FactorGraph, OROut, belief_propagation, decode_map
+from betheproj.factor_graphs import NAND, OR, XOR, Dense, FactorGraph, OROut, Tree, belief_propagation, decode_map
 
 from ._brute import graph_reference
 from ._graphs import mixed_graph, tree_factor_graph
@@ -223,6 +223,41 @@ def test_contradictory_constraints_raise():
     g.add_factor(XOR([1]))
     with pytest.raises(ValueError, match="contradict"):
         belief_propagation(g, "sum")
+
+
+def _zero_belief() -> FactorGraph:
+    g = FactorGraph([2])
+    g.set_unary(0, [0.0, -np.inf])                      # the unary forbids the state that XOR([0]) forces
+    g.add_factor(XOR([0]))
+    return g
+
+
+def _all_zero_message() -> FactorGraph:
+    g = FactorGraph([2, 2])
+    g.add_factor(Dense((0, 1), np.array([[-np.inf, 0.0], [-np.inf, -np.inf]])))    # only (0, 1) allowed
+    g.set_unary(1, [0.0, -np.inf])                                                  # and variable 1 forced to 0
+    return g
+
+
+def _no_tree() -> FactorGraph:
+    g = FactorGraph([2] * 4)
+    g.add_factor(Tree(range(4), Tree.all_arcs(2)))      # arcs (0, 1), (0, 2), (1, 2), (2, 1)
+    g.set_unary(0, [-np.inf, 0.0])                      # (0, 1) and (2, 1) both forced on: two heads for word 1
+    g.set_unary(3, [-np.inf, 0.0])
+    return g
+
+
+@pytest.mark.parametrize("mode", ["sum", "max"])
+@pytest.mark.parametrize("graph, message", [
+    (_zero_belief, "every state of variable 0 has zero belief"),
+    (_all_zero_message, r"factor 0 \(Dense.*sends an all-zero message to variable 0"),
+    (_no_tree, r"factor 0 \(Tree.*received contradictory messages"),
+], ids=["zero belief", "all-zero message", "no tree"])
+def test_each_kind_of_contradiction_is_named(graph, message, mode):
+    """Hard constraints that contradict each other are a ValueError saying where BP met the contradiction (a
+    variable's belief, a factor's outgoing message, a factor's incoming ones), in both modes, not NaN beliefs."""
+    with pytest.raises(ValueError, match=message):
+        belief_propagation(graph(), mode)
 
 
 def test_isolated_variables_and_empty_graph():
