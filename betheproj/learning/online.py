@@ -106,6 +106,12 @@ class OnlineResult:
     seconds: float = 0.0
 
 
+def _averaged(w: Tensor, u: Tensor, t: int) -> Tensor:
+    """Line 10's average of the weights after each of ``t`` steps, ``((t + 1) w - u) / t`` with ``u = sum_s s d_s``,
+    in one new vector (the dense vectors alive at once are training's peak memory)."""
+    return w.mul(t + 1).sub_(u).div_(t) if t else w.clone()
+
+
 def _check_ids(ex: SparseExample, num_features: int) -> None:
     ids = ex.ids if ex.table is None else ex.table
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) > num_features):
@@ -235,9 +241,6 @@ def fit_online(oracle: Oracle, examples: Iterable[SparseExample], num_features: 
     start = time.perf_counter()
     t = 0
 
-    def averaged() -> Tensor:
-        return ((t + 1) * w - u) / t if t else w.clone()
-
     for epoch in range(epochs):
         total = 0.0
         for i in torch.randperm(m, generator=gen).tolist():
@@ -297,10 +300,12 @@ def fit_online(oracle: Oracle, examples: Iterable[SparseExample], num_features: 
                 bar.set_postfix(loss=f"{total / (t - epoch * m):.3f}")
         result.losses.append(total / m)
         if callback is not None:
-            callback(epoch, averaged(), result.losses[-1])
+            callback(epoch, _averaged(w, u, t), result.losses[-1])
     bar.close()
+    del scratch                                             # the peak memory is the dense vectors alive at once
     result.steps = t
-    result.weights = averaged()
-    result.last = w.clone()
+    result.weights = _averaged(w, u, t)
+    del u
+    result.last = w                                         # no step changes it any more
     result.seconds = time.perf_counter() - start
     return result

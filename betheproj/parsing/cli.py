@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="regularisation lambda: steps are capped at 1/(lambda m) (default 1e-4; not with "
                             "--second-order)")
     train.add_argument("--bits", type=int, default=22, help="hashed weight vector of 2^bits entries: 8..30, 8..28 with "
-                       "--second-order (default 22); training needs about 40 bytes a weight (2.7 GB at 26)")
+                       "--second-order (default 22); training needs about 36 bytes a weight (2.4 GB at 26)")
     train.add_argument("--projective", action="store_true", default=None,
                        help="projective trees (Eisner) instead of CLE (not with --second-order, which is "
                             "non-projective)")
@@ -337,9 +337,10 @@ BYTES_PER_ARC = 900
 ``getrusage`` on one sentence of 1,000 words (2026-11-27): 750 bytes (:meth:`ArcFeatures.flat`), 880 with the XPOS
 templates."""
 
-BYTES_PER_WEIGHT = 40
-"""Peak memory of training per hashed weight, measured with ``/usr/bin/time`` on 30 sentences (2026-11-27):
-first order 2.9 GB at --bits 26 against 0.94 GB at 24 (~40 bytes a weight), second order ~32."""
+BYTES_PER_WEIGHT = 36
+"""Peak memory of training per hashed weight, measured with ``/usr/bin/time`` on 30 sentences: first order 32 bytes
+a weight (2026-11-30: 2.41 GB at --bits 26 against 0.83 GB at 24), 36 with ``--dev`` (2.68 against 0.91 GB; 40 and
+44 before the learner stopped keeping temporary copies of its dense vectors), second order ~32 (2026-11-27)."""
 
 
 def _check_bits_memory(bits: int) -> None:

@@ -297,6 +297,7 @@ class DependencyParser:
         def on_epoch(epoch: int, weights: Tensor, mean_loss: float) -> None:
             message = f"epoch {epoch + 1}/{epochs}: mean loss {mean_loss:.4f}"
             if dev is not None:
+                self.weights = None                        # the last epoch's copy is not kept beside the new one
                 self.weights = weights.to(torch.float32)
                 dev_scores.append(self.evaluate(dev))
                 message += f", dev UAS {dev_scores[-1]:.2f}"

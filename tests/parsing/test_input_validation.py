@@ -602,7 +602,7 @@ def test_train_refuses_bits_beyond_this_machines_memory_before_training(models, 
         assert main(["train", "--train", str(models["train"]), "--model", str(tmp_path / "m.pt"), "--bits", "26",
                      *extra]) == 2
         err = _one_error_line(capsys)
-        assert "--bits 26: training keeps dense vectors of 2^26 weights, about 2.7 GB" in err
+        assert "--bits 26: training keeps dense vectors of 2^26 weights, about 2.4 GB" in err
         assert "more than this machine's 1.1 GB; use a smaller --bits" in err
     assert not (tmp_path / "m.pt").exists()
     # unknown: taken as 64 GB (as the cgm check does), here with no container or ulimit -v limit
@@ -612,7 +612,7 @@ def test_train_refuses_bits_beyond_this_machines_memory_before_training(models, 
     from betheproj.parsing.cli import _check_bits_memory
 
     _check_bits_memory(30)                                                          # ~43 GB
-    with pytest.raises(ValueError, match="about 85.9 GB of memory, more than this machine's 68.7 GB"):
+    with pytest.raises(ValueError, match="about 77.3 GB of memory, more than this machine's 68.7 GB"):
         _check_bits_memory(31)
 
 
