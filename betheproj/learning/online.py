@@ -232,7 +232,9 @@ def fit_online(oracle: Oracle, examples: Iterable[SparseExample], num_features: 
     device = examples[0].ids.device                         # the weights live with the examples
     w = torch.zeros(size, dtype=dtype, device=device)
     u = torch.zeros(size, dtype=dtype, device=device)       # sum_s s d_s, for the averaged weights
-    scratch = torch.zeros(num_features + 1, dtype=dtype, device=device)   # accumulates g = F(x) v, reset each step
+    # accumulates g = F(x) v, reset each step, for examples without a compact table (the parser's all have one)
+    scratch = (torch.zeros(num_features + 1, dtype=dtype, device=device)
+               if any(ex.table is None for ex in examples) else None)
     cap = 1.0 / (lam * m)
     sparse_grad = math.isinf(beta)                          # g = S(y_hat) - S(y): at most 2N non-zero parts
     gen = torch.Generator().manual_seed(seed)
@@ -265,7 +267,7 @@ def fit_online(oracle: Oracle, examples: Iterable[SparseExample], num_features: 
                 ids, vals = ex.ids, g
             flat = ids.reshape(-1)
             v = vals[..., None].expand(ids.shape).reshape(-1)
-            if ex.table is None:
+            if scratch is not None and ex.table is None:
                 # ||F(x) v||^2 = sum_j acc_j^2 = sum_i v_i acc[flat_i], acc = F(x) v accumulated in the scratch
                 scratch.index_add_(0, flat, v)
                 scratch[pad] = 0.0

@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="regularisation lambda: steps are capped at 1/(lambda m) (default 1e-4; not with "
                             "--second-order)")
     train.add_argument("--bits", type=int, default=22, help="hashed weight vector of 2^bits entries: 8..30, 8..28 with "
-                       "--second-order (default 22); training needs about 36 bytes a weight (2.4 GB at 26)")
+                       "--second-order (default 22); training needs about 28 bytes a weight (1.9 GB at 26), 34 with "
+                       "--second-order")
     train.add_argument("--projective", action="store_true", default=None,
                        help="projective trees (Eisner) instead of CLE (not with --second-order, which is "
                             "non-projective)")
@@ -225,7 +226,7 @@ def run(args: argparse.Namespace) -> None:
         if not 8 <= args.bits <= high:
             raise ValueError(f"--bits must lie in 8..{high}{' with --second-order' if args.second_order else ''}, "
                              f"got {args.bits}")
-        _check_bits_memory(args.bits)
+        _check_bits_memory(args.bits, bool(args.second_order))
         if args.lam is not None and not (math.isfinite(args.lam) and args.lam > 0):
             raise ValueError(f"--lam must be a finite number > 0, got {args.lam}")
         if args.second_order:
@@ -337,18 +338,24 @@ BYTES_PER_ARC = 900
 ``getrusage`` on one sentence of 1,000 words (2026-11-27): 750 bytes (:meth:`ArcFeatures.flat`), 880 with the XPOS
 templates."""
 
-BYTES_PER_WEIGHT = 36
-"""Peak memory of training per hashed weight, measured with ``/usr/bin/time`` on 30 sentences: first order 32 bytes
-a weight (2026-11-30: 2.41 GB at --bits 26 against 0.83 GB at 24), 36 with ``--dev`` (2.68 against 0.91 GB; 40 and
-44 before the learner stopped keeping temporary copies of its dense vectors), second order ~32 (2026-11-27)."""
+BYTES_PER_WEIGHT = 28
+"""Peak memory of first-order training per hashed weight, measured with ``/usr/bin/time`` on 30 sentences
+(2026-11-30): 24 bytes a weight (1.93 GB at --bits 26 against 0.72 GB at 24), 28 with ``--dev`` (2.21 against
+0.80 GB; 40 and 44 before the learner stopped keeping temporary copies of its dense vectors and a scratch vector that
+compact examples never use)."""
+
+BYTES_PER_SECOND_ORDER_WEIGHT = 34
+"""The same for second-order training (``--dev``, one epoch; 2026-11-30): 33.4 bytes a weight (1.73 GB at --bits 24
+against 1.31 GB at 22, the first-order model's 2^24 weights included in both)."""
 
 
-def _check_bits_memory(bits: int) -> None:
+def _check_bits_memory(bits: int, second_order: bool = False) -> None:
     """``ValueError`` naming ``--bits`` when training's dense weight vectors cannot fit in this machine's memory (or
     under a container's or ``ulimit -v``'s limit)."""
     from ..cli import _bytes, _memory_limit
 
-    need, (have, limit) = BYTES_PER_WEIGHT * 2 ** bits, _memory_limit()
+    per_weight = BYTES_PER_SECOND_ORDER_WEIGHT if second_order else BYTES_PER_WEIGHT
+    need, (have, limit) = per_weight * 2 ** bits, _memory_limit()
     if need > have:
         raise ValueError(f"--bits {bits}: training keeps dense vectors of 2^{bits} weights, about {_bytes(need)} of "
                          f"memory, more than {limit}; use a smaller --bits")
