@@ -124,10 +124,11 @@ def check_increasing_counts(name: str, values: object) -> tuple[int, ...]:
     """``values``, a non-empty tuple or list of strictly increasing ints ``>= 1`` (an axis of iteration counts;
     NumPy and 0-d tensor ints too), as a tuple of Python ints."""
     counts = [_scalar(t) for t in values] if isinstance(values, tuple | list) else []
-    if (not counts or any(isinstance(t, bool | np.bool_) or not isinstance(t, Integral) or t < 1 for t in counts)
-            or any(b <= a for a, b in zip(counts, counts[1:], strict=False))):
+    ints = [int(t) for t in counts if isinstance(t, Integral) and not isinstance(t, bool | np.bool_)]
+    if (not ints or len(ints) < len(counts) or min(ints) < 1
+            or any(b <= a for a, b in zip(ints, ints[1:], strict=False))):
         raise ValueError(f"{name} must be strictly increasing positive iteration counts, got {values!r}")
-    return tuple(int(t) for t in counts)
+    return tuple(ints)
 
 
 def check_device(name: str, value: object) -> torch.device:
@@ -155,7 +156,7 @@ def check_float_dtype(name: str, value: object) -> torch.dtype:
     """``value`` as ``torch.float32`` or ``torch.float64``, the two precisions the package computes in."""
     if value not in (torch.float32, torch.float64):
         raise TypeError(f"{name} must be torch.float32 or torch.float64, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def is_bio_label(label: object) -> bool:
@@ -175,4 +176,4 @@ def check_damping_space(damping_space: object) -> str:
     messages)."""
     if damping_space not in DAMPING_SPACES:
         raise ValueError(f"damping_space must be one of {DAMPING_SPACES}, got {damping_space!r}")
-    return damping_space  # type: ignore[return-value]
+    return damping_space

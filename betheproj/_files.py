@@ -16,6 +16,10 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["check_writable", "read_stdin", "save_figure", "torch_load", "torch_save", "write_atomically",
            "write_json"]
@@ -44,7 +48,7 @@ def _finite_or_null(obj: object) -> object:
     return obj
 
 
-def write_atomically(path: str | Path, write: Callable[[str], None]) -> None:
+def write_atomically(path: str | Path, write: Callable[[str], object]) -> None:
     """``write(name)`` into a new file beside ``path``, renamed over ``path`` once written: a write that fails (a
     full disk, an interrupt) leaves ``path`` as it was, never half-written, and leaves no file behind.  A symbolic
     link is written through (its target replaced); an existing pipe or device is written in place.  The file gets
@@ -81,11 +85,11 @@ def write_json(path: str | Path, obj: object) -> None:
     write_atomically(path, lambda name: Path(name).write_text(text))
 
 
-def save_figure(fig: object, path: str | Path, dpi: int) -> None:
+def save_figure(fig: Figure, path: str | Path, dpi: int) -> None:
     """A matplotlib figure's ``savefig`` to ``path`` at ``dpi``, atomically (:func:`write_atomically`), in the format
     ``path``'s suffix names (PNG without one)."""
     fmt = Path(path).suffix[1:].lower() or "png"
-    write_atomically(path, lambda name: fig.savefig(name, dpi=dpi, format=fmt))  # type: ignore[attr-defined]
+    write_atomically(path, lambda name: fig.savefig(name, dpi=dpi, format=fmt))
 
 
 def torch_save(obj: object, path: str | Path) -> None:
@@ -111,17 +115,17 @@ def torch_save(obj: object, path: str | Path) -> None:
         raise OSError(f"cannot write {path} ({err.strerror or err})") from None
 
 
-def torch_load(path: str | Path, what: str, **options: object) -> object:
-    """``torch.load(path, weights_only=True, **options)``; a file it cannot unpickle is a ``ValueError`` saying
-    ``path`` is not a ``what`` (torch's own text, its advice on ``weights_only`` included, says nothing about our
-    files).  Sparse tensors in it are checked (indices inside their size), so a damaged one is that ``ValueError``
-    too, not a wrong read later (the check being explicit also keeps torch 2.11 from warning that it is off).  An
-    ``OSError`` (unreadable file) passes through."""
+def torch_load(path: str | Path, what: str, *, map_location: str | None = None) -> object:
+    """``torch.load(path, weights_only=True, map_location=map_location)``; a file it cannot unpickle is a
+    ``ValueError`` saying ``path`` is not a ``what`` (torch's own text, its advice on ``weights_only`` included, says
+    nothing about our files).  Sparse tensors in it are checked (indices inside their size), so a damaged one is
+    that ``ValueError`` too, not a wrong read later (the check being explicit also keeps torch 2.11 from warning that
+    it is off).  An ``OSError`` (unreadable file) passes through."""
     import torch
 
     try:
         with torch.sparse.check_sparse_tensor_invariants(True):
-            return torch.load(path, weights_only=True, **options)
+            return torch.load(path, weights_only=True, map_location=map_location)
     except OSError:
         raise
     except Exception:  # noqa: BLE001 - any other failure to unpickle means "not a model file"

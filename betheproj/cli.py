@@ -13,9 +13,13 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 from . import __version__
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["main"]
 
@@ -25,12 +29,12 @@ class _Parser(argparse.ArgumentParser):
     (argparse's own test for a negative number, ``-1`` or ``-.5``, read ``--rate -inf`` as a second option and
     said "expected one argument" instead of the range)."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:      # argparse's, passed through
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$|^-(inf|infinity|nan)$",
                                                    re.IGNORECASE)
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -272,7 +276,8 @@ def _check_cgm_options(args: argparse.Namespace) -> None:
 _IP_BYTES = 5_000
 
 
-def _check_cgm_size(grid: int, steps: int, seasons: int, device: object = None, compare: bool = False) -> None:
+def _check_cgm_size(grid: int, steps: int, seasons: int, device: torch.device | None = None,
+                    compare: bool = False) -> None:
     """``ValueError`` naming ``--grid``, ``--steps`` and ``--seasons`` when the instance cannot fit in memory, before
     anything is allocated.
 
@@ -297,7 +302,7 @@ def _check_cgm_size(grid: int, steps: int, seasons: int, device: object = None, 
         raise ValueError(f"--compare: CVXPY + Clarabel need about {_bytes(ip_need)} of memory at --grid {grid} --steps "
                          f"{steps} (about {_bytes(_IP_BYTES)} per edge marginal, (steps - 1) x s = "
                          f"{s * (steps - 1):,} of them), more than {what}; compare on a smaller --grid or --steps")
-    if getattr(device, "type", None) == "cuda":
+    if device is not None and device.type == "cuda":
         import torch
 
         have = torch.cuda.get_device_properties(device).total_memory
@@ -428,7 +433,7 @@ def _citations(args: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def _deferred_interrupt():
+def _deferred_interrupt() -> Iterator[list[bool]]:
     """Ctrl-C recorded, not raised, inside the block (in the main thread): a KeyboardInterrupt raised while torch's
     native modules load can abort the interpreter (pybind11's ``terminate``) instead of reaching our handler."""
     seen: list[bool] = []
@@ -453,14 +458,17 @@ class _ClosedStdout(io.TextIOBase):
         raise OSError(errno.EBADF, "standard output is closed")
 
 
+_T = TypeVar("_T")
+
+
 class _NamedStdout:
     """Standard output whose write errors name it: a full disk under ``betheproj ... > file`` said "No space left
     on device" alone, as if a file the command writes were full.  Everything else goes to the stream."""
 
-    def __init__(self, stream: object):
+    def __init__(self, stream: TextIO):
         self.stream = stream
 
-    def _named(self, call, *args):
+    def _named(self, call: Callable[..., _T], *args: object) -> _T:
         try:
             return call(*args)
         except OSError as err:
@@ -573,10 +581,10 @@ def _run(args: argparse.Namespace) -> int:
         _drop_stdout()
         return 2
     except (MemoryError, RuntimeError) as err:
-        message = memory_text(err)
-        if message is None:                      # any other RuntimeError is a bug: its traceback says where
+        oom = memory_text(err)
+        if oom is None:                          # any other RuntimeError is a bug: its traceback says where
             raise
-        print(f"betheproj {args.command}: error: {message}", file=sys.stderr)
+        print(f"betheproj {args.command}: error: {oom}", file=sys.stderr)
         _drop_stdout()
         return 2
     return 0

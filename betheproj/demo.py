@@ -107,10 +107,10 @@ def run_demo(echo: Callable[[str], object] = print) -> dict:
     echo(f"   error of the counts inferred without observations (population x base marginals): "
          f"{base_err:.4f}\n")
 
-    theta, energy = tagging_instance()
+    theta, constraint = tagging_instance()
     echo(f"2) Soft global constraint on {theta.node.shape[0]} tagging chains: 'label 0 at least twice'")
     plain = chain.map(theta)
-    sol = solve(chain, theta, energy, method="rda", max_iter=200, tol=1e-6)
+    sol = solve(chain, theta, constraint, method="rda", max_iter=200, tol=1e-6)
     constrained = decode(chain, sol)
     def satisfied(labels: torch.Tensor) -> float:
         return ((labels == 0).sum(1) >= 2).float().mean().item()

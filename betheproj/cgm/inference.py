@@ -90,6 +90,7 @@ class CGMResult:
         """The full :class:`~betheproj.inference.Solution` (marginals with edges on demand).  From the NumPy
         small-problem path it holds the final objective alone as ``objectives`` and no oracle-call count."""
         if self._solution is None:
+            assert self._safeguarded is not None and self._residual is not None   # the NumPy path sets both
             chain = LinearChain()
             self._solution = Solution(chain.marginals(self.potentials), self.potentials, self.iterations,
                                       self.converged, self.objective, self.objective[:, None], self._safeguarded,

@@ -66,7 +66,7 @@ def check_schedule(schedule: object) -> str:
     """``schedule``, which must be one of :data:`SCHEDULES` (see :func:`fit_hard_em`)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be 'alternate' or 'quasi_newton', got {schedule!r}")
-    return schedule  # type: ignore[return-value]
+    return schedule
 
 
 def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, population: float, rounds: int = 30,

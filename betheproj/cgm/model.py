@@ -29,6 +29,12 @@ class TransitionModel(nn.Module):
     cells: node potentials ``log P_1`` at ``t = 1`` (zero after), edge potentials ``log P_t``; log Z = 0.
     """
 
+    # buffers: cell coordinates [L, 2], ``-||x_j - x_i||^2`` [L, L], ``x_j - x_i`` [L, L, 2], ``u_t`` [T-1, 2]
+    xy: Tensor
+    neg_sq_distance: Tensor
+    displacement: Tensor
+    directions: Tensor
+
     def __init__(self, grid: int, steps: int, distance: float = 1.0, drift: float = 1.5,
                  attraction: Tensor | None = None, initial: Tensor | None = None,
                  dtype: torch.dtype = torch.float64):

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor
 
 from .._checks import check_count
 from .._files import save_figure
 from .model import TransitionModel
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.image import AxesImage
+
 __all__ = ["plot_flows"]
 
 
-def _panel(ax, model: TransitionModel, counts: Tensor, flows: Tensor | None, vmax: float) -> None:
+def _panel(ax: Axes, model: TransitionModel, counts: Tensor, flows: Tensor | None, vmax: float) -> AxesImage:
     g = model.grid
     image = ax.imshow(counts.reshape(g, g).cpu().numpy(), origin="lower", cmap="Blues", vmin=0, vmax=vmax)
     if flows is not None:
         out = flows.sum(-1)
         move = (flows[..., None] * model.displacement).sum(1) / out.clamp_min(1e-12)[:, None]   # [L, 2]
         keep = (out > 0.002 * out.sum()).cpu().numpy()
-        xy, move = model.xy.cpu().numpy(), move.detach().cpu().numpy()
-        ax.quiver(xy[keep, 1], xy[keep, 0], move[keep, 1], move[keep, 0], angles="xy", scale_units="xy", scale=1,
+        xy, uv = model.xy.cpu().numpy(), move.detach().cpu().numpy()
+        ax.quiver(xy[keep, 1], xy[keep, 0], uv[keep, 1], uv[keep, 0], angles="xy", scale_units="xy", scale=1,
                   color="crimson", width=0.006 if g <= 10 else 0.003)
     ax.set_xticks([])
     ax.set_yticks([])
@@ -28,9 +34,10 @@ def _panel(ax, model: TransitionModel, counts: Tensor, flows: Tensor | None, vma
 
 def _check_shapes(counts_name: str, flows_name: str, counts: object, flows: object, cells: int) -> None:
     """Counts [T, L] and flows [T-1, L, L] of one season on the model's ``L = cells`` cells."""
-    for name, value in ((counts_name, counts), (flows_name, flows)):
-        if not isinstance(value, Tensor):
-            raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+    if not isinstance(counts, Tensor):
+        raise TypeError(f"{counts_name} must be a tensor, got {type(counts).__name__}")
+    if not isinstance(flows, Tensor):
+        raise TypeError(f"{flows_name} must be a tensor, got {type(flows).__name__}")
     if counts.dim() != 2 or counts.shape[1] != cells or counts.shape[0] < 1:
         raise ValueError(f"{counts_name} must have shape [T, L] (one season, L = {cells} cells of the model's grid), "
                          f"got {tuple(counts.shape)}")
@@ -67,7 +74,6 @@ def plot_flows(model: TransitionModel, counts: Tensor, flows: Tensor, path: str,
     fig, axes = plt.subplots(len(rows), len(chosen), figsize=(2.4 * len(chosen) + 1, 2.5 * len(rows)),
                              squeeze=False)
     try:                                         # closed even when the drawing or the writing fails
-        image = None
         for r, (name, c, f) in enumerate(rows):
             for k, t in enumerate(chosen):
                 image = _panel(axes[r, k], model, c[t], f[t] if t < steps - 1 else None, vmax)

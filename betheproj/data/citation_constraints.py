@@ -139,13 +139,13 @@ def citation_constraints(citations: Sequence[Citation], labels: Sequence[str], m
     c = len(labels)
     seg_rows, tok_rows = {}, {}
     for f in fields:
-        seg, tok = torch.zeros(c, dtype=torch.float64), torch.zeros(c, dtype=torch.float64)
+        seg_row, tok_row = torch.zeros(c, dtype=torch.float64), torch.zeros(c, dtype=torch.float64)
         if f"B-{f}" in ids:
-            seg[ids[f"B-{f}"]] = 1.0
-            tok[ids[f"B-{f}"]] = 1.0
+            seg_row[ids[f"B-{f}"]] = 1.0
+            tok_row[ids[f"B-{f}"]] = 1.0
         if f"I-{f}" in ids:
-            tok[ids[f"I-{f}"]] = 1.0
-        seg_rows[f], tok_rows[f] = seg, tok
+            tok_row[ids[f"I-{f}"]] = 1.0
+        seg_rows[f], tok_rows[f] = seg_row, tok_row
     counts = label_counts(encode_labels(citations, labels), c)
     seg = {f: counts @ seg_rows[f] for f in fields}
     present = {f: seg[f] > 0 for f in fields}

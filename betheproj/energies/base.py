@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import wraps
 from numbers import Real
+from typing import TYPE_CHECKING, cast, overload
 
 import numpy as np
 import torch
@@ -78,6 +79,11 @@ def as_weight(psi: float | Tensor, name: str = "psi") -> float | Tensor:
     return check_real(name, psi)
 
 
+@overload
+def in_dtype(name: str, value: float, like: Tensor) -> float: ...
+@overload
+def in_dtype(name: str, value: Tensor, like: Tensor) -> Tensor: ...
+
 def in_dtype(name: str, value: float | Tensor, like: Tensor) -> float | Tensor:
     """A finite weight or offset (a float, or a tensor then moved to ``like``'s dtype and device) that ``like``'s
     dtype can hold: one beyond its range (``psi=1e39`` with float32 marginals) is a ValueError, not an overflow
@@ -119,7 +125,11 @@ class Energy:
     solver then keeps one [C, C] edge offset per example instead of one per position.
     """
 
-    edge_totals: bool = False
+    if TYPE_CHECKING:     # read-only to a type checker: a subclass may override it with a property
+        @property
+        def edge_totals(self) -> bool: ...
+    else:
+        edge_totals = False
     __array_ufunc__ = None      # ``ndarray * energy`` defers to __rmul__ (a TypeError), not an array of energies
 
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -128,7 +138,7 @@ class Energy:
         super().__init_subclass__(**kwargs)
         for name in ("value", "grad", "total_grad"):
             method = cls.__dict__.get(name)
-            if callable(method) and not getattr(method, "_checks_marginals", False):
+            if callable(method) and not getattr(method, _CHECKS_MARGINALS, False):
                 setattr(cls, name, _taking_marginals(method))
 
     def value(self, marginals: Marginals) -> Tensor:
@@ -174,6 +184,9 @@ class Energy:
     __rmul__ = __mul__
 
 
+_CHECKS_MARGINALS = "_checks_marginals"      # the flag of a method wrapped by _taking_marginals
+
+
 def _taking_marginals(method: Callable) -> Callable:
     """``method(self, marginals, ...)`` that first checks that ``marginals`` is a :class:`Marginals`."""
     @wraps(method)
@@ -181,7 +194,7 @@ def _taking_marginals(method: Callable) -> Callable:
         check_marginals(marginals)
         return method(self, marginals, *args, **kwargs)
 
-    checked._checks_marginals = True
+    setattr(checked, _CHECKS_MARGINALS, True)
     return checked
 
 
@@ -255,10 +268,10 @@ class EnergySum(Energy):
             if not isinstance(term, Energy):
                 raise TypeError(f"terms must be Energy instances, got {type(term).__name__}")
             flat.extend(term.terms if isinstance(term, EnergySum) else [term])
-        self.terms = flat
+        self.terms: list[Energy] = flat
 
     def value(self, marginals: Marginals) -> Tensor:
-        return sum(term.value(marginals) for term in self.terms)
+        return cast(Tensor, sum(term.value(marginals) for term in self.terms))      # a tensor: terms is not empty
 
     def grad(self, marginals: Marginals) -> Gradient:
         total = Gradient(None, None)

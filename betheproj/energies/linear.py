@@ -214,7 +214,9 @@ class LinearMeasurements(MeasurementLoss):
         je = None if self.edge is None else self.edge.shape[-3 if self.edge.dim() == 3 else -4]
         if jn is not None and je is not None and jn != je:
             raise ValueError(f"node has J={jn} measurements but edge has J={je}")
-        self.num_measurements = jn if jn is not None else je
+        j = jn if jn is not None else je
+        assert j is not None                      # node or edge vectors are given (checked above)
+        self.num_measurements = j
         self.offset = measurement_offset(offset, self.num_measurements, per_example=True)
         self.loss = loss if isinstance(loss, Loss) else Loss(loss)
         self.psi = as_weight(psi)
@@ -224,11 +226,8 @@ class LinearMeasurements(MeasurementLoss):
         return self.edge is None or self.edge.dim() == 3       # [J, C, C]: the same vector at every position
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _node_vectors(self, mu: Tensor) -> Tensor | None:
-        """Node measurement vectors broadcast to [B or 1, J, N, C]."""
-        a = self.node
-        if a is None:
-            return None
+    def _node_vectors(self, a: Tensor, mu: Tensor) -> Tensor:
+        """Node measurement vectors ``a`` (``self.node``) broadcast to [B or 1, J, N, C]."""
         a = a.to(mu)
         n = mu.shape[1]
         if a.dim() == 2:
@@ -238,10 +237,8 @@ class LinearMeasurements(MeasurementLoss):
             raise ValueError(f"node measurement vectors have {a.shape[-2]} positions, marginals have N={n}")
         return a
 
-    def _edge_vectors(self, mu_edge_shape: torch.Size, like: Tensor) -> Tensor | None:
-        a = self.edge
-        if a is None:
-            return None
+    def _edge_vectors(self, a: Tensor, mu_edge_shape: torch.Size, like: Tensor) -> Tensor:
+        """Edge measurement vectors ``a`` (``self.edge``) broadcast to [B or 1, J, N-1, C, C]."""
         a = a.to(like)
         if a.dim() == 3:
             return a[None, :, None]
@@ -256,8 +253,8 @@ class LinearMeasurements(MeasurementLoss):
         node = marginals.node * marginals.node_mask()[..., None]       # padding is absent
         b = node.shape[0]
         z = node.new_zeros(b, self.num_measurements)
-        a = self._node_vectors(node)
-        if a is not None:
+        if self.node is not None:
+            a = self._node_vectors(self.node, node)
             if self.node.dim() == 2:
                 z = z + node.sum(1) @ a[0, :, 0].t()
             else:
@@ -266,7 +263,7 @@ class LinearMeasurements(MeasurementLoss):
             z = z + torch.einsum("bij,kij->bk", marginals.edge_total(), self.edge.to(node))
         elif self.edge is not None:
             edge = marginals.edge * marginals.edge_mask()[..., None, None]
-            ae = self._edge_vectors(edge.shape, edge)
+            ae = self._edge_vectors(self.edge, edge.shape, edge)
             z = z + _contract("bnij,{}knij->bk", edge, ae)
         return z
 
@@ -285,7 +282,7 @@ class LinearMeasurements(MeasurementLoss):
         node = marginals.node
         if self.node is None:
             return None
-        a = self._node_vectors(node)
+        a = self._node_vectors(self.node, node)
         if self.node.dim() == 2:
             return (w @ a[0, :, 0])[:, None, :].expand_as(node) * marginals.node_mask()[..., None]
         g_node = _contract("bj,{}jnc->bnc", w, a)
@@ -297,7 +294,7 @@ class LinearMeasurements(MeasurementLoss):
         g_node, g_edge = self._node_grad(marginals, w), None
         if self.edge is not None:
             b, n, c = node.shape
-            ae = self._edge_vectors(torch.Size((b, n - 1, c, c)), node)
+            ae = self._edge_vectors(self.edge, torch.Size((b, n - 1, c, c)), node)
             if self.edge.dim() == 3:
                 g_edge = (torch.einsum("bk,kij->bij", w, ae[0, :, 0])[:, None]
                           * marginals.edge_mask()[..., None, None])
@@ -318,8 +315,10 @@ class LinearMeasurements(MeasurementLoss):
         for name, a, per_example in (("node", self.node, 4), ("edge", self.edge, 5)):
             if a is not None and a.dim() == per_example and a.shape[0] != b:
                 raise ValueError(f"per-example {name} measurement vectors have B={a.shape[0]}, marginals have B={b}")
-        self._node_vectors(marginals.node)
-        self._edge_vectors(torch.Size((b, n - 1, c, c)), marginals.node)
+        if self.node is not None:
+            self._node_vectors(self.node, marginals.node)
+        if self.edge is not None:
+            self._edge_vectors(self.edge, torch.Size((b, n - 1, c, c)), marginals.node)
         self._weights(b, marginals.node)
         self._check_offset(b)
 

@@ -66,14 +66,14 @@ class NearestPrototype(Energy):
             raise ValueError("prototype_lengths [P] is required with statistic='word'")
         if prototype_lengths is not None:
             prototype_lengths = _integer_lengths(prototype_lengths, prototypes.shape[0])
-            if statistic == "word" and int(prototype_lengths.max()) > prototypes.shape[1]:
-                raise ValueError(f"prototype_lengths must be at most M={prototypes.shape[1]} (the positions stored "
-                                 f"per prototype), got {int(prototype_lengths.max())}")
-        if statistic == "word":
-            # entries past a prototype's length are padding: zero, like the masked marginals they meet
-            keep = torch.arange(prototypes.shape[1], device=prototypes.device) < prototype_lengths.to(
-                prototypes.device)[:, None]
-            prototypes = torch.where(keep[..., None], prototypes, torch.zeros((), dtype=prototypes.dtype))
+            if statistic == "word":
+                if int(prototype_lengths.max()) > prototypes.shape[1]:
+                    raise ValueError(f"prototype_lengths must be at most M={prototypes.shape[1]} (the positions "
+                                     f"stored per prototype), got {int(prototype_lengths.max())}")
+                # entries past a prototype's length are padding: zero, like the masked marginals they meet
+                keep = torch.arange(prototypes.shape[1], device=prototypes.device) < prototype_lengths.to(
+                    prototypes.device)[:, None]
+                prototypes = torch.where(keep[..., None], prototypes, torch.zeros((), dtype=prototypes.dtype))
         self.prototypes = prototypes
         self.prototype_lengths = prototype_lengths
         self.statistic = statistic

@@ -117,6 +117,7 @@ class SecondOrderArcs(Energy):
             if shape is not None and t.shape != shape:
                 raise ValueError(f"sibling {tuple(shape)} and grandparent {tuple(t.shape)} shapes differ")
             shape = t.shape
+        assert shape is not None                  # one of them is given (checked above)
         if parts is not None:
             if not isinstance(parts, tuple) or len(parts) != 2:
                 raise TypeError("parts must be a pair (sibling indices [4, P] or None, grandparent indices [4, Q] "
@@ -160,13 +161,15 @@ class SecondOrderArcs(Energy):
             valid, _ = second_order_masks(lengths, a.shape[1])
             zero = torch.zeros((), dtype=mu.dtype, device=mu.device)
             terms: list = []
-            for k, t in enumerate((self.sibling, self.grandparent)):
+            # with parts, each kind of scores given has its indices (checked in __init__)
+            indices = self.parts or (None, None)
+            for k, (t, idx) in enumerate(zip((self.sibling, self.grandparent), indices, strict=True)):
                 if t is None:
                     terms.append(None)
-                elif self.parts is None:
+                elif idx is None:
                     terms.append(torch.where(valid, t.to(mu), zero))
                 else:
-                    b, i, j, l = self.parts[k].to(mu.device)
+                    b, i, j, l = idx.to(mu.device)
                     keep = valid[b, i, j, l]
                     b, i, j, l = b[keep], i[keep], j[keep], l[keep]
                     vals = t.to(mu)[b, i, j, l]

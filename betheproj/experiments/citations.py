@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -274,15 +274,25 @@ def constraint_model(base: SparseChainCRF, constraints: Constraints, config: Cit
     def energy(psi: Tensor) -> Energy:
         psi = psi.clamp_min(0.0)
         total: Energy = LinearMeasurements(node=a, offset=b, loss=loss, psi=psi[..., :j1])
-        if j2 > j1:
+        if order:                                 # j2 > j1
             total = total + Precedence(order.first.to(a), order.then.to(a), loss=loss, psi=psi[..., j1:j2])
-        if j3 > j2:
+        if formats:                               # j3 > j2
             total = total + BigramExclusion(formats.left.to(a), formats.right.to(a), formats.pairs, loss=loss,
                                             psi=psi[..., j2:j3])
         return total
 
     psi = ConstantPsi(torch.full((j3,), config.psi_init, dtype=torch.float64))
     return NonLocalCRF(base, energy, psi=psi, method=config.method, max_iter=config.test_iters[-1])
+
+
+def _base(model: NonLocalCRF) -> SparseChainCRF:
+    """The base CRF of a :func:`constraint_model` (``NonLocalCRF`` types its theta as any module)."""
+    return cast(SparseChainCRF, model.theta)
+
+
+def _weights(model: NonLocalCRF) -> Tensor:
+    """The template weights ``c`` of a :func:`constraint_model` (its psi, a :class:`ConstantPsi`)."""
+    return cast(ConstantPsi, model.psi).value
 
 
 def learn_weights(model: NonLocalCRF, encoded: tuple[Tensor, Tensor, Tensor], config: CitationConfig,
@@ -292,7 +302,7 @@ def learn_weights(model: NonLocalCRF, encoded: tuple[Tensor, Tensor, Tensor], co
     check_type("model", model, NonLocalCRF)
     check_type("config", config, CitationConfig)
     with torch.no_grad():
-        model.psi.value.fill_(config.psi_init)
+        _weights(model).fill_(config.psi_init)
     x, y, n = encoded
     return fit_doubly_stochastic(model, x, y, n, epochs=config.epochs if epochs is None else epochs,
                                  batch_size=config.batch_size, lr=config.psi_lr, psi_lr=config.psi_lr,
@@ -303,6 +313,9 @@ def learn_weights(model: NonLocalCRF, encoded: tuple[Tensor, Tensor, Tensor], co
 class _Stored(nn.Module):
     """A theta that is given, not learned: stored potentials, node [M, N, C] and edge [M, C, C], looked up by the
     example's number, which its features [B, N', 1] carry (plus one) at every position."""
+
+    node: Tensor                                     # buffers: node [M, N, C] and edge [M, C, C]
+    edge: Tensor
 
     def __init__(self, node: Tensor, edge: Tensor):
         super().__init__()
@@ -381,7 +394,7 @@ def learn_pooled_weights(model: NonLocalCRF, held_out: tuple[Tensor, Tensor], tr
     pooled = NonLocalCRF(_Stored(pool_node, pool_edge), model.energy_fn, psi=model.psi, oracle=model.oracle,
                          method=model.method, max_iter=model.max_iter, tol=model.tol)
     with torch.no_grad():
-        model.psi.value.fill_(config.psi_init)
+        _weights(model).fill_(config.psi_init)
     return fit_doubly_stochastic(pooled, _Stored.features(m + d, width), torch.cat([labels(train[1]), labels(dev[1])]),
                                  torch.cat([train[2], dev[2]]), epochs=config.cross_fit_epochs,
                                  batch_size=config.batch_size, lr=config.psi_lr, psi_lr=config.psi_lr,
@@ -423,9 +436,10 @@ def nonlocal_tagger(model: NonLocalCRF, max_iter: int, fields: BIOFields | None 
 
     def tag(x: Tensor, n: Tensor) -> list[Tensor]:
         sol = model.infer(x, n, max_iter)
+        assert sol is not None                    # a Solution: a non-local model has an energy
         if iterations is not None:
             iterations.append(sol.iterations.clone())
-        mbr = decode_segments_at(sol.potentials, fields, thresholds) if thresholds else []
+        mbr = decode_segments_at(sol.potentials, fields, thresholds) if fields is not None and thresholds else []
         return [decode(model.oracle, sol), *mbr] if map_labels else mbr
     return tag
 
@@ -477,7 +491,8 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     constraints, order, formats = templates(data["train"], index.labels, config)
     model = constraint_model(base, constraints, config, order, formats)
     names = constraints.names + (order.names if order else []) + (formats.names if formats else [])
-    rows = {"baseline": _Row(*(f1_of(viterbi, index, data[s], enc[s])[0] for s in ("dev", "test")))}
+    dev_f1, test_f1 = (f1_of(viterbi, index, data[s], enc[s])[0] for s in ("dev", "test"))
+    rows = {"baseline": _Row(dev_f1, test_f1)}
     _progress_log(log, f"baseline: dev {rows['baseline'].dev:.2f} test {rows['baseline'].test:.2f}; "
                        f"learning {len(names)} constraint weights on dev"
                        f"{f' and the {config.cross_fit}-fold cross-fitted training split' if config.cross_fit else ''}"
@@ -493,7 +508,7 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     else:
         history = learn_weights(model, enc["dev"], config, progress=progress)
     learn_seconds = time.perf_counter() - t
-    c = model.psi.value.detach()
+    c = _weights(model).detach()
     curves: dict[str, list[float]] = {"dev": [], "test": []}
     iterations: list[Tensor] = []
     thresholds = config.mbr_thresholds if "O" in index.labels else ()
@@ -659,7 +674,8 @@ def to_nested_tags(tokens: Sequence[str], labels: Sequence[str]) -> str:
 
 def _check_index(index: FeatureIndex, model: NonLocalCRF, what: str) -> None:
     """``ValueError`` unless ``model`` has the features and labels of ``index`` (the one it was trained with)."""
-    features, labels = model.theta.weights.num_embeddings, model.theta.bias.shape[0]
+    base = _base(model)
+    features, labels = base.weights.num_embeddings, base.bias.shape[0]
     if (features, labels) != (index.num_features, len(index.labels)):
         raise ValueError(f"model has {features} features and {labels} labels, index {index.num_features} and "
                          f"{len(index.labels)}: {what} the index the model was trained with")
@@ -677,7 +693,7 @@ def save_model(path: str | Path, index: FeatureIndex, model: NonLocalCRF, constr
     if mbr_threshold is not None:
         mbr_threshold = check_real("mbr_threshold", mbr_threshold, 0.0, 1.0)
     templates_ = len(constraints) + len(order or []) + len(formats or [])
-    weights, labels = model.psi.value.shape[-1], model.theta.bias.shape[0]
+    weights, labels = _weights(model).shape[-1], _base(model).bias.shape[0]
     if constraints.a.shape[-1] != labels or weights != templates_:
         raise ValueError(f"model has {weights} template weights over {labels} labels; constraints, order and formats "
                          f"give {templates_} over {constraints.a.shape[-1]}: pass the templates the model was built "
@@ -695,7 +711,7 @@ class SavedRun(NamedTuple):
     """What :func:`save_model` wrote: the feature index, the non-local model, the settings it was trained with and
     the segment-MBR threshold dev chose (``None``: a file written without one)."""
 
-    index: FeatureIndex
+    index: FeatureIndex  # type: ignore[assignment]   # the field shadows tuple.index, on purpose (a public name)
     model: NonLocalCRF
     config: CitationConfig
     mbr_threshold: float | None

@@ -41,7 +41,7 @@ from .._checks import (
 )
 from ..data.ocr import OCRData
 from ..energies import NearestPrototype
-from ..inference import decode
+from ..inference import Solution, decode
 from ..learning import ConstantPsi, LinearChainCRF, MeanMapPsi, NonLocalCRF, character_accuracy, fit_crf
 from ..learning.psi import RandomFourierFeatures
 from ..progress import progress_bar
@@ -126,8 +126,8 @@ def word_prototypes(labels: Tensor, lengths: Tensor, num_labels: int = NUM_LABEL
     if int(inside.min()) < 0 or int(inside.max()) >= num_labels:       # -1: padding inside a word's length
         raise ValueError(f"labels must lie in 0..{num_labels - 1} inside each word's length, got values in "
                          f"{int(inside.min())}..{int(inside.max())}")
-    words = {tuple(y[:n].tolist()) for y, n in zip(labels, lengths.tolist(), strict=True)}
-    words = sorted(words, key=lambda w: (len(w), w))
+    distinct = {tuple(y[:n].tolist()) for y, n in zip(labels, lengths.tolist(), strict=True)}
+    words = sorted(distinct, key=lambda w: (len(w), w))
     width = max(len(w) for w in words)
     protos = torch.zeros(len(words), width, num_labels)
     for i, w in enumerate(words):
@@ -160,6 +160,9 @@ def median_bandwidth(pixels: Tensor, lengths: Tensor, sample: int = 2000, seed: 
 class WordClassifier(nn.Module):
     """The constrained 55-class baseline: softmax regression from the mean map to the training words, each
     input choosing only among the words of its own length."""
+
+    prototypes: Tensor                               # buffers: one-hot words [P, N, C] and their lengths [P]
+    prototype_lengths: Tensor
 
     def __init__(self, features: RandomFourierFeatures, prototypes: Tensor, prototype_lengths: Tensor):
         super().__init__()
@@ -256,6 +259,7 @@ def energy_model(key: str, base: LinearChainCRF, protos: Tensor, proto_lengths: 
 
         def energy(psi: Tensor) -> NearestPrototype:
             return NearestPrototype(unigrams, psi, "unigram", unigram_lengths)
+    psi: MeanMapPsi | ConstantPsi
     if key.endswith("mm"):
         psi = MeanMapPsi(base.node.in_features, config.rff_features, bandwidth, config.psi_init, seed=config.seed)
     else:
@@ -282,8 +286,16 @@ def _check_config(config: object) -> OCRConfig:
 
 
 def _mean_psi(model: NonLocalCRF, pixels: Tensor, lengths: Tensor) -> float:
+    assert model.psi is not None                 # an energy row's model: its psi comes with the energy
     with torch.no_grad():
         return float(model.psi(pixels, lengths).mean())
+
+
+def _solve(model: NonLocalCRF, pixels: Tensor, lengths: Tensor, max_iter: int) -> Solution:
+    """``model.infer``, never None for an energy row's model (it has an energy)."""
+    sol = model.infer(pixels, lengths, max_iter)
+    assert sol is not None
+    return sol
 
 
 def _check_rows(rows: object) -> list[str]:
@@ -327,14 +339,14 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
     tx, ty, tn = (t.to(device) for t in (test.pixels, test.labels, test.lengths))
     result = FoldResult(fold)
     median = median_bandwidth(x, n, seed=config.seed)
-    fixed = config.bandwidth is not None
+    fixed = config.bandwidth                     # None: a scale x the median distance
     kernel_rows = ("Lu-mm", "Lw-mm", "55class")
-    if not fixed and not median > 0 and any(r in rows for r in kernel_rows):     # 0, or NaN for one letter
+    if fixed is None and not median > 0 and any(r in rows for r in kernel_rows):     # 0, or NaN for one letter
         raise ValueError(f"fold {fold}: the training letters are mostly identical or fewer than two (their median "
                          f"distance, which scales the RBF bandwidth of the {', '.join(kernel_rows[:-1])} and "
                          f"{kernel_rows[-1]} rows, is {median}): leave those rows out")
-    result.bandwidth = config.bandwidth if fixed else config.bandwidth_scale * median
-    classifier_bandwidth = config.bandwidth if fixed else config.classifier_bandwidth_scale * median
+    result.bandwidth = config.bandwidth_scale * median if fixed is None else fixed
+    classifier_bandwidth = config.classifier_bandwidth_scale * median if fixed is None else fixed
 
     start = time.perf_counter()
     base = LinearChainCRF(x.shape[-1], NUM_LABELS).to(device)
@@ -359,7 +371,7 @@ def run_fold(data: OCRData, fold: int, rows: Sequence[str] = tuple(ROWS), config
         start = time.perf_counter()
         curve = []
         for iters in config.test_iters:
-            sol = model.infer(tx, tn, iters)
+            sol = _solve(model, tx, tn, iters)
             curve.append(100 * character_accuracy(decode(model.oracle, sol), ty, tn))
         result.test_seconds[key] = time.perf_counter() - start
         result.curve[key], result.accuracy[key] = curve, curve[-1]

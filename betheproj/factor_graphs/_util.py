@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -86,7 +86,7 @@ def as_flags(name: str, flags: object, n: int) -> tuple[bool, ...]:
     return tuple(out)
 
 
-def exclusive(x: np.ndarray, op: Callable, identity: float) -> np.ndarray:
+def exclusive(x: np.ndarray, op: np.ufunc, identity: float) -> np.ndarray:
     """``out[i] = op(x[j] for j != i)`` in O(n) by prefix and suffix scans (robust to infinities)."""
     n = len(x)
     pre = np.full(n + 1, identity)
@@ -184,7 +184,7 @@ def ratio_to_log_message(l: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def xlogy(p: np.ndarray, logq: np.ndarray) -> np.ndarray:
+def xlogy(p: np.ndarray | float, logq: np.ndarray) -> np.ndarray:
     """``p * logq`` with ``0 * (-inf) = 0``."""
     p = np.asarray(p, dtype=np.float64)
     logq = np.asarray(logq, dtype=np.float64)

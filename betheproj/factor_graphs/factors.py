@@ -92,7 +92,7 @@ def logsumexp_axes(t: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 def _check_mode(mode: object) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return mode  # type: ignore[return-value]
+    return mode
 
 
 class Factor(ABC):

@@ -119,6 +119,7 @@ class FactorGraph:
                 raise ValueError(f"unary[{i}] is empty (a variable needs at least one label)")
             g.add_variable(arr.size, arr)
         shared = None
+        per_edge: Sequence[object] = ()
         if not isinstance(tables, (list, tuple)):
             shared = as_log_array("tables", tables)
             if shared.ndim != 2:
@@ -126,13 +127,15 @@ class FactorGraph:
                                  f"{shared.shape}")
         elif len(tables) != len(edges):
             raise ValueError(f"tables must hold one table per edge ({len(edges)}), got {len(tables)}")
+        else:
+            per_edge = tables
         for e, edge in enumerate(edges):
             if not isinstance(edge, (Sequence, np.ndarray)) or len(edge) != 2:
                 raise ValueError(f"edges[{e}] must be a pair (i, j), got {edge!r}")
             i, j = (g._check_var(f"edges[{e}][{k}]", edge[k]) for k in range(2))
             if i == j:
                 raise ValueError(f"edges[{e}] is a self-loop ({i}, {j}): an edge joins two different variables")
-            table = shared if shared is not None else as_log_array(f"tables[{e}]", tables[e], ndim=2)
+            table = shared if shared is not None else as_log_array(f"tables[{e}]", per_edge[e], ndim=2)
             want = (g._cards[i], g._cards[j])
             if table.shape != want:
                 name = "tables (shared)" if shared is not None else f"tables[{e}]"

@@ -25,7 +25,7 @@ exact: ``z`` lies in ``Z_tree`` (Table 1's local agreement constraint).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -180,7 +180,7 @@ class Tree(Factor):
         for k in clamped:
             lk = l.copy()
             lk[k] = 0.0
-            batch.append(self._scores(lk))       # never None: base's forced arcs minus one
+            batch.append(cast(np.ndarray, self._scores(lk)))     # never None: base's forced arcs minus one
         scores = torch.as_tensor(np.stack(batch), dtype=torch.float64)
         lengths = torch.full((len(batch),), self.n, dtype=torch.long)
         try:
@@ -210,7 +210,7 @@ class Tree(Factor):
             lk[k] = -np.inf if contains else np.inf
             s = self._scores(lk)
             other = self._best(s)[1] if s is not None else None
-            if other is None:
+            if s is None or other is None:
                 out[k] = np.inf if contains else -np.inf
                 continue
             mine = kept.copy()
@@ -237,7 +237,7 @@ class Tree(Factor):
             top = base.max(0)
             base = base - np.where(np.isfinite(top), top, 0.0)
         log_z, marg = (-np.inf, None) if base is None else self._matrix_tree(base)
-        if log_z == -np.inf or marg is None:
+        if base is None or log_z == -np.inf or marg is None:
             raise ValueError(f"Tree factor on {self.variables}: no dependency tree is compatible with the incoming "
                              "messages (contradictory messages)")
         z = np.where(l == np.inf, 1.0, np.where(l == -np.inf, 0.0, marg[self._h, self._m]))

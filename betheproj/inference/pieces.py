@@ -20,6 +20,7 @@ import torch
 from ..energies.base import Energy
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
 from .solve import Solution, check_options, check_oracle, solve
+from .state import _log_partition
 
 __all__ = ["solve_global"]
 
@@ -34,7 +35,8 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     of an example's rows took (the rows run side by side); ``objectives`` has a single column (the rows'
     histories are not comparable).  Like :func:`solve`, it runs without autograd: nothing returned requires grad."""
     check_oracle(oracle, ("marginals", "map", "entropy"))
-    if not callable(getattr(energy, "pieces", None)):
+    pieces = getattr(energy, "pieces", None)
+    if not callable(pieces):
         raise TypeError(f"solve_global needs an energy with pieces(lengths), got {type(energy).__name__}")
     if not isinstance(potentials, PairwisePotentials):
         raise TypeError("potentials must be PairwisePotentials")
@@ -44,17 +46,18 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     device = potentials.node.device
     base = oracle.marginals(potentials)
     energy.validate(base)                                # named as solve names it, not by a piece's internals
-    parts = [energy.pieces(potentials.lengths)]
-    if callable(getattr(energy, "remainder", None)):
-        parts.append(energy.remainder(potentials.lengths))
-    best = -base.log_partition.clone()                   # zero energy: f = -H_B - <theta, mu> = -log Z
+    parts = [pieces(potentials.lengths)]
+    remainder = getattr(energy, "remainder", None)
+    if callable(remainder):
+        parts.append(remainder(potentials.lengths))
+    best = -_log_partition(base).clone()                 # zero energy: f = -H_B - <theta, mu> = -log Z
     node, edge = potentials.node.clone(), potentials.edge
     iterations = torch.zeros(b, dtype=torch.long, device=device)
     converged = torch.ones(b, dtype=torch.bool, device=device)
     safeguarded = torch.zeros(b, dtype=torch.bool, device=device)
     residual = torch.zeros(b, dtype=node.dtype, device=device)
     calls = b
-    mu_node, log_z = base.node.clone(), base.log_partition.clone()
+    mu_node, log_z = base.node.clone(), _log_partition(base).clone()
     edge_from: list = []                                 # (examples, their winning rows' edge marginals) if any
     for rows, piece in parts:                            # the parts' examples are disjoint
         if not rows.numel():
@@ -76,7 +79,7 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
             edge[examples] = sol.potentials.edge[won]
         # the winners' own marginals: the point each objective was measured at (the accelerated method's is
         # not oracle(potentials) unless it converged)
-        mu_node[examples], log_z[examples] = sol.marginals.node[won], sol.marginals.log_partition[won]
+        mu_node[examples], log_z[examples] = sol.marginals.node[won], _log_partition(sol.marginals)[won]
         edge_from.append((examples, sol.marginals, won))
         iterations.scatter_reduce_(0, rows, sol.iterations, reduce="amax")
         converged &= iterations.new_zeros(b).index_add_(0, rows, (~sol.converged).long()) == 0

@@ -60,7 +60,7 @@ from torch import Tensor
 from .._checks import check_count, check_nonnegative, check_positive
 from ..energies.base import Energy
 from ..oracles.base import Marginals, Oracle, PairwisePotentials
-from .state import SolverState, _check_value, _objective_parts
+from .state import SolverState, _check_value, _log_partition, _objective_parts
 
 __all__ = ["Solution", "solve", "objective", "METHODS"]
 
@@ -130,7 +130,7 @@ def _check_problem(oracle, potentials, energy, needs: tuple[str, ...] = ("margin
 
 
 def _check_args(oracle, potentials, energy, method, max_iter, tol, max_backtracks, beta, step, lipschitz,
-                trust_region) -> tuple:
+                trust_region) -> tuple[int, float, int, float, float, float, float | None]:
     _check_problem(oracle, potentials, energy)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -264,7 +264,7 @@ def _primal_where_loose(oracle: Oracle, state: SolverState, energy: Energy, marg
     # the terms' sizes at the last accepted point (marg's: the same point), read off the state: marg's edge
     # marginals stay lazy
     inner = (state.delta_node * state.mu_node).flatten(1).abs().sum(-1)
-    if state.delta_edge is not None:
+    if state.delta_edge is not None and state.mu_edge is not None:
         inner = inner + (state.delta_edge * state.mu_edge).flatten(1).abs().sum(-1)
     eps = torch.finfo(f.dtype).eps
     loose = state.noise * (inner + state.log_z.abs()) > eps ** 0.5 * f.abs().clamp_min(1.0)
@@ -285,7 +285,7 @@ def _merge(sol: Solution, other: Solution, rows: Tensor) -> Solution:
 
     # edges not yet materialised (a dependency tree's all-zero placeholders) stay lazy
     mu = Marginals(pick(sol.marginals.node, other.marginals.node), edge() if sol.marginals.has_edge else edge,
-                   pick(sol.marginals.log_partition, other.marginals.log_partition), sol.marginals.lengths)
+                   pick(_log_partition(sol.marginals), _log_partition(other.marginals)), sol.marginals.lengths)
     pot = sol.potentials
     other_edge = other.potentials.full_edge() if pot.edge.dim() == 4 else other.potentials.edge
     merged = pot.shifted(None, None)

@@ -9,6 +9,7 @@ point, the prox-centre and gradient average of the dual-averaging methods, and t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -35,9 +36,7 @@ _RESTART_EVERY = 20  # the accelerated method restarts from its best oracle poin
 _STALL_L = 1e6      # the accelerated method hands an example to mirror descent once L exceeds this factor
 
 
-def _masked(x: Tensor | None, mask: Tensor) -> Tensor | None:
-    if x is None:
-        return None
+def _masked(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.reshape(*mask.shape, *([1] * (x.dim() - mask.dim()))), x, torch.zeros((), dtype=x.dtype))
 
 
@@ -62,16 +61,33 @@ def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
     return None if x is None else x if _whole_batch(rows, len(x)) else x[rows]
 
 
+def _take(x: Tensor | None, rows: Tensor) -> Tensor | None:
+    """``x[rows]`` (a copy), or ``None`` for a part of the state that is not kept."""
+    return None if x is None else x[rows]
+
+
 def _clone(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.clone()
 
 
+@overload
+def _lerp(x: Tensor, y: Tensor, w: Tensor) -> Tensor: ...
+@overload
+def _lerp(x: Tensor | None, y: Tensor | None, w: Tensor) -> Tensor | None: ...
+
 def _lerp(x: Tensor | None, y: Tensor | None, w: Tensor) -> Tensor | None:
-    """``(1 - w) x + w y`` with a per-row weight ``w``."""
-    if x is None:
+    """``(1 - w) x + w y`` with a per-row weight ``w`` (``None`` for the edges of a state that keeps none)."""
+    if x is None or y is None:
         return None
     out = y - x                     # then in place: one new tensor (edge-sized state), the same rounding
     return out.mul_(w.reshape(-1, *([1] * (x.dim() - 1)))).add_(x)
+
+
+def _log_partition(m: Marginals) -> Tensor:
+    """The log-partition of marginals that carry one: an oracle's or a solution's (not the solver's own points,
+    :meth:`SolverState._point`)."""
+    assert m.log_partition is not None
+    return m.log_partition
 
 
 def _rows_all(x: Tensor) -> Tensor:
@@ -192,7 +208,8 @@ def _edge_potentials(theta: PairwisePotentials, need_edges: bool) -> PairwisePot
     return out
 
 
-def _warm_offsets(warm: PairwisePotentials | None, theta: PairwisePotentials, need_edges: bool, method: str):
+def _warm_offsets(warm: PairwisePotentials | None, theta: PairwisePotentials, need_edges: bool,
+                  method: str) -> tuple[Tensor | None, Tensor | None]:
     """Dual offsets ``warm - theta`` (finite where theta is, zero where theta is -inf and at padding)."""
     if warm is None:
         return None, None
@@ -333,17 +350,20 @@ class SolverState:
 
         self.mu_node = mu_node = mu0.node.clone()
         self.mu_edge = mu_edge = (mu0.edge_total() if totals else mu0.edge).clone() if need_edges else None
-        zeros_edge = (lambda: torch.zeros_like(mu_edge)) if edge_offsets else (lambda: None)
+        offset_edge = mu_edge if edge_offsets else None     # the edges that offsets, gradients and centres cover
+
+        def zeros_edge() -> Tensor | None:
+            return None if offset_edge is None else torch.zeros_like(offset_edge)
+
         # dual offset of the last oracle point
         self.delta_node, self.delta_edge = torch.zeros_like(mu_node), zeros_edge()
         if start_node is not None:
             self.delta_node = start_node.clone()
-            if edge_offsets:
-                self.delta_edge = start_edge.clone()
+            self.delta_edge = _clone(start_edge)             # the warm start's edge offsets where they are kept
         self.anchor_node, self.anchor_edge = torch.zeros_like(mu_node), zeros_edge()   # prox-centre
         self.gbar_node, self.gbar_edge = torch.zeros_like(mu_node), zeros_edge()       # gradient average since it
         self.since = torch.zeros(b, dtype=torch.long, device=device)              # iterations since the centre
-        self.log_z = mu0.log_partition.clone()
+        self.log_z = _log_partition(mu0).clone()
         self.support = base.node > 0                                               # where theta allows mass
         self.allowed_node, self.allowed_edge = self._underflowed(oracle, potentials, base)
         self.rounding_only = None   # entries whose marginals are rounding: no configuration theta allows uses them
@@ -359,11 +379,11 @@ class SolverState:
         if self.allowed_node is None:
             self.allowed_node = self.support
             self.allowed_edge = None if not edge_offsets else (base.edge_total() if totals else base.edge) > 0
-        self.nu_node, self.nu_edge = mu_node.clone(), (mu_edge.clone() if edge_offsets else None)
+        self.nu_node, self.nu_edge = mu_node.clone(), _clone(offset_edge)
         self.val = _check_value(energy, energy.value(self._energy_point(mu_node, mu_edge, lengths)), mu_node)
         f = -self.log_z + _inner(self.delta_node, mu_node) + self.val
-        if edge_offsets:
-            f = f + _inner(self.delta_edge, mu_edge)
+        if offset_edge is not None:
+            f = f + _inner(self.delta_edge, offset_edge)
         self.f = f
         self.start_name = "the base marginals oracle(theta)" if start_node is None else "the warm start"
         if torch.isnan(self.val).any():
@@ -478,13 +498,16 @@ class SolverState:
     def _with_rows(self, rows: Tensor, node: Tensor, edge: Tensor | None) -> Marginals:
         """Full-batch marginals with ``rows`` replaced, as the energy reads them: energies may hold data for the
         whole batch."""
-        edge = None if edge is None or not self.edge_offsets else self.mu_edge.index_put((rows,), edge)
+        state_edge = self.mu_edge if self.edge_offsets else None         # kept wherever edge_offsets is set
+        edge = None if edge is None or state_edge is None else state_edge.index_put((rows,), edge)
         return self._energy_point(self.mu_node.index_put((rows,), node), edge, self.lengths)
 
     def _gradient_rows(self, rows: Tensor, node: Tensor, edge: Tensor | None) -> tuple[Tensor, Tensor | None]:
         g = self._gradient(self._with_rows(rows, node, edge))
+        assert g.node is not None                       # filled by _masked_gradient and _total_gradient
         ge = None
         if self.edge_offsets:
+            assert edge is not None                     # passed wherever edge offsets are kept
             ge = g.edge[rows] if g.edge is not None else torch.zeros_like(edge)
         return g.node[rows], ge
 
@@ -497,6 +520,7 @@ class SolverState:
         res = _residual(delta_n, g_n, node, 1, allowed_n, kl)
         if g_e is None or delta_e is None:
             return res
+        assert edge is not None                         # the edge marginals come with their offsets
         if not self.totals:
             return torch.maximum(res, _residual(delta_e, g_e, edge, 2, allowed_e, kl))
         # the residual of the position-averaged edge marginal: zero only if every position's residual is (the
@@ -516,12 +540,12 @@ class SolverState:
         s1 = (self.since[a] + 1).to(self.dtype)             # the step number within the current run
         cw = 2.0 / (s1 + 1)                                 # accelerated weights c_t
         if self.method == "accelerated":                    # Algorithm 5 linearises at u_t
-            g_n, g_e = self._gradient_rows(a, _lerp(self.mu_node[a], self.nu_node[a], cw),
-                                           _lerp(self.mu_edge[a], self.nu_edge[a], cw) if self.edge_offsets else None)
-            point_node, point_edge = self.nu_node[a], (self.nu_edge[a] if self.edge_offsets else None)
+            u_edge = _lerp(_take(self.mu_edge, a), _take(self.nu_edge, a), cw) if self.edge_offsets else None
+            g_n, g_e = self._gradient_rows(a, _lerp(self.mu_node[a], self.nu_node[a], cw), u_edge)
+            point_node, point_edge = self.nu_node[a], _take(self.nu_edge, a)
         else:
-            g_n, g_e = self._gradient_rows(a, self.mu_node[a], self.mu_edge[a] if self.need_edges else None)
-            point_node, point_edge = self.mu_node[a], (self.mu_edge[a] if self.need_edges else None)
+            g_n, g_e = self._gradient_rows(a, self.mu_node[a], _take(self.mu_edge, a))
+            point_node, point_edge = self.mu_node[a], _take(self.mu_edge, a)
         finite = _finite_rows(g_n, g_e)
         if not finite.all():
             nan = bool(torch.isnan(g_n).any()) or (g_e is not None and bool(torch.isnan(g_e).any()))
@@ -530,8 +554,7 @@ class SolverState:
         # converged: the current point is stationary (Proposition 1); no oracle call is needed.  The accelerated
         # method tests its oracle point nu with the gradient at nu (and returns nu if it passes)
         r_n, r_e = (self._gradient_rows(a, point_node, point_edge) if self.method == "accelerated" else (g_n, g_e))
-        res = self._stationarity(a, self.delta_node[a], None if r_e is None else self.delta_edge[a], r_n, r_e,
-                                 point_node, point_edge)
+        res = self._stationarity(a, self.delta_node[a], _take(self.delta_edge, a), r_n, r_e, point_node, point_edge)
         self.residual[a] = res
         keep = res > self.tol
         done = a[~keep]
@@ -539,10 +562,9 @@ class SolverState:
         if self.method == "accelerated" and done.numel():
             # they return nu, the point their stationarity was tested at (so its objective ends the history)
             self.mu_node[done], self.f[done] = self.nu_node[done], self.nu_f[done]
-            if self.edge_offsets:
-                self.mu_edge[done] = self.nu_edge[done]
-            elif self.need_edges:
-                self.mu_edge[done] = self._oracle_edges(done, self.delta_node[done])
+            if self.mu_edge is not None:            # need_edges; the oracle point's edges are kept with edge offsets
+                self.mu_edge[done] = (self.nu_edge[done] if self.nu_edge is not None
+                                      else self._oracle_edges(done, self.delta_node[done]))
         if not keep.all():
             a, s1, cw, g_n = a[keep], s1[keep], cw[keep], g_n[keep]
             g_e = None if g_e is None else g_e[keep]
@@ -559,6 +581,7 @@ class SolverState:
             # (mirror descent's eta; for RDA 1/beta on a fresh start, where the move is t/(t + beta) of it)
             reach = (g_n + self.delta_node[a]).abs().flatten(1).amax(-1)
             if g_e is not None and g_e[0].numel():          # a chain of length 1 has no edges
+                assert self.delta_edge is not None          # kept with the edge gradients
                 reach = torch.maximum(reach, (g_e + self.delta_edge[a]).abs().flatten(1).amax(-1))
             min_step = _MIN_STEP / reach.clamp_min(1.0)
         clean = torch.ones(a.numel(), dtype=torch.bool, device=self.device)
@@ -571,6 +594,7 @@ class SolverState:
                 clean[forced] = False              # so the step does not grow after it
                 self.safeguarded[a[forced]] = True
                 if self.method == "md":
+                    assert min_step is not None
                     p_cur[forced] = torch.maximum(p_cur[forced] / 2, min_step[forced])
             failed = pending[~trial.ok]
             if failed.numel() == 0:
@@ -598,11 +622,11 @@ class SolverState:
         rows = (~self.converged).nonzero().flatten()
         if rows.numel() == 0 or self.method == "accelerated":
             return
-        edge = self.mu_edge[rows] if self.need_edges else None
+        edge = _take(self.mu_edge, rows)
         g_n, g_e = self._gradient_rows(rows, self.mu_node[rows], edge)
         finite = _finite_rows(g_n, g_e)
-        res = self._stationarity(rows, self.delta_node[rows], None if g_e is None else self.delta_edge[rows],
-                                 g_n, g_e, self.mu_node[rows], edge)
+        res = self._stationarity(rows, self.delta_node[rows], _take(self.delta_edge, rows), g_n, g_e,
+                                 self.mu_node[rows], edge)
         rows, res = rows[finite], res[finite]
         self.residual[rows] = res
         self.converged[rows] = res <= self.tol
@@ -616,22 +640,25 @@ class SolverState:
             eta = p
             dn = _clip_move(self.delta_node[rows], _lerp(self.delta_node[rows], -g_n[sub], eta / (1 + eta)),
                             self.mu_node[rows], self.trust_region)
-            de = None if g_e is None else _clip_move(
-                self.delta_edge[rows], _lerp(self.delta_edge[rows], -g_e[sub], eta / (1 + eta)), self.mu_edge[rows],
-                self.trust_region)
-            return dn, de, g_n[sub], None if g_e is None else g_e[sub]
+            de = ge = None
+            if g_e is not None:
+                assert self.delta_edge is not None and self.mu_edge is not None     # kept with the edge gradients
+                de = _clip_move(self.delta_edge[rows], _lerp(self.delta_edge[rows], -g_e[sub], eta / (1 + eta)),
+                                self.mu_edge[rows], self.trust_region)
+                ge = g_e[sub]
+            return dn, de, g_n[sub], ge
         if self.method == "rda":                                             # Algorithm 1
             gn = _lerp(self.gbar_node[rows], g_n[sub], 1 / t)
-            ge = None if g_e is None else _lerp(self.gbar_edge[rows], g_e[sub], 1 / t)
+            ge = None if g_e is None else _lerp(_take(self.gbar_edge, rows), g_e[sub], 1 / t)
             move = t / (t + p)                                               # 1 - beta_t / (t + beta_t)
         else:                                                                # Algorithm 5
             gn = _lerp(self.gbar_node[rows], g_n[sub], w)
-            ge = None if g_e is None else _lerp(self.gbar_edge[rows], g_e[sub], w)
+            ge = None if g_e is None else _lerp(_take(self.gbar_edge, rows), g_e[sub], w)
             move = 1 / (1 + 4.0 * p / (t * (t + 1)))
         # the share of the way from the prox-centre to -gbar, not 1 minus the centre's share: that one rounds
         # to 1 for beta beyond 2^53 t and would leave a large beta with no step at all
         dn = _lerp(self.anchor_node[rows], -gn, move)
-        de = None if ge is None else _lerp(self.anchor_edge[rows], -ge, move)
+        de = None if ge is None else _lerp(_take(self.anchor_edge, rows), -ge, move)
         return dn, de, gn, ge
 
     def _trial(self, a: Tensor, pending: Tensor, p: Tensor, s1: Tensor, cw: Tensor, g_n: Tensor,
@@ -646,10 +673,12 @@ class SolverState:
         if wild.any():
             dn = torch.where(wild[:, None, None], self.delta_node[rows], dn)
             if de is not None:
+                assert self.delta_edge is not None                  # kept with the edge offsets
                 de = torch.where(wild.reshape(-1, *([1] * (de.dim() - 1))), self.delta_edge[rows], de)
         self.calls += int(rows.numel())
         pot = self.shift(self.theta.index(rows), dn, de)
         m = self.oracle.marginals(pot)
+        log_z = _log_partition(m)
         if self.method == "accelerated":
             w = cw[pending]
             m_edge = m.edge if self.need_edges else None
@@ -661,14 +690,14 @@ class SolverState:
             scale = lin.abs()
         else:
             node, edge = m.node, ((m.edge_total() if self.totals else m.edge) if self.need_edges else None)
-            inner = _inner(dn, node) + (_inner(de, edge) if de is not None else 0.0)
-            lin = -m.log_partition + inner
-            scale = m.log_partition.abs() + inner.abs()
+            inner = _inner(dn, node) + (_inner(de, edge) if de is not None and edge is not None else 0.0)
+            lin = -log_z + inner
+            scale = log_z.abs() + inner.abs()
         val = self.energy.value(self._with_rows(rows, node, edge))[rows]
         fc = lin + val
         f_nu = None
         if self.method == "accelerated":       # the oracle point's own objective: restarts resume from the best
-            f_nu = (-m.log_partition + _inner(dn, m.node) + (_inner(de, m_edge) if de is not None else 0.0)
+            f_nu = (-log_z + _inner(dn, m.node) + (_inner(de, m_edge) if de is not None and m_edge is not None else 0.0)
                     + self.energy.value(self._with_rows(rows, m.node, m_edge))[rows])
         f_prev = self.f[rows]
         fc = torch.where(wild, torch.full_like(fc, float("inf")), fc)
@@ -692,6 +721,7 @@ class SolverState:
             d = val - self.val[rows] + _inner(dn, dmu)
             err = _inner(dn.abs(), both)
             if de is not None:
+                assert edge is not None and self.mu_edge is not None        # kept with the edge offsets
                 mu_e = self.mu_edge[rows]
                 dmu_e, both_e = edge - mu_e, edge + mu_e
                 d = d + _inner(de, dmu_e)
@@ -708,11 +738,12 @@ class SolverState:
             # rounding noise cannot drive an endless random walk
             if band.any():
                 rb, nb, db, sb = rows[band], node[band], dn[band], pending[band]
-                eb, deb = (None, None) if de is None else (edge[band], de[band])
+                eb, deb = _take(edge, band), _take(de, band)
                 gb_n, gb_e = self._gradient_rows(rb, nb, eb)
                 slope = 0.5 * (g_n[sb] + gb_n) + db
                 trap, trap_err = _inner(slope, dmu[band]), _inner(slope.abs(), both[band])
-                if de is not None:
+                if deb is not None:
+                    assert g_e is not None and gb_e is not None         # edge gradients come with edge offsets
                     slope_e = 0.5 * (g_e[sb] + gb_e) + deb
                     trap = trap + _inner(slope_e, dmu_e[band])
                     trap_err = trap_err + _inner(slope_e.abs(), both_e[band])
@@ -723,7 +754,7 @@ class SolverState:
                 if undecided.any():
                     u = ~decided
                     self._residual_falls(ok, undecided, rows, pending, node, edge, dn, de, g_n, g_e, gb_n[u],
-                                         None if gb_e is None else gb_e[u])
+                                         _take(gb_e, u))
         # no marginal may collapse to an exact zero (the barrier energies' failure), nor, with a trust
         # region, move by more than ``trust_region`` nats
         old = self.nu_node[rows] if self.method == "accelerated" else self.mu_node[rows]
@@ -740,7 +771,7 @@ class SolverState:
         the candidate's stationarity residual (with the gradients ``gb`` at the candidates ``where``) is below the
         iterate's (with ``g``)."""
         rb, nb, db = rows[where], node[where], dn[where]
-        eb, deb = (None, None) if de is None else (edge[where], de[where])
+        eb, deb = _take(edge, where), _take(de, where)
         res_b = self._stationarity(rb, db, deb, gb_n, gb_e, nb, eb)
         ok[where] = res_b < self.residual[rb]
         # a residual saturated at its maximum, 2 (a label the energy pulls hard holds almost no mass, before and
@@ -748,11 +779,9 @@ class SolverState:
         t = res_b == self.residual[rb]
         if t.any():
             rt, sub_t = rb[t], pending[where][t]
-            pick = (lambda x: None) if de is None else (lambda x: x[t])       # noqa: E731
-            new = self._stationarity(rt, db[t], pick(deb), gb_n[t], pick(gb_e), nb[t], pick(eb), kl=True)
-            cur = self._stationarity(rt, self.delta_node[rt], None if de is None else self.delta_edge[rt],
-                                     g_n[sub_t], None if de is None else g_e[sub_t], self.mu_node[rt],
-                                     None if de is None else self.mu_edge[rt], kl=True)
+            new = self._stationarity(rt, db[t], _take(deb, t), gb_n[t], _take(gb_e, t), nb[t], _take(eb, t), kl=True)
+            cur = self._stationarity(rt, self.delta_node[rt], _take(self.delta_edge, rt), g_n[sub_t],
+                                     _take(g_e, sub_t), self.mu_node[rt], _take(self.mu_edge, rt), kl=True)
             tied = where.clone()
             tied[where] = t
             ok[tied] = new < cur
@@ -779,19 +808,24 @@ class SolverState:
         self.f[r], self.delta_node[r], self.mu_node[r] = trial.f[ok], trial.dn[ok], trial.node[ok]
         self.val[r] = trial.val[ok]
         if self.need_edges:
+            assert self.mu_edge is not None and trial.edge is not None
             if self.method == "accelerated" and _whole_batch(r, len(self.mu_edge)):
                 self.mu_edge = trial.edge               # its averages are the state's own new tensors: no copy
             else:
                 self.mu_edge[r] = trial.edge if len(r) == len(ok) else trial.edge[ok]
         if self.edge_offsets:
+            assert self.delta_edge is not None and trial.de is not None
             self.delta_edge[r] = trial.de[ok]
         if self.method != "md":
             self.since[r] += 1
             self.gbar_node[r] = trial.gn[ok]
             if self.edge_offsets:
+                assert self.gbar_edge is not None and trial.ge is not None
                 self.gbar_edge[r] = trial.ge[ok]
-        self.log_z[r] = m.log_partition[ok]         # log Z at the last accepted oracle point
+        log_z = _log_partition(m)
+        self.log_z[r] = log_z[ok]                   # log Z at the last accepted oracle point
         if self.method == "accelerated":
+            assert trial.f_nu is not None
             self.nu_node[r] = m.node[ok]
             self.nu_f[r] = trial.f_nu[ok]
             better = ok.clone()
@@ -801,9 +835,11 @@ class SolverState:
                 self.best_f[rb], self.best_node[rb] = trial.f_nu[better], m.node[better]
                 self.best_dn[rb] = trial.dn[better]
                 if self.edge_offsets:
+                    assert self.best_edge is not None and self.best_de is not None and trial.de is not None
                     self.best_edge[rb], self.best_de[rb] = m.edge[better], trial.de[better]
-                self.best_logz[rb] = m.log_partition[better]
+                self.best_logz[rb] = log_z[better]
             if self.edge_offsets:
+                assert self.nu_edge is not None
                 self.nu_edge[r] = m.edge[ok]
         self.iterations[r] += 1
 
@@ -814,6 +850,7 @@ class SolverState:
         here.  Updates ``p_cur``, ``s1``, ``cw`` and the gradients in place."""
         rows = a[failed]
         if self.method == "md":
+            assert min_step is not None
             p_cur[failed] = torch.maximum(p_cur[failed] / 2, min_step[failed])
         elif self.method == "accelerated":
             # backtracking on L (a larger L keeps nu closer to the prox-centre); a step that leaves the
@@ -828,19 +865,21 @@ class SolverState:
                 self._restart(rr)
                 s1[restart], cw[restart] = 1.0, 1.0
                 g_n[restart], ge = self._gradient_rows(rr, self.best_node[rr], _rows(self.best_edge, rr))
-                if g_e is not None:
+                if g_e is not None and ge is not None:
                     g_e[restart] = ge
         else:
             # RDA restarts from the current point, which becomes the prox-centre (so a large beta means
             # a small step from here); beta grows only if a fresh start fails too
             fresh = s1[failed] == 1
             # beta's cap is relative, like mirror descent's step floor: 1e20 max |g + delta|
+            assert min_step is not None
             cap = 1 / min_step[failed]
             p_cur[failed] = torch.where(fresh, torch.minimum(torch.clamp(p_cur[failed] * 2, min=1.0), cap),
                                         p_cur[failed])
             self.anchor_node[rows] = self.delta_node[rows]
             self.gbar_node[rows] = 0.0
             if self.edge_offsets:
+                assert self.anchor_edge is not None and self.delta_edge is not None and self.gbar_edge is not None
                 self.anchor_edge[rows] = self.delta_edge[rows]
                 self.gbar_edge[rows] = 0.0
             self.since[rows] = 0
@@ -855,10 +894,13 @@ class SolverState:
         self.since[rr] = 0
         self.nu_node[rr] = self.mu_node[rr] = self.best_node[rr]
         if self.edge_offsets:
+            assert (self.delta_edge is not None and self.anchor_edge is not None and self.best_de is not None
+                    and self.gbar_edge is not None and self.nu_edge is not None and self.mu_edge is not None
+                    and self.best_edge is not None)
             self.delta_edge[rr] = self.anchor_edge[rr] = self.best_de[rr]
             self.gbar_edge[rr] = 0.0
             self.nu_edge[rr] = self.mu_edge[rr] = self.best_edge[rr]
-        elif self.need_edges:
+        elif self.mu_edge is not None:              # need_edges
             self.mu_edge[rr] = self._oracle_edges(rr, self.best_dn[rr])
         self.f[rr] = self.nu_f[rr] = self.best_f[rr]
 
@@ -879,6 +921,7 @@ class SolverState:
         if self.method == "md":
             # steps shrunk to nothing: the example sits at the floor that rounding allows and stops
             # (``converged`` stays False unless tol was met)
+            assert min_step is not None
             self.at_floor[a] |= p_cur <= 1e4 * min_step
         if self.method == "accelerated":
             self.stall[a] |= p_cur > _STALL_L * max(self.user_param, 1.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +25,9 @@ from ..oracles.base import (
 from ..oracles.tree import check_parents
 from ..progress import progress_bar
 from ._checks import check_sequences
+
+if TYPE_CHECKING:
+    from ..energies.base import Energy
 
 __all__ = ["LinearChainCRF", "SparseChainCRF", "sequence_score", "sufficient_statistics", "crf_nll", "fit_crf",
            "length_chunks"]
@@ -258,12 +262,12 @@ class SparseChainCRF(nn.Module):
 def _squared_norm(params: Sequence[Tensor]) -> Tensor:
     """``||params||^2`` over their finite entries: a ``-inf`` entry (a forbidden transition) has no penalty and a
     zero gradient, so it stays ``-inf``, rather than making the L2 penalty infinite (``NaN`` at ``l2 = 0``) and the
-    parameters ``NaN`` after one step."""
-    return sum((q * q).sum() for q in (torch.where(torch.isfinite(p), p, 0.0) for p in params))
+    parameters ``NaN`` after one step.  ``params`` must not be empty (``sum`` would give the int 0)."""
+    return cast(Tensor, sum((q * q).sum() for q in (torch.where(torch.isfinite(p), p, 0.0) for p in params)))
 
 
 def _needs_full_width(oracle: Oracle, potentials_of: Callable[[Tensor, Tensor], PairwisePotentials], features: Tensor,
-                     lengths: Tensor, energy_of: Callable[[Tensor, Tensor], object] | None = None) -> bool:
+                     lengths: Tensor, energy_of: Callable[[Tensor, Tensor], Energy | None] | None = None) -> bool:
     """Whether training must keep every chunk or minibatch at the full width ``N`` rather than trim it to its
     longest member: the oracle's structure needs it (:func:`~betheproj.oracles.base.keeps_width`), or the model does
     (``potentials_of(features, lengths)``, or the energy ``energy_of(features, lengths)``, reads ``N`` positions,

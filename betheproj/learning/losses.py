@@ -242,7 +242,9 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
                       - _edge_indicators(potentials, y, parents, shared, pairwise) if edge else None)
         else:
             mu = oracle.marginals(aug)
-            value = mu.log_partition / beta - gold_score
+            log_z = mu.log_partition
+            assert log_z is not None                    # an oracle's marginals carry log Z
+            value = log_z / beta - gold_score
             g_node = mu.node - _node_indicators(potentials, y)
             g_edge = None
             if edge:

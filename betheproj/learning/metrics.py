@@ -35,14 +35,19 @@ def _check_sequences(gold: object, predicted: object) -> tuple[Sequence, Sequenc
         gold = list(gold)
     if isinstance(predicted, np.ndarray):
         predicted = list(predicted)
-    for name, seqs in (("gold", gold), ("predicted", predicted)):
-        if not isinstance(seqs, Sequence) or isinstance(seqs, str) \
-                or any(isinstance(s, str) or not (hasattr(s, "__len__") and hasattr(s, "__getitem__")) for s in seqs):
-            raise TypeError(f"{name} must be a sequence of label sequences (e.g. [['B-a', 'O']]), "
-                            f"not a string, a sequence of strings or an iterator; got {type(seqs).__name__}")
+    gold, predicted = _check_label_sequences("gold", gold), _check_label_sequences("predicted", predicted)
     if len(gold) != len(predicted):
         raise ValueError(f"gold and predicted must hold as many sequences, got {len(gold)} and {len(predicted)}")
     return gold, predicted
+
+
+def _check_label_sequences(name: str, seqs: object) -> Sequence:
+    """``seqs`` if it is a sequence of label sequences (not a string, a sequence of strings or an iterator)."""
+    if not isinstance(seqs, Sequence) or isinstance(seqs, str) \
+            or any(isinstance(s, str) or not (hasattr(s, "__len__") and hasattr(s, "__getitem__")) for s in seqs):
+        raise TypeError(f"{name} must be a sequence of label sequences (e.g. [['B-a', 'O']]), "
+                        f"not a string, a sequence of strings or an iterator; got {type(seqs).__name__}")
+    return seqs
 
 
 def _segments(name: str, i: int, labels: Sequence[str]) -> set[tuple[str, int, int]]:
@@ -67,7 +72,9 @@ def segment_f1(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
     """Score predicted BIO label sequences against gold ones: a segment counts only when its type, start and
     end all match; an ``I-`` that does not continue its type starts a new segment (the conlleval reading).
     ``gold`` and ``predicted`` hold one sequence of labels per example (not one flat sequence of strings)."""
-    tp, n_gold, n_pred = Counter(), Counter(), Counter()
+    tp: Counter[str] = Counter()
+    n_gold: Counter[str] = Counter()
+    n_pred: Counter[str] = Counter()
     for gs, ps in _segment_sets(gold, predicted):
         for kind, _, _ in gs:
             n_gold[kind] += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +19,9 @@ from ..oracles import LinearChain
 from ..oracles.base import Marginals, Oracle, PairwisePotentials, has_pairwise_factors, tree_parents
 from ._checks import check_lengths_like
 from .crf import crf_nll, sequence_score, sufficient_statistics
+
+if TYPE_CHECKING:
+    from .train import History
 
 __all__ = ["NonLocalCRF", "surrogate_nll"]
 
@@ -115,6 +119,7 @@ class NonLocalCRF(nn.Module):
         """The energy of a batch, differentiable in the psi parameters while autograd records."""
         if self.energy_fn is None:
             return None
+        assert self.psi is not None                  # __init__ gives psi with every energy
         return self.energy_fn(self.psi(features, lengths))
 
     @torch.no_grad()
@@ -133,7 +138,9 @@ class NonLocalCRF(nn.Module):
         if isinstance(features, Tensor) and features.shape[:1] == (0,):
             raise ValueError("features hold no examples (B = 0): the mean loss of an empty batch is undefined")
         if marginals is None and self.energy_fn is not None:
-            marginals = self.infer(features, lengths).marginals
+            solution = self.infer(features, lengths)
+            assert solution is not None                  # a Solution: there is an energy
+            marginals = solution.marginals
         return surrogate_nll(self.oracle, self.potentials(features, lengths), self.energy(features, lengths),
                              marginals, labels).mean()
 
@@ -180,7 +187,8 @@ class NonLocalCRF(nn.Module):
         go to :func:`fit_doubly_stochastic` / :func:`fit_variational_em`.  The history is ``self.history_``."""
         from .train import fit_doubly_stochastic, fit_variational_em
 
-        algorithms = {"doubly_stochastic": fit_doubly_stochastic, "em": fit_variational_em}
+        algorithms: dict[str, Callable[..., History]] = {"doubly_stochastic": fit_doubly_stochastic,
+                                                         "em": fit_variational_em}
         if algorithm not in algorithms:
             raise ValueError(f"algorithm must be one of {tuple(algorithms)}, got {algorithm!r}")
         self.history_ = algorithms[algorithm](self, features, labels, lengths, **options)

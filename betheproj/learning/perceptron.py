@@ -192,10 +192,11 @@ def structured_perceptron(examples: Sequence[tuple[Any, Any]], map_fn: MapFn, *,
         if num_features is not None:
             d = check_count("num_features", num_features)
         else:
-            d = getattr(data[0][0], "num_features", None)
-            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+            found = getattr(data[0][0], "num_features", None)
+            if isinstance(found, bool) or not isinstance(found, (int, np.integer)) or found < 1:
                 raise ValueError("cannot tell the number of features: pass num_features or initial")
-        w = np.zeros(int(d))
+            d = int(found)
+        w = np.zeros(d)
     rng = np.random.default_rng(None if seed is None else check_seed("seed", seed))
     golds = [_gold_labels(k, x, g) for k, (x, g) in enumerate(data)]
     path = [w.copy()]
@@ -266,7 +267,7 @@ def mrf_map(method: str = "exact", **options: Any) -> MapFn:
     """A MAP routine ``(x, w) -> MAPResult`` for :class:`~betheproj.mrf.LinearPairwiseMRF` inputs:
     ``method`` ``"exact"`` (:func:`~betheproj.mrf.exact_map`), ``"lp"`` (:func:`~betheproj.mrf.lp_map`, fractional
     ``mu`` returned as is) or ``"lbp"`` (:func:`~betheproj.mrf.lbp_map`); ``options`` go to that routine."""
-    routines = {"exact": exact_map, "lp": lp_map, "lbp": lbp_map}
+    routines: dict[str, Callable[..., MAPResult]] = {"exact": exact_map, "lp": lp_map, "lbp": lbp_map}
     if method not in routines:
         raise ValueError(f"method must be one of {tuple(routines)}, got {method!r}")
     fn = routines[method]

@@ -49,6 +49,9 @@ class RandomFourierFeatures(nn.Module):
     """``z(x) = sqrt(2/D) cos(W x + b)``, ``W ~ N(0, 1/bandwidth^2)``, ``b ~ U[0, 2 pi)`` (Rahimi & Recht, 2007):
     ``z(x)^T z(x')`` approximates the RBF kernel ``exp(-||x - x'||^2 / (2 bandwidth^2))``. Fixed, not learned."""
 
+    weight: Tensor                                   # buffers: W [F, D] and b [D]
+    offset: Tensor
+
     def __init__(self, in_features: int, num_features: int = 1000, bandwidth: float = 1.0, seed: int = 0):
         super().__init__()
         in_features, num_features = check_count("in_features", in_features), check_count("num_features", num_features)
@@ -80,10 +83,10 @@ class MeanMapPsi(nn.Module):
         self.linear = nn.Linear(num_features, 1 if outputs is None else outputs)
         self.squeeze = outputs is None
         nn.init.zeros_(self.linear.weight)
-        init = _finite("init", init)
-        if init.numel() != 1:
-            raise ValueError(f"init must be one number (every example's psi bias), got shape {tuple(init.shape)}")
-        nn.init.constant_(self.linear.bias, float(init))
+        bias = _finite("init", init)
+        if bias.numel() != 1:
+            raise ValueError(f"init must be one number (every example's psi bias), got shape {tuple(bias.shape)}")
+        nn.init.constant_(self.linear.bias, float(bias))
 
     def mean_map(self, features: Tensor, lengths: Tensor) -> Tensor:
         """``mean_n z(x_n)`` over each sequence's valid positions: [B, D]."""

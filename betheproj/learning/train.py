@@ -74,7 +74,8 @@ def _optimizer(model: NonLocalCRF, name: str, lr: float, psi_lr: float | None, l
 def _penalty(module: nn.Module | None, l2: float) -> Tensor | float:
     if module is None or l2 == 0:
         return 0.0
-    return 0.5 * l2 * _squared_norm([p for p in module.parameters() if p.requires_grad])
+    params = [p for p in module.parameters() if p.requires_grad]
+    return 0.5 * l2 * _squared_norm(params) if params else 0.0
 
 
 def _check_valid_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, lengths: Tensor) -> None:
@@ -85,7 +86,8 @@ def _check_valid_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, le
         except (ValueError, TypeError) as err:                  # probed on the first example: say whose it is
             raise type(err)(f"valid's features {tuple(features.shape)} do not fit the model (its first example: "
                             f"{err})") from None
-    _check_label_range(labels, tuple(labels.shape), c, lengths, "valid's labels")
+    b, n = labels.shape                                         # [B, N]: check_sequences saw to it
+    _check_label_range(labels, (b, n), c, lengths, "valid's labels")
 
 
 class _Validator:

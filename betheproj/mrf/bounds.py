@@ -61,7 +61,10 @@ class LocalPolytope:
         for i, j in s.edges:
             edge_sl.append(slice(col, col + cards[i] * cards[j]))
             col += cards[i] * cards[j]
-        rows, cols, vals, b = [], [], [], []
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
+        b: list[float] = []
 
         def row(cs: Sequence[int], vs: Sequence[float], rhs: float) -> None:
             r = len(b)

@@ -31,6 +31,8 @@ from .._checks import check_count, check_int
 from ..factor_graphs import FactorGraph
 
 if TYPE_CHECKING:
+    import torch
+
     from ..oracles.base import PairwisePotentials
 
 __all__ = ["PairwiseMRF", "LocalMarginals", "MAPResult", "grid_edges", "agreement_table"]
@@ -99,7 +101,7 @@ class PairwiseMRF:
         self._cards = tuple(len(lab) for lab in self._labels)
         n, m = len(self._cards), len(self._edges)
         if node_potentials is None:
-            self._node = [np.zeros(c) for c in self._cards]
+            self._node: list[np.ndarray] = [np.zeros(c) for c in self._cards]
         else:
             stacked = isinstance(node_potentials, np.ndarray) or _is_tensor(node_potentials)
             if (not (isinstance(node_potentials, Sequence) or stacked) or isinstance(node_potentials, str)
@@ -116,22 +118,24 @@ class PairwiseMRF:
                                      f"set), got {arr.shape}")
                 self._node.append(arr)
         if edge_potentials is None:
-            self._edge = [np.zeros((self._cards[i], self._cards[j])) for i, j in self._edges]
+            self._edge: list[np.ndarray] = [np.zeros((self._cards[i], self._cards[j])) for i, j in self._edges]
         else:
             shared = None
+            tables: Sequence[object] = ()                  # one table per edge, unless shared
             if not isinstance(edge_potentials, (list, tuple)):
                 shared = _as_float_array("edge_potentials", edge_potentials)
                 if shared.ndim == 3:                         # one table per edge, stacked
-                    edge_potentials, shared = list(shared), None
+                    tables, shared = list(shared), None
                 elif shared.ndim != 2:
                     raise ValueError("edge_potentials must be a list of 2-D tables or one shared 2-D table, got "
                                      f"shape {shared.shape}")
-            if shared is None and len(edge_potentials) != m:
-                raise ValueError(f"edge_potentials must hold one table per edge ({m}), got {len(edge_potentials)}")
+            else:
+                tables = edge_potentials
+            if shared is None and len(tables) != m:
+                raise ValueError(f"edge_potentials must hold one table per edge ({m}), got {len(tables)}")
             self._edge = []
             for e, (i, j) in enumerate(self._edges):
-                t = shared if shared is not None else _as_float_array(f"edge_potentials[{e}]", edge_potentials[e],
-                                                                        ndim=2)
+                t = shared if shared is not None else _as_float_array(f"edge_potentials[{e}]", tables[e], ndim=2)
                 want = (self._cards[i], self._cards[j])
                 if t.shape != want:
                     raise ValueError(f"edge_potentials[{e}] must have shape {want} for edge ({i}, {j}), got "
@@ -217,7 +221,7 @@ class PairwiseMRF:
         return y
 
     # --- scores -------------------------------------------------------------------------------------------------
-    def score(self, labelling: Sequence[int] | np.ndarray) -> float:
+    def score(self, labelling: object) -> float:
         """``sum_i theta_i(y_i) + sum_e theta_e(y_i, y_j)`` (``-inf`` for a forbidden labelling).  ``ValueError``
         where finite potentials sum past float64's range, as in :meth:`all_scores`."""
         y = self.check_labelling(labelling)
@@ -348,7 +352,7 @@ class PairwiseMRF:
             out[i - 1] = k
         return p, out
 
-    def to_pairwise_potentials(self, parents: Sequence[int] | None = None, dtype: object = None
+    def to_pairwise_potentials(self, parents: Sequence[int] | None = None, dtype: torch.dtype | None = None
                                ) -> PairwisePotentials:
         """The potentials as a batch-of-one :class:`~betheproj.oracles.PairwisePotentials` for the chain or tree
         oracles (``parents`` as in :meth:`tree_parents`).  Label sets of different sizes are padded to the

@@ -9,7 +9,7 @@ parent array is ``[-1, 0, 1, ..., N-2]``.  Positions at or past ``lengths[b]`` a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, cast, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -143,7 +143,10 @@ def _whole_batch(idx: Tensor, b: int) -> bool:
     return idx.numel() == b and bool((idx == torch.arange(b, device=idx.device)).all())
 
 
-def _unchecked(cls, node: Tensor, edge: Tensor, lengths: Tensor):
+_P = TypeVar("_P", bound=PairwisePotentials)
+
+
+def _unchecked(cls: type[_P], node: Tensor, edge: Tensor, lengths: Tensor) -> _P:
     obj = cls.__new__(cls)
     obj.node, obj.edge, obj.lengths = node, edge, lengths
     return obj
@@ -192,7 +195,7 @@ def _sum_shifts(*terms: tuple[Tensor, int]) -> tuple[Tensor, Tensor]:
     are added after (a fast path's log-normalisers): in two parts (:func:`_split_sum`) where large ones cancel,
     else the plain sum and 0, whose rounding error (at most ``n eps sum |x|``) is then of order ``n eps``
     relative to the total."""
-    plain = sum(x.sum(dim) for x, dim in terms)
+    plain = cast(Tensor, sum(x.sum(dim) for x, dim in terms))       # a tensor: there is always a term
     size = sum(x.abs().sum(dim) for x, dim in terms)
     if not bool((size > 4 * (plain.abs() + 1)).any()):
         return plain, torch.zeros_like(plain)
@@ -218,9 +221,9 @@ def _max_shifted(pot: PairwisePotentials, errors: bool = True) -> tuple[Pairwise
     edge_valid = torch.arange(edge.shape[1], device=node.device) < (pot.lengths[:, None] - 1)
     edge_shift = torch.where(edge_valid, edge_max[..., 0, 0], zero)
     if not errors:                      # max-product has no use for the shift either: summed plainly
-        shift = node_max[..., 0].sum(-1) + edge_shift.sum(-1)
+        total = node_max[..., 0].sum(-1) + edge_shift.sum(-1)
         return (_unchecked(PairwisePotentials, node - node_max, edge - edge_max, pot.lengths.clone()),
-                (shift, torch.zeros_like(shift)), None, None)
+                (total, torch.zeros_like(total)), None, None)
     shift = _split_add(*_split_sum(node_max[..., 0]), *_split_sum(edge_shift))
     (node, node_err), (edge, edge_err) = _two_sum(node, -node_max), _two_sum(edge, -edge_max)
     return _unchecked(PairwisePotentials, node, edge, pot.lengths.clone()), shift, node_err, edge_err
@@ -280,7 +283,8 @@ class Marginals:
         self._edge = edge
         self.log_partition = log_partition
         self.lengths = lengths
-        self.edge_sum = None     # optional ``weights [B] -> sum_{b,t} w_b edge[b, t]`` without materialising
+        # optional ``weights [B] -> sum_{b,t} w_b edge[b, t]`` without materialising
+        self.edge_sum: Callable[[Tensor], Tensor] | None = None
         self._edge_total = edge_total
 
     @property

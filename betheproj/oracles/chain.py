@@ -180,10 +180,10 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     beta = torch.empty_like(p)
     r = torch.empty(n, b, 1, dtype=dtype, device=device)
     beta[n - 1] = 1.0
-    mt = m.t() if shared else None
+    mt = m.mT                                                     # read only when shared: [C, C] transposed
     v = torch.empty(b, c, dtype=dtype, device=device)
     beta_t, r_t = beta.unbind(0), r.unbind(0)
-    done = (torch.arange(n, device=device)[:, None] >= lengths - 1)[..., None].unbind(0) if any_short else None
+    done = (torch.arange(n, device=device)[:, None] >= lengths - 1)[..., None].unbind(0) if any_short else ()
     for t in range(n - 2, -1, -1):
         torch.mul(p_t[t + 1], beta_t[t + 1], out=v)
         if shared:
@@ -201,13 +201,12 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         r[n - 1] = torch.inf
 
     ab = alpha * beta                                             # [N, B, C]
-    ab_min = ab.amin() if ab.numel() else None
+    ab_min = ab.amin() if ab.numel() else ab.new_ones(())       # an empty batch (B = 0) has nothing to check
     # ``> 0``, not ``== 0`` below: another example's padding may hold NaN (0/0 at a dead end)
-    any_zero = ab_min is not None and not bool(ab_min > 0)
-    zeros = ab == 0 if any_zero else None
+    zeros = None if bool(ab_min > 0) else ab == 0
     # the smallest positive alpha beta (<= alpha, beta: each sums to 1), for the edges' gate below; its zeros (a
     # label forbidden or unreachable, or mass lost to underflow) are the node checks' (NaN stays NaN)
-    ab_pos = torch.where(zeros, 1.0, ab).amin() if any_zero else ab_min
+    ab_pos = ab_min if zeros is None else torch.where(zeros, 1.0, ab).amin()
     d = ab.sum(-1)                                                # [N, B]
     node_marg = ab.mul_((1.0 / d)[..., None]).transpose(0, 1)     # [B, N, C]
     if valid is None:
@@ -225,7 +224,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
     log_z = big + (small + torch.where(valid_t, torch.log(s), zero).sum(0))
     bound = 4.0 * c * c * tiny * torch.where(valid_t, (1.0 / s + 1.0 / r) / d, zero).sum(0)
     ok = torch.isfinite(bound) & (bound <= torch.finfo(dtype).eps) & torch.isfinite(log_z)
-    if any_zero:
+    if zeros is not None:
         # a marginal that underflowed to 0 is one the bound cannot see: it bounds the absolute error, and a mass of
         # 1e-23 read as an exact 0 looks forbidden to the solver.  Recomputed: any product alpha * beta that
         # underflowed, and a 0 from an alpha or beta that underflowed where the marginal may be a normal number
@@ -272,7 +271,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         node_marg = torch.where(valid[..., None], node_marg, zero)
 
     slow = torch.nonzero(~ok).flatten()
-    slow_state = None
+    slow_state: _LogState | None = None
     if slow.numel():
         node_marg = node_marg.contiguous()
         # on shifted copies, so the lazy edge marginals see no later writes
@@ -293,10 +292,11 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
             z = (torch.matmul(a_prev[..., None, :], m).squeeze(-2) * v).sum(-1)
         return a_prev, v, z
 
-    def slow_edges() -> Tensor:
-        """Exact log-space edge marginals of the uncertified examples, zero past their lengths."""
-        sub_ev = torch.arange(n - 1, device=device) < (slow_state[0].lengths[:, None] - 1)
-        return torch.where(sub_ev[..., None, None], _log_edge_marginals(slow_state), zero)
+    def slow_edges(state: _LogState) -> Tensor:
+        """Exact log-space edge marginals of the uncertified examples (their ``slow_state``), zero past their
+        lengths."""
+        sub_ev = torch.arange(n - 1, device=device) < (state[0].lengths[:, None] - 1)
+        return torch.where(sub_ev[..., None, None], _log_edge_marginals(state), zero)
 
     def edge_marginals() -> Tensor:
         if n == 1:
@@ -309,7 +309,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
             xi.masked_fill_(~ev[..., None, None], 0.0)
         xi = xi.transpose(0, 1)                                   # [B, N-1, C, C] view
         if slow_state is not None:
-            xi[slow] = slow_edges()
+            xi[slow] = slow_edges(slow_state)
         return xi
 
     def weighted_pairs(weights: Tensor) -> tuple[Tensor, Tensor]:
@@ -334,7 +334,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
             v[:, slow] = 0.0
         total = m * (a.reshape(-1, c).t() @ v.reshape(-1, c))
         if slow_state is not None:
-            total = total + torch.einsum("b,bnij->ij", weights.to(dtype)[slow], slow_edges())
+            total = total + torch.einsum("b,bnij->ij", weights.to(dtype)[slow], slow_edges(slow_state))
         return total
 
     def edge_total() -> Tensor:
@@ -344,7 +344,7 @@ def _forward_backward(pot: PairwisePotentials, oracle: LinearChain | None = None
         a, v = weighted_pairs(torch.ones(b, dtype=dtype, device=device))
         total = m * torch.einsum("tbi,tbj->bij", a, v)
         if slow_state is not None:
-            total[slow] = slow_edges().sum(1)
+            total[slow] = slow_edges(slow_state).sum(1)
         return total
 
     mu = Marginals(node_marg, edge_marginals, log_z, lengths, edge_total=edge_total if shared or per_example else None)
@@ -387,7 +387,7 @@ def _reachable(node: Tensor, edge: Tensor, lengths: Tensor) -> Tensor:
 
 
 def _lost_at(alpha: Tensor, beta: Tensor, s: Tensor, r: Tensor, d: Tensor, node: Tensor, node_max: Tensor,
-             lengths: Tensor, at: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+             lengths: Tensor, at: tuple[Tensor, ...]) -> Tensor:
     """[B]: :func:`_lost_marginal`'s estimate made cruder and cheap, every transition factor and every predecessor
     (successor) taken as 1, the most they can be (no recursion), and read at the zero products ``alpha beta`` whose
     indices (t, b, j) ``at`` holds only; ``node_max`` [N, B, 1] is each row's finite maximum of ``node`` [B, N, C]
@@ -510,11 +510,17 @@ def _row_max(x: Tensor) -> Tensor:
     return x.amax(-1, keepdim=True)
 
 
-def _log_forward_backward(pot: PairwisePotentials) -> tuple[tuple, Tensor]:
+_LogState = tuple[PairwisePotentials, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+"""The exact recursion's state (:func:`_log_forward_backward`): the shifted potentials, their node and edge rounding
+errors, and the forward and backward log-messages in two parts each (``fb``, ``fs``, ``bb``, ``bs``)."""
+
+
+def _log_forward_backward(pot: PairwisePotentials) -> tuple[_LogState, Tensor]:
     """Exact log-space forward-backward on :func:`~betheproj.oracles.base._max_shifted` copies of ``pot``: the
     forward and backward log-messages [B, N, C] in two parts (see :func:`~betheproj.oracles.base._split_add`),
     re-centred at every position, beside the shifted potentials and their rounding errors; and ``log Z`` [B]."""
     sub, shift, node_err, edge_err = _max_shifted(pot)
+    assert node_err is not None and edge_err is not None          # kept by _max_shifted's default errors=True
     node, edge, lengths = sub.node, sub.edge, sub.lengths
     b, n, c = node.shape
     zero = torch.zeros((), dtype=node.dtype, device=node.device)
@@ -541,12 +547,12 @@ def _log_forward_backward(pot: PairwisePotentials) -> tuple[tuple, Tensor]:
     return (sub, node_err, edge_err, fb, fs, bb, bs), log_z
 
 
-def _log_node_marginals(state: tuple) -> Tensor:
+def _log_node_marginals(state: _LogState) -> Tensor:
     _, _, _, fb, fs, bb, bs = state
     return _split_softmax(*_split_add(fb, fs, bb, bs))
 
 
-def _log_edge_marginals(state: tuple) -> Tensor:
+def _log_edge_marginals(state: _LogState) -> Tensor:
     sub, node_err, edge_err, fb, fs, bb, bs = state
     nxt = _split_add(sub.node[:, 1:], node_err[:, 1:], bb[:, 1:], bs[:, 1:])
     big, small = _split_add(fb[:, :-1, :, None], fs[:, :-1, :, None], sub.edge, edge_err)
@@ -608,6 +614,6 @@ def _viterbi(pot: PairwisePotentials) -> Tensor:
                 back = scores[:, t] + edge[rows, t, nxt]
             else:
                 back = (edge[rows, t, :, nxt] - edge_max[:, t, 0]) + scores[:, t]
-            cur = torch.where(t == lengths - 1, last, back.argmax(-1))
+            cur = torch.where(lengths - 1 == t, last, back.argmax(-1))
         labels[:, t] = torch.where(t <= lengths - 1, cur, -1)
     return labels

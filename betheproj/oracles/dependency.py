@@ -217,6 +217,8 @@ class DependencyMarginals(Marginals):
     exists so that code reading the edges of any oracle's marginals runs unchanged; the solvers never ask for it).
     """
 
+    log_partition: Tensor         # always given (``Marginals.log_partition`` may be None)
+
     def __init__(self, node: Tensor, log_partition: Tensor, lengths: Tensor, theta: Tensor, structure: tuple,
                  shift: Tensor | None = None, shifted_log_partition: Tensor | None = None):
         b, n, c = node.shape
@@ -227,10 +229,12 @@ class DependencyMarginals(Marginals):
         # [B, N]: each modifier's largest arc score, and log Z less their sum: every tree takes one head per
         # modifier, so log Z - <theta, mu> is exact as (log Z - sum shift) - <theta - shift, mu>, both O(1)
         # where theta is large (float32 rounds log Z itself at |theta| = 1e4 to 0.008)
-        if (shift is None) != (shifted_log_partition is None):
+        if shift is None and shifted_log_partition is None:
+            shift, shifted_log_partition = torch.zeros_like(log_partition)[:, None].expand(b, n), log_partition
+        elif shift is None or shifted_log_partition is None:
             raise ValueError("give shift and shifted_log_partition together")
-        self.shift = torch.zeros_like(log_partition)[:, None].expand(b, n) if shift is None else shift
-        self.shifted_log_partition = log_partition if shift is None else shifted_log_partition
+        self.shift = shift
+        self.shifted_log_partition = shifted_log_partition
 
 
 def _damped_step(evals: Tensor, evecs: Tensor, g_eig: Tensor, g: Tensor, cut: Tensor, lam: Tensor,
@@ -308,7 +312,7 @@ class _DependencyOracle:
         raise NotImplementedError
 
     # protocol -----------------------------------------------------------------------------------------------
-    def _scores(self, potentials: object) -> tuple[Tensor, Tensor]:
+    def _scores(self, potentials: PairwisePotentials) -> tuple[Tensor, Tensor]:
         """Head-major masked scores [B, N+1, N+1] from validated potentials."""
         check_arc_potentials(potentials)
         b, n, c = potentials.node.shape

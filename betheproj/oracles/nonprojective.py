@@ -30,6 +30,7 @@ where it cannot), for the logits loopy BP's TREE factor sends and for the arcs i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -343,6 +344,8 @@ def _gth_steps(la: Tensor, excess: Tensor, steps: int, carried: Tensor | None = 
     zero = torch.zeros((), dtype=la.dtype, device=la.device)
     off = ~torch.eye(r, c, dtype=torch.bool, device=la.device)
     la = torch.where(off, la, ninf)
+    lse: Callable[[Tensor, int], Tensor]
+    pair: Callable[[Tensor, Tensor], Tensor]
     if torch.is_grad_enabled() and (la.requires_grad or excess.requires_grad
                                      or (carried is not None and carried.requires_grad)):
         lse, pair = _lse, lambda x, y: _lse(torch.stack([x, y], -1), -1)
@@ -408,8 +411,9 @@ def _gth_single_root_log_z(la: Tensor, lr: Tensor, pad: Tensor) -> Tensor:
     pad, lr = pad.gather(1, order), lr.gather(1, order)
     base = torch.where(pad, zero, ninf)                                   # eps^0 excess: 1 on padded words
     rho = torch.where(pad, ninf, lr)                                      # eps^1 excess: the root weights
-    total, _, rho = _gth_steps(la, base, n - 1, carried=rho)
-    return torch.where(source.any(1), total + rho[:, 0], ninf)
+    total, _, left = _gth_steps(la, base, n - 1, carried=rho)
+    assert left is not None                                               # carried through, as given
+    return torch.where(source.any(1), total + left[:, 0], ninf)
 
 
 def _exact_matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:

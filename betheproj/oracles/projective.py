@@ -62,7 +62,8 @@ def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool):
         c_right[:, st, en] = cr
         cl, arg_l = reduce(c_left[:, st[:, None], split] + i_left[:, split, en[:, None]])
         c_left[:, st, en] = cl
-        if maximize:
+        if maximize:                      # reduce's argmaxes (None only where it sums)
+            assert arg is not None and arg_r is not None and arg_l is not None
             bp_i[:, st, en] = arg + st
             bp_cr[:, st, en] = arg_r + st + 1
             bp_cl[:, st, en] = arg_l + st

@@ -162,14 +162,14 @@ class Tree:
         with torch.no_grad():
             # examples whose edge tables alone rule the fast pass out skip it (it would be wasted work)
             edge = pot.full_edge()
-            factors = _edge_factors(edge)
-            rows = torch.nonzero(~_gapped(edge, pot.lengths, factors[1])).flatten()
+            edge_max, m = _edge_factors(edge)
+            rows = torch.nonzero(~_gapped(edge, pot.lengths, m)).flatten()
             if rows.numel() == 0:
                 return self._exact(pot)
             if rows.numel() == len(pot.lengths):
-                node_marg, fast_edges, log_z, ok = self._scaled(pot, factors)
+                node_marg, fast_edges, log_z, ok = self._scaled(pot, (edge_max, m))
             else:
-                node_marg, fast_edges, log_z, ok = self._scaled(pot.index(rows), tuple(f[rows] for f in factors))
+                node_marg, fast_edges, log_z, ok = self._scaled(pot.index(rows), (edge_max[rows], m[rows]))
                 node_marg, fast_edges, log_z, ok = _spread(rows, len(pot.lengths), node_marg, fast_edges, log_z,
                                                            ok)
             slow = torch.nonzero(~ok).flatten()
@@ -178,6 +178,7 @@ class Tree:
             if slow.numel() == ok.numel():
                 return self._exact(pot)
             exact = self._exact(pot.index(slow), examples=slow)
+            assert exact.log_partition is not None                  # the exact recursion's marginals carry log Z
             node_marg[slow], log_z[slow] = exact.node, exact.log_partition
 
         @torch.no_grad()

@@ -12,6 +12,10 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from .parser import DependencyParser
 
 __all__ = ["register", "run", "main"]
 
@@ -21,7 +25,15 @@ DEFAULT_LOSS, DEFAULT_LAM = "crf", 1e-4
 FIRST_ORDER_ONLY = ("loss", "lam", "projective", "single_root", "xpos")
 """``parse train`` options of arc-factored training only: their defaults are ``None`` so that giving them with
 ``--second-order`` is an error (the stated defaults are applied in :func:`run`)."""
-_DECODING = {"mean_field": {"max_iter": 10}, "loopy_bp": {"max_iter": 20, "damping": 0.3}}   # chosen on dev
+
+
+class _DecodingOptions(TypedDict, total=False):
+    max_iter: int
+    damping: float
+
+
+_DECODING: dict[str, _DecodingOptions] = {"mean_field": {"max_iter": 10},
+                                          "loopy_bp": {"max_iter": 20, "damping": 0.3}}   # chosen on dev
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -153,7 +165,7 @@ def _load(path: str):
     return parser.DependencyParser.from_state(state, path)
 
 
-def _load_first(path: str):
+def _load_first(path: str) -> DependencyParser:
     """The arc-factored model ``--second-order`` builds on; a second-order or a projective model there is named as
     such."""
     from . import parser, second_order
@@ -253,7 +265,8 @@ def run(args: argparse.Namespace) -> None:
         check_gold_trees(train, single_root, name=args.train)
         log = _log(args.quiet)
         start = time.perf_counter()
-        if args.second_order:
+        parser: DependencyParser | SecondOrderParser
+        if first is not None:                           # --second-order FIRST
             epochs = 3 if args.epochs is None else args.epochs
             parser = SecondOrderParser(first, bits=args.bits, context=not args.no_context)
             parser.fit(train, epochs=epochs, seed=args.seed, dev=dev, progress=not args.quiet, log=log)

@@ -289,7 +289,8 @@ class DependencyParser:
             bar.close()
         feature_seconds = time.perf_counter() - start
         if log is not None:
-            size = sum(ex.ids.numel() * 4 + ex.table.numel() * 4 for ex in examples)
+            # every example is compact: each has a table
+            size = sum(ex.ids.numel() * 4 + ex.table.numel() * 4 for ex in examples if ex.table is not None)
             log(f"features: {len(sentences)} sentences, {sum(len(s) * (len(s) + 1) for s in sentences)} arcs, "
                 f"{size / 2**20:.0f} MiB (compact) in {feature_seconds:.1f}s")
         dev_scores: list[float] = []

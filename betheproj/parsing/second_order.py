@@ -202,6 +202,7 @@ class SecondOrderParser:
                                     SecondOrderArcs(batch.sibling.detach(), batch.grandparent.detach(), batch.parts),
                                     method="rda", max_iter=train_iter)
                     opt.zero_grad()
+                    assert batch.heads is not None                 # a gold=True batch
                     loss = surrogate_nll(oracle, batch.potentials, energy, sol.marginals, batch.heads).mean()
                     total = loss + (0.5 * l2 * (self.w2 * self.w2).sum() if l2 > 0 else 0.0)
                     total.backward()
@@ -216,7 +217,7 @@ class SecondOrderParser:
                     last = timeout or steps == epochs * len(batches)          # the final weights are a candidate too
                     if dev is not None and (steps % eval_every == 0 or last):
                         score = self.evaluate(dev, method=dev_method, candidates=dev_c,
-                                              **({} if dev_method == "first_order" else {"max_iter": dev_iter}))
+                                              max_iter=None if dev_method == "first_order" else dev_iter)
                         history.append((steps, score))
                         if log is not None:
                             log(f"step {steps}: loss {np.mean(losses[-eval_every:]):.4f}, dev UAS {score:.2f}")
