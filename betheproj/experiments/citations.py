@@ -428,6 +428,9 @@ def nonlocal_tagger(model: NonLocalCRF, max_iter: int, fields: BIOFields | None 
     ``theta - grad L(mu*)`` decoded by Viterbi (Proposition 1) and, given ``fields``, for segment F1 at each of
     ``thresholds`` (:func:`decode_segments_at`).  ``map_labels=False`` leaves out the MAP labels (and their Viterbi
     pass): the list holds the segment-MBR labels alone."""
+    check_type("model", model, NonLocalCRF)
+    if model.energy_fn is None:
+        raise ValueError("model has no energy: a plain CRF's labels are viterbi_predictor(model.theta)'s")
     if thresholds and fields is None:
         raise ValueError("thresholds need fields: pass BIOFields.from_labels(index.labels)")
     check_type("map_labels", map_labels, bool)
@@ -436,7 +439,7 @@ def nonlocal_tagger(model: NonLocalCRF, max_iter: int, fields: BIOFields | None 
 
     def tag(x: Tensor, n: Tensor) -> list[Tensor]:
         sol = model.infer(x, n, max_iter)
-        assert sol is not None                    # a Solution: a non-local model has an energy
+        assert sol is not None                    # a Solution: the model has an energy (checked above)
         if iterations is not None:
             iterations.append(sol.iterations.clone())
         mbr = decode_segments_at(sol.potentials, fields, thresholds) if fields is not None and thresholds else []

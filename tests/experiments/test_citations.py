@@ -182,6 +182,10 @@ def test_nonlocal_tagger_decodes_one_solve_by_map_and_segment_mbr_as_the_single_
         citations.nonlocal_tagger(model, 5, fields, (0.5,), map_labels=0)
     with pytest.raises(ValueError, match="thresholds need fields"):
         citations.nonlocal_tagger(model, 5, None, (0.5,))
+    with pytest.raises(ValueError, match="model has no energy"):                  # was a bare AssertionError
+        citations.nonlocal_predictor(NonLocalCRF(model.theta), 5)
+    with pytest.raises(TypeError, match="model must be a NonLocalCRF"):
+        citations.nonlocal_tagger(model.theta, 5)
     with pytest.raises(TypeError, match="tagger must be a callable"):
         citations.predictions(None, index, cites, encoded)
     with pytest.raises(TypeError, match="tagger must return a list of .* got Tensor .*f1_of"):
