@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 from . import __version__
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
 __all__ = ["main"]
@@ -159,7 +161,7 @@ def _int_list(text: str, name: str, low: int, high: int) -> list[int]:
     return sorted(set(values))
 
 
-def _out_folder(path: str, files: tuple[str, ...], flag: str = "--out"):
+def _out_folder(path: str, files: tuple[str, ...], flag: str = "--out") -> Path:
     """``path`` as a folder, created if missing, that takes new files (probed) and where none of the ``files`` the
     command will write is a folder: checked before any long work, so a bad path fails at once."""
     from pathlib import Path
@@ -482,7 +484,7 @@ class _NamedStdout:
     def flush(self) -> None:
         self._named(self.stream.flush)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 
 
@@ -522,7 +524,8 @@ def error_text(err: BaseException) -> str:
     return " ".join(str(detail).split())
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: TextIO | None = None, line: str | None = None) -> None:
     """Library warnings on the command line: one line on stderr, without the source line."""
     text = " ".join(str(message).split())
     print(f"betheproj: warning: {text}", file=sys.stderr)

@@ -23,7 +23,7 @@ __all__ = ["CGMResult", "check_observations", "map_counts"]
 _FAST_CELLS = 400     # the NumPy path up to this many cells; beyond, the batched PyTorch solver is faster
 
 
-def _as_observations(observed) -> Tensor:
+def _as_observations(observed: object) -> Tensor:
     """``observed`` as a real tensor ([T, L] promoted to [1, T, L]); shapes and values are checked later."""
     if not isinstance(observed, Tensor):
         try:

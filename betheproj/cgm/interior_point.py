@@ -37,7 +37,7 @@ class IPResult:
 
 
 def _one(node: np.ndarray, edge: np.ndarray, y: np.ndarray, rate: float, population: float, tol: float,
-         scale: float):
+         scale: float) -> tuple[float | None, np.ndarray | None, float, str]:
     import cvxpy as cp
 
     steps, cells = node.shape

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,7 +19,7 @@ from torch import Tensor
 from .._checks import check_bool, check_count, check_nonnegative
 from ..oracles import ChainPotentials
 from ..progress import progress_bar
-from .inference import _as_observations, check_observations, map_counts
+from .inference import CGMResult, _as_observations, check_observations, map_counts
 from .model import TransitionModel
 
 __all__ = ["HardEMHistory", "fit_hard_em", "check_schedule"]
@@ -37,7 +38,7 @@ class HardEMHistory:
     seconds: float = 0.0
 
 
-def _offset(result, potentials: ChainPotentials) -> Tensor:
+def _offset(result: CGMResult, potentials: ChainPotentials) -> Tensor:
     """The solution's dual offset ``theta~ - theta`` on the nodes (the energy's pull, ``-grad L(mu*)``)."""
     return result.potentials.node - potentials.node
 
@@ -127,7 +128,7 @@ def fit_hard_em(model: TransitionModel, observed: Tensor, rate: float, populatio
 
 
 def _quasi_newton(model: TransitionModel, observed: Tensor, rate: float, population: float, evaluations: int,
-                  tol: float, method: str, history: HardEMHistory, bar) -> None:
+                  tol: float, method: str, history: HardEMHistory, bar: Any) -> None:
     batch = observed.shape[0]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.LBFGS(params, max_iter=evaluations, max_eval=evaluations, history_size=20,

@@ -27,7 +27,7 @@ class Loss:
     name: str
     width: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.name not in LOSSES:
             raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {self.name!r}")
         object.__setattr__(self, "width", check_positive("width", self.width))

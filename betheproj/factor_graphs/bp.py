@@ -36,7 +36,7 @@ largest absolute change of a factor-to-variable log-message entry within one ite
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -237,7 +237,7 @@ def _change(new: list[np.ndarray], old: list[np.ndarray]) -> float:
 
 
 def _finish(graph: FactorGraph, mode: str, mu: list, converged: bool, iterations: int, history: list[float],
-            cavity) -> BPResult:
+            cavity: Callable[[int, int], np.ndarray]) -> BPResult:
     beliefs = []
     log_beliefs = []
     for v in range(graph.num_variables):

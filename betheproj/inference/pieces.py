@@ -15,6 +15,8 @@ non-zero energy, solved by :func:`solve` from the base marginals (a stationary p
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..energies.base import Energy
@@ -27,7 +29,7 @@ __all__ = ["solve_global"]
 
 @torch.no_grad()
 def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy, method: str = "md",
-                 **options) -> Solution:
+                 **options: Any) -> Solution:
     """Solve (2) for ``energy = min_k L_k``: all (example, piece) rows in one batched :func:`solve` (with
     ``method`` and ``options``), then per example the row with the lowest objective.  Examples with no
     candidate piece have zero energy: their solution is the oracle's marginals; those of the energy's

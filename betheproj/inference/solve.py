@@ -120,7 +120,8 @@ def check_oracle(oracle: object, needs: tuple[str, ...]) -> None:
             raise TypeError(f"oracle must provide {name}(); got {type(oracle).__name__}")
 
 
-def _check_problem(oracle, potentials, energy, needs: tuple[str, ...] = ("marginals", "map", "entropy")) -> None:
+def _check_problem(oracle: object, potentials: object, energy: object,
+                   needs: tuple[str, ...] = ("marginals", "map", "entropy")) -> None:
     """The oracle provides the methods ``needs``, the potentials and the energy are of their types."""
     check_oracle(oracle, needs)
     if not isinstance(potentials, PairwisePotentials):
@@ -129,8 +130,9 @@ def _check_problem(oracle, potentials, energy, needs: tuple[str, ...] = ("margin
         raise TypeError(f"energy must be a betheproj.energies.Energy, got {type(energy).__name__}")
 
 
-def _check_args(oracle, potentials, energy, method, max_iter, tol, max_backtracks, beta, step, lipschitz,
-                trust_region) -> tuple[int, float, int, float, float, float, float | None]:
+def _check_args(oracle: object, potentials: object, energy: object, method: str, max_iter: object, tol: object,
+                max_backtracks: object, beta: object, step: object, lipschitz: object, trust_region: object
+                ) -> tuple[int, float, int, float, float, float, float | None]:
     _check_problem(oracle, potentials, energy)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -182,7 +182,7 @@ class NonLocalCRF(nn.Module):
         return torch.cat([nn.functional.pad(y, (0, width - y.shape[1]), value=-1) for y in out])
 
     def fit(self, features: Tensor, labels: Tensor, lengths: Tensor, algorithm: str = "doubly_stochastic",
-            **options) -> NonLocalCRF:
+            **options: Any) -> NonLocalCRF:
         """Learn theta and psi: ``"doubly_stochastic"`` (Algorithm 3) or ``"em"`` (Algorithm 2); ``options``
         go to :func:`fit_doubly_stochastic` / :func:`fit_variational_em`.  The history is ``self.history_``."""
         from .train import fit_doubly_stochastic, fit_variational_em

@@ -9,7 +9,7 @@ parent array is ``[-1, 0, 1, ..., N-2]``.  Positions at or past ``lengths[b]`` a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, NoReturn, Protocol, TypeVar, cast, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -497,11 +497,11 @@ class _NoSecondDerivative(torch.autograd.Function):
     gradient raises instead of silently reading as 0."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor) -> Tensor:
         return torch.zeros((), dtype=x.dtype, device=x.device)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> NoReturn:
         raise RuntimeError("second derivatives of log Z are not implemented: its gradient, the marginals, comes "
                            "from the oracle, not from autograd")
 
@@ -516,14 +516,15 @@ class _LogPartition(torch.autograd.Function):
     order only (a second derivative is an error)."""
 
     @staticmethod
-    def forward(ctx, oracle, node: Tensor, edge: Tensor, lengths: Tensor) -> Tensor:
+    def forward(ctx: Any, oracle: Oracle, node: Tensor, edge: Tensor, lengths: Tensor) -> Tensor:
         mu = oracle.marginals(_unchecked(PairwisePotentials, node, edge, lengths))
         ctx.mu, ctx.shared = mu, edge.dim() == 2
         ctx.save_for_backward(node, edge)
+        assert mu.log_partition is not None                     # an oracle's marginals carry log Z
         return mu.log_partition
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, Tensor, None]:
         mu = ctx.mu
         g_node = grad[:, None, None] * mu.node
         if ctx.shared:

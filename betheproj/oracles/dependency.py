@@ -29,6 +29,8 @@ re-exported here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -54,7 +56,7 @@ _CORE = {"matrix_tree": "nonprojective", "chu_liu_edmonds": "nonprojective", "No
          "eisner": "projective", "eisner_map": "projective", "Projective": "projective"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # lazy re-exports: the two algorithm modules import this one
     if name in _CORE:
         import importlib
@@ -177,12 +179,12 @@ class _GradIsMarginals(torch.autograd.Function):
     derivative is an error)."""
 
     @staticmethod
-    def forward(ctx, scores: Tensor, log_z: Tensor, marginals: Tensor) -> Tensor:
+    def forward(ctx: Any, scores: Tensor, log_z: Tensor, marginals: Tensor) -> Tensor:
         ctx.save_for_backward(scores, marginals)
         return log_z.clone()
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         scores, marginals = ctx.saved_tensors
         return _first_order_only(grad[:, None, None] * marginals, scores), None, None
 

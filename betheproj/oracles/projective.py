@@ -32,7 +32,8 @@ from .dependency import (
 __all__ = ["eisner", "eisner_map", "Projective"]
 
 
-def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool):
+def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool
+           ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None, Tensor | None]:
     """Inside pass: the root value [B] and, for ``maximize``, the backpointers and the root child [B]."""
     b, c, _ = s.shape
     device = s.device
@@ -128,13 +129,14 @@ def eisner_map(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tu
 
 def _eisner_map(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
     shifted, shift = _column_shifted(s)
-    best, (bp_i, bp_cr, bp_cl), root_child = _chart(shifted, lengths, single_root, maximize=True)
+    best, pointers, root_child = _chart(shifted, lengths, single_root, maximize=True)
+    assert pointers is not None                              # kept when maximising
     _raise_no_tree(best, True, single_root)
     best = shift[0] + (shift[1] + best)
     _raise_overflow(best)
     b, c, _ = s.shape
     heads = torch.full((b, c - 1), -1, dtype=torch.long)
-    bp_i, bp_cr, bp_cl = bp_i.cpu().tolist(), bp_cr.cpu().tolist(), bp_cl.cpu().tolist()
+    bp_i, bp_cr, bp_cl = (p.cpu().tolist() for p in pointers)
     for i, n in enumerate(lengths.tolist()):
         h = heads[i]
         if root_child is None:

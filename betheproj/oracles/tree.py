@@ -105,7 +105,9 @@ class Tree:
                              f"{self.num_nodes} nodes")
         return potentials
 
-    def _setup(self, pot: PairwisePotentials, errors: bool = True):
+    def _setup(self, pot: PairwisePotentials, errors: bool = True
+               ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None, Tensor, Tensor, list[Tensor],
+                          list[list[Tensor]], tuple[Tensor, Tensor]]:
         """The max-shifted node scores and edge tables and their rounding errors
         (:func:`~betheproj.oracles.base._max_shifted`; ``None`` with ``errors=False``), the valid positions,
         parents, levels, rounds and the shift [B] to add back to ``log Z``."""
@@ -117,11 +119,12 @@ class Tree:
         rounds = [[r.to(node.device) for r in rs] for rs in self.rounds]
         return node, node_err, shifted.edge, edge_err, valid, parents, levels, rounds, shift
 
-    def _upward(self, pot: PairwisePotentials):
+    def _upward(self, pot: PairwisePotentials) -> tuple:
         """Inside scores and upward messages in two parts (see :func:`~betheproj.oracles.base._split_add`), each
         message re-centred; the sums of children's messages split into finite part and -inf count (to exclude
         one exactly); ``log Z`` [B]."""
         node, node_err, edge, edge_err, valid, parents, levels, rounds, shift = self._setup(pot)
+        assert node_err is not None and edge_err is not None          # kept by _setup's default errors=True
         zero = torch.zeros((), dtype=node.dtype, device=node.device)
         in_big, in_small = node.clone(), node_err.clone()
         fin_big, fin_small = torch.zeros_like(node), torch.zeros_like(node)   # sums of the children's messages

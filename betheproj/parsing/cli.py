@@ -15,7 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..data.conllu import Sentence
     from .parser import DependencyParser
+    from .second_order import SecondOrderParser
 
 __all__ = ["register", "run", "main"]
 
@@ -102,7 +106,7 @@ def _decoding_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _log(quiet: bool):
+def _log(quiet: bool) -> Callable[[str], None] | None:
     return None if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
 
 
@@ -155,7 +159,7 @@ def _read_state(path: str) -> dict:
     return parser.read_model(path, formats, "parser model file")
 
 
-def _load(path: str):
+def _load(path: str) -> DependencyParser | SecondOrderParser:
     """An arc-factored or a second-order model, whichever ``path`` holds."""
     from . import parser, second_order
 
@@ -205,7 +209,7 @@ def _check_memory(data: list, option: str, path: str, second_order: bool = False
                          f"memory in {what[0]}, more than {limit}; {what[1]}")
 
 
-def _check_decoding(parser, args: argparse.Namespace) -> None:
+def _check_decoding(parser: DependencyParser | SecondOrderParser, args: argparse.Namespace) -> None:
     """An option that does not apply to the model's kind is an error (as ``train``'s are), not ignored."""
     from .second_order import SecondOrderParser
 
@@ -216,7 +220,7 @@ def _check_decoding(parser, args: argparse.Namespace) -> None:
         raise ValueError(f"--decoder applies to second-order models; {args.model} is an arc-factored model")
 
 
-def _heads(parser, data, args: argparse.Namespace) -> list:
+def _heads(parser: DependencyParser | SecondOrderParser, data: list[Sentence], args: argparse.Namespace) -> list:
     from .second_order import SecondOrderParser
 
     if isinstance(parser, SecondOrderParser):

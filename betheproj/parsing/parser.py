@@ -13,6 +13,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -163,7 +164,7 @@ class GreedyFirst:
                             f"{type(oracle).__name__}")
         self.oracle = oracle
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         if name == "oracle" or name.startswith("__"):        # copy and pickle look these up before __init__ ran
             raise AttributeError(name)
         return getattr(self.oracle, name)

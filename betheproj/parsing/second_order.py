@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -314,7 +315,7 @@ class SecondOrderParser:
         return out
 
     def evaluate(self, sentences: Sequence[Sentence], method: str = "mean_field", punct: bool = False,
-                 **options) -> float:
+                 **options: Any) -> float:
         """UAS in percent (punctuation excluded unless ``punct``), see :func:`.metrics.uas`; ``ValueError``
         before any parsing when no word would be scored."""
         sentences = _sentences(sentences)                # a generator would be used up by the check
