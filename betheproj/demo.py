@@ -71,9 +71,9 @@ def tagging_instance(batch: int = 64, length: int = 12, labels: int = 5, seed: i
     return theta, energy
 
 
-def run_demo(echo: Callable[[str], object] = print) -> dict:
+def run_demo(echo: Callable[[str], object] = print) -> dict[str, dict[str, float]]:
     """Solve both instances with every method and print what was solved."""
-    results: dict = {}
+    results: dict[str, dict[str, float]] = {}
     chain = LinearChain()
     echo("betheproj demo: Bethe projections, min_{mu in M} -H_B(mu) - <theta, mu> + L(mu)\n")
 

@@ -89,7 +89,8 @@ def _residual(delta: np.ndarray, grad: np.ndarray, mu: np.ndarray, log_mu: np.nd
 
 def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rate: float, population: float,
                    tol: float, max_iter: int, delta: np.ndarray | None = None, step: float = 1.0,
-                   trust_region: float = 10.0, max_backtracks: int = 40) -> tuple | None:
+                   trust_region: float = 10.0, max_backtracks: int = 40
+                   ) -> tuple[np.ndarray, np.ndarray, float, int, bool, float, bool] | None:
     """Minimise ``-H_B(mu) - <theta, mu> + L(mu)`` (the Poisson ``L``) for one chain: ``node`` [T, L], ``edge``
     [T-1, L, L], ``observed`` [T, L].  Returns ``(mu, delta, objective, iterations, converged, residual,
     safeguarded)`` with the dual iterate ``theta + delta`` (``safeguarded``: some step was rejected, as
@@ -100,7 +101,7 @@ def mirror_descent(node: np.ndarray, edge: np.ndarray, observed: np.ndarray, rat
     weight = observed / population                                  # zero where nothing was seen
     offset = float((observed * np.log(rate * population)).sum()) / population
 
-    def oracle(d: np.ndarray) -> tuple | None:
+    def oracle(d: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float, bool, float] | None:
         """Marginals, their logs and the objective at the dual offset ``d``; ``None`` if not trusted."""
         out = chain.marginals(d)
         if out is None:

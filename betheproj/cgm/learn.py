@@ -133,7 +133,7 @@ def _quasi_newton(model: TransitionModel, observed: Tensor, rate: float, populat
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.LBFGS(params, max_iter=evaluations, max_eval=evaluations, history_size=20,
                             line_search_fn="strong_wolfe", tolerance_grad=1e-10, tolerance_change=tol)
-    warm: list = [None]
+    warm: list[Tensor | None] = [None]
 
     def closure() -> Tensor:
         opt.zero_grad()

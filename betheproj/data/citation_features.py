@@ -14,6 +14,7 @@ import re
 import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -97,7 +98,7 @@ feature's definition changes, so that an index fitted with the old one (a saved 
 read with features it was not trained on.  An index saved before versions were recorded is taken as version 1."""
 
 
-def other_feature_version(state: dict) -> object | None:
+def other_feature_version(state: dict[str, Any]) -> object | None:
     """The feature version of an index ``state`` (:meth:`FeatureIndex.state`) if it is not this one's
     (:data:`FEATURES_VERSION`; none recorded: 1), else ``None``."""
     version = state.get("version", 1)
@@ -128,7 +129,7 @@ class FeatureIndex:
             missing = sorted(seen - set(labels))
             if missing:
                 raise ValueError(f"labels must hold 'O' and every label of citations; it lacks {missing[:5]}")
-        leaves: dict[str, Counter] = defaultdict(Counter)
+        leaves: dict[str, Counter[str]] = defaultdict(Counter)
         for i, c in enumerate(citations):
             try:                                    # the labels a saved index must hold (from_state checks them)
                 bio_segments(c.labels)
@@ -143,13 +144,13 @@ class FeatureIndex:
         self.labels = sorted(seen) if labels is None else labels
         self.label_ids = {label: i for i, label in enumerate(self.labels)}
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """A plain-data copy (for ``torch.save`` with ``weights_only`` loading)."""
         return {"features": self.features, "labels": self.labels,
                 "lexicon": {w: sorted(v) for w, v in self.lexicon.items()}, "version": FEATURES_VERSION}
 
     @classmethod
-    def from_state(cls, state: dict) -> FeatureIndex:
+    def from_state(cls, state: dict[str, Any]) -> FeatureIndex:
         """The index :meth:`state` describes."""
         if not isinstance(state, dict):
             raise TypeError(f"a feature index state is a dict, got {type(state).__name__}")

@@ -187,7 +187,7 @@ class Energy:
 _CHECKS_MARGINALS = "_checks_marginals"      # the flag of a method wrapped by _taking_marginals
 
 
-def _taking_marginals(method: Callable) -> Callable:
+def _taking_marginals(method: Callable[..., object]) -> Callable[..., object]:
     """``method(self, marginals, ...)`` that first checks that ``marginals`` is a :class:`Marginals`."""
     @wraps(method)
     def checked(self: Energy, marginals: Marginals, *args: object, **kwargs: object) -> object:

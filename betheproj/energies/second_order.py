@@ -76,6 +76,15 @@ def _check_parts(name: str, idx: object, shape: torch.Size) -> None:
         raise ValueError(f"parts: {name} indices list a part more than once (it would be counted twice)")
 
 
+_Sources = tuple[tuple[Tensor | None, object], ...]
+"""Tensors, each with its in-place version counter (:func:`_version`)."""
+_Term = Tensor | tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor], Tensor] | None
+"""One kind of part's prepared scores: a masked dense tensor, or the indices ``(b, head, modifier)`` of its two
+arcs and the part scores; ``None`` for a kind not given."""
+_Cache = tuple[Tensor, tuple[bool, torch.dtype, torch.device], list[_Term], _Sources, _Sources]
+"""What :meth:`SecondOrderArcs._terms` keeps between calls."""
+
+
 class SecondOrderArcs(Energy):
     """``L(mu) = -sum S[h,m,s] mu(h->m) mu(h->s) - sum G[g,h,m] mu(g->h) mu(h->m)`` (eq. 9 on second-order parts).
 
@@ -131,17 +140,17 @@ class SecondOrderArcs(Energy):
         self.grandparent = grandparent
         self.parts = parts
         self.shape = shape
-        self._cache: tuple | None = None      # (lengths, key, prepared terms, sources, lengths source)
+        self._cache: _Cache | None = None      # (lengths, key, prepared terms, sources, lengths source)
 
-    def _sources(self) -> tuple:
+    def _sources(self) -> _Sources:
         """The tensors the prepared terms are built from, each with its in-place version counter."""
         return tuple((t, _version(t)) for t in (self.sibling, self.grandparent, *(self.parts or ())))
 
     @staticmethod
-    def _same_sources(a: tuple, b: tuple) -> bool:
+    def _same_sources(a: _Sources, b: _Sources) -> bool:
         return len(a) == len(b) and all(ta is tb and va == vb for (ta, va), (tb, vb) in zip(a, b, strict=True))
 
-    def _terms(self, marginals: Marginals) -> tuple[Tensor, list]:
+    def _terms(self, marginals: Marginals) -> tuple[Tensor, list[_Term]]:
         """Head-major marginals and, per kind of part, its prepared scores: a masked dense tensor, or (with
         ``parts``) the index pairs of its two arcs and the part scores."""
         mu = marginals.node
@@ -160,7 +169,7 @@ class SecondOrderArcs(Energy):
                 self._same_sources(cached[4], ((lengths, _version(lengths)),)) or torch.equal(cached[0], lengths)):
             valid, _ = second_order_masks(lengths, a.shape[1])
             zero = torch.zeros((), dtype=mu.dtype, device=mu.device)
-            terms: list = []
+            terms: list[_Term] = []
             # with parts, each kind of scores given has its indices (checked in __init__)
             indices = self.parts or (None, None)
             for k, (t, idx) in enumerate(zip((self.sibling, self.grandparent), indices, strict=True)):

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 @contextmanager
-def figure(path: str, size: tuple[float, float]) -> Iterator:
+def figure(path: str, size: tuple[float, float]) -> Iterator[Axes]:
     """Yield the axes of a new ``size`` figure (Agg backend); on exit lay it out, save it to ``path`` at 120 dpi and
     close it."""
     import matplotlib

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ def _initial_model(grid: int, steps: int) -> TransitionModel:
 def run(grid: int = 10, steps: int = 10, population: int = 100_000, rate: float = 0.5, seasons: int = 1,
         noise: float = 0.0, seed: int = 0, compare: bool = False, learn: bool = False, out: str | None = None,
         schedule: str = "quasi_newton", progress: bool = False, echo: Callable[[str], None] = print,
-        device: str | torch.device = "cpu") -> dict:
+        device: str | torch.device = "cpu") -> dict[str, Any]:
     """Simulate an instance, solve (23), report; returns a JSON-ready dict (written to ``out/results.json``).
 
     ``device``: where the model, the instance and the solver live (e.g. ``"cuda"``).  The instance is drawn on
@@ -57,12 +58,12 @@ def run(grid: int = 10, steps: int = 10, population: int = 100_000, rate: float 
          f"population {population:,}, detection rate {rate}, {seasons} season(s)")
     res = map_counts(inst.potentials, inst.observed, rate, population)
     prior = population * LinearChain().marginals(inst.potentials).node
-    results: dict = {"grid": grid, "cells": cells, "s": cells * cells, "steps": steps, "population": population,
-                     "device": str(device), "rate": rate, "seasons": seasons, "noise": noise, "seed": seed,
-                     "objective": res.objective.tolist(), "iterations": res.iterations.tolist(),
-                     "converged": res.converged.tolist(), "seconds": res.seconds,
-                     "count_error": count_error(res.counts, inst.counts),
-                     "prior_count_error": count_error(prior, inst.counts)}
+    results: dict[str, Any] = {"grid": grid, "cells": cells, "s": cells * cells, "steps": steps,
+                               "population": population, "device": str(device), "rate": rate, "seasons": seasons,
+                               "noise": noise, "seed": seed, "objective": res.objective.tolist(),
+                               "iterations": res.iterations.tolist(), "converged": res.converged.tolist(),
+                               "seconds": res.seconds, "count_error": count_error(res.counts, inst.counts),
+                               "prior_count_error": count_error(prior, inst.counts)}
     echo(f"Bethe mirror descent: objective {res.objective.sum().item():.10f}, iterations "
          f"{int(res.iterations.max())}, {'converged' if bool(res.converged.all()) else 'NOT converged'}, "
          f"{res.seconds:.3f} s")

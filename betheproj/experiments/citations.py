@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -451,11 +451,11 @@ def nonlocal_tagger(model: NonLocalCRF, max_iter: int, fields: BIOFields | None 
 class _Row:
     dev: float
     test: float
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, progress: bool = False,
-        log: Callable[[str], None] | None = None, save: str | Path | None = None) -> dict:
+        log: Callable[[str], None] | None = None, save: str | Path | None = None) -> dict[str, Any]:
     """The whole experiment on the three splits; returns a JSON-ready dict of rows, curves and settings.
     ``save`` writes the trained non-local model there (see :func:`load_model`); a folder, or a path in a folder that
     takes no new file, is a ValueError before anything trains."""
@@ -564,7 +564,7 @@ def run(data: dict[str, list[Citation]], config: CitationConfig | None = None, p
     }
 
 
-def format_table(results: dict) -> str:
+def format_table(results: dict[str, Any]) -> str:
     """Table 1 with the paper's numbers beside ours."""
     check_type("results", results, dict, "the dict run() returns")
     lines = [f"{'segment F1 (%)':<28}{'dev':>8}{'test':>8}{'paper (test)':>14}"]
@@ -591,7 +591,7 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_iterations(results: dict, path: str) -> None:
+def plot_iterations(results: dict[str, Any], path: str) -> None:
     """Figure 1: test F1 against the maximum number of test-time inference iterations."""
     check_type("results", results, dict, "the dict run() returns")
     with figure(path, (5, 3.5)) as ax:
@@ -607,7 +607,7 @@ def plot_iterations(results: dict, path: str) -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.93))
 
 
-def plot_histogram(results: dict, path: str) -> None:
+def plot_histogram(results: dict[str, Any], path: str) -> None:
     """Figure 2: histogram of the iterations each test citation took to converge (capped at ``max_iter``)."""
     check_type("results", results, dict, "the dict run() returns")
     its = results["test_iterations_to_converge"]

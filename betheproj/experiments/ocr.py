@@ -22,6 +22,7 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -245,7 +246,7 @@ class FoldResult:
 
 
 def energy_model(key: str, base: LinearChainCRF, protos: Tensor, proto_lengths: Tensor, unigrams: Tensor,
-                 config: OCRConfig, bandwidth: float) -> tuple[NonLocalCRF, dict]:
+                 config: OCRConfig, bandwidth: float) -> tuple[NonLocalCRF, dict[str, Any]]:
     """The non-local model of row ``key`` (``Lu``, ``Lu-mm``, ``Lw``, ``Lw-mm``) on a copy of ``base``, and the
     options of Algorithm 3 (:func:`~betheproj.learning.train.fit_doubly_stochastic`) that train it."""
     if key not in ENERGY_ROWS:
@@ -426,7 +427,7 @@ def check_folds(data: OCRData, folds: Sequence[int], rows: Sequence[str] = ()) -
 
 def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[str] = tuple(ROWS),
         config: OCRConfig | None = None, progress: bool = False,
-        log: Callable[[str], None] | None = None, device: str | torch.device = "cpu") -> dict:
+        log: Callable[[str], None] | None = None, device: str | torch.device = "cpu") -> dict[str, Any]:
     """Every requested fold (on ``device``); returns a JSON-ready dict with the per-fold results and the means."""
     config = _check_config(config)
     device = check_device("device", device)
@@ -446,7 +447,7 @@ def run(data: OCRData, folds: Sequence[int] = tuple(range(10)), rows: Sequence[s
             "threads": torch.get_num_threads(), "device": str(device)}
 
 
-def format_table(results: dict) -> str:
+def format_table(results: dict[str, Any]) -> str:
     """Table 3's layout: each row's mean accuracy over the folds beside the paper's and the yardsticks."""
     check_type("results", results, dict, "the dict run() returns")
     folds = results["folds"]
@@ -465,7 +466,7 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_iterations(results: dict, path: str) -> None:
+def plot_iterations(results: dict[str, Any], path: str) -> None:
     """Figure 1: test accuracy against the maximum number of test-time inference iterations."""
     check_type("results", results, dict, "the dict run() returns")
     iters = results["config"]["test_iters"]
@@ -483,7 +484,7 @@ def plot_iterations(results: dict, path: str) -> None:
         ax.legend()
 
 
-def plot_histogram(results: dict, path: str) -> None:
+def plot_histogram(results: dict[str, Any], path: str) -> None:
     """Figure 2: histogram of the iterations each test word took to converge."""
     check_type("results", results, dict, "the dict run() returns")
     keys = [r for r in ENERGY_ROWS if r in results["rows"]]

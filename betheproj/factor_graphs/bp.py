@@ -195,7 +195,8 @@ def belief_propagation(graph: FactorGraph, mode: str = "sum", *, schedule: str =
         raise ValueError(str(err)) from None
 
 
-def _init_messages(factors: Sequence[Factor], cards: Sequence[int], init: object, normalize: str) -> list:
+def _init_messages(factors: Sequence[Factor], cards: Sequence[int], init: object, normalize: str
+                   ) -> list[list[np.ndarray]]:
     if init is None:
         return [[normalise_log(np.zeros(cards[v]), normalize)[0] for v in f.variables] for f in factors]
     if isinstance(init, BPResult):
@@ -236,8 +237,8 @@ def _change(new: list[np.ndarray], old: list[np.ndarray]) -> float:
     return float(d.max()) if d.size else 0.0
 
 
-def _finish(graph: FactorGraph, mode: str, mu: list, converged: bool, iterations: int, history: list[float],
-            cavity: Callable[[int, int], np.ndarray]) -> BPResult:
+def _finish(graph: FactorGraph, mode: str, mu: list[list[np.ndarray]], converged: bool, iterations: int,
+            history: list[float], cavity: Callable[[int, int], np.ndarray]) -> BPResult:
     beliefs = []
     log_beliefs = []
     for v in range(graph.num_variables):

@@ -50,6 +50,11 @@ def maximize_linear(score: np.ndarray, **constraints: object) -> OptimizeResult:
     return res
 
 
+_Rows = tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[float]]
+"""Constraint rows of one kind (equalities or upper bounds): per row, the row index, columns and coefficients of
+its entries (an array each), and the right-hand sides."""
+
+
 class LPBuilder:
     """Accumulates the columns (bounds, objective) and sparse constraint rows of the LP relaxation.
 
@@ -63,8 +68,8 @@ class LPBuilder:
         self._upper: list[np.ndarray] = []
         self._score: list[np.ndarray] = []
         self.num_columns = 0
-        self._eq: tuple[list, list, list, list] = ([], [], [], [])
-        self._ub: tuple[list, list, list, list] = ([], [], [], [])
+        self._eq: _Rows = ([], [], [], [])
+        self._ub: _Rows = ([], [], [], [])
         self.factor_columns: dict[int, tuple[int | None, tuple[int, ...] | None]] = {}
         self._current: int | None = None
         for v in range(graph.num_variables):
@@ -87,7 +92,7 @@ class LPBuilder:
         return start
 
     @staticmethod
-    def _row(store: tuple, cols: np.ndarray, coefs: np.ndarray, rhs: float) -> None:
+    def _row(store: _Rows, cols: np.ndarray, coefs: np.ndarray, rhs: float) -> None:
         rows, cs, vals, b = store
         r = len(b)
         cols = np.asarray(cols, dtype=np.int64).reshape(-1)
@@ -109,7 +114,7 @@ class LPBuilder:
         if self._current is not None:
             self.factor_columns[self._current] = (start, shape)
 
-    def _matrix(self, store: tuple) -> tuple[coo_matrix | None, np.ndarray | None]:
+    def _matrix(self, store: _Rows) -> tuple[coo_matrix | None, np.ndarray | None]:
         rows, cols, vals, b = store
         if not b:
             return None, None

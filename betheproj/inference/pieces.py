@@ -60,7 +60,7 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     residual = torch.zeros(b, dtype=node.dtype, device=device)
     calls = b
     mu_node, log_z = base.node.clone(), _log_partition(base).clone()
-    edge_from: list = []                                 # (examples, their winning rows' edge marginals) if any
+    edge_from: list[tuple[torch.Tensor, Marginals, torch.Tensor]] = []   # (examples, their rows' marginals, winners)
     for rows, piece in parts:                            # the parts' examples are disjoint
         if not rows.numel():
             continue

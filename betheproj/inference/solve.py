@@ -145,7 +145,7 @@ def _check_args(oracle: object, potentials: object, energy: object, method: str,
     return max_iter, tol, max_backtracks, beta, step, lipschitz, trust_region
 
 
-def check_options(oracle: object, potentials: object, energy: object, method: str, options: dict) -> None:
+def check_options(oracle: object, potentials: object, energy: object, method: str, options: dict[str, object]) -> None:
     """The arguments of ``solve(oracle, potentials, energy, method, **options)`` checked as :func:`solve` checks
     them (an unknown option is a ``TypeError``), without solving: for callers that may call it on no rows."""
     try:

@@ -29,7 +29,7 @@ class SegmentScores:
     per_field: dict[str, tuple[float, float, float, int]] = field(default_factory=dict)
 
 
-def _check_sequences(gold: object, predicted: object) -> tuple[Sequence, Sequence]:
+def _check_sequences(gold: object, predicted: object) -> tuple[Sequence[Sequence[str]], Sequence[Sequence[str]]]:
     """``gold`` and ``predicted`` as sequences of label sequences, as many of each."""
     if isinstance(gold, np.ndarray):                    # rows of a 2-D array of labels are its sequences
         gold = list(gold)
@@ -41,7 +41,7 @@ def _check_sequences(gold: object, predicted: object) -> tuple[Sequence, Sequenc
     return gold, predicted
 
 
-def _check_label_sequences(name: str, seqs: object) -> Sequence:
+def _check_label_sequences(name: str, seqs: object) -> Sequence[Sequence[str]]:
     """``seqs`` if it is a sequence of label sequences (not a string, a sequence of strings or an iterator)."""
     if not isinstance(seqs, Sequence) or isinstance(seqs, str) \
             or any(isinstance(s, str) or not (hasattr(s, "__len__") and hasattr(s, "__getitem__")) for s in seqs):
@@ -58,7 +58,8 @@ def _segments(name: str, i: int, labels: Sequence[str]) -> set[tuple[str, int, i
         raise type(err)(f"{name}[{i}]: {err}") from None
 
 
-def _segment_sets(gold: object, predicted: object) -> Iterator[tuple[set, set]]:
+def _segment_sets(gold: object, predicted: object
+                  ) -> Iterator[tuple[set[tuple[str, int, int]], set[tuple[str, int, int]]]]:
     """Each sequence's gold and predicted segment sets, the arguments checked (a length mismatch names the
     sequence)."""
     gold, predicted = _check_sequences(gold, predicted)

@@ -93,8 +93,8 @@ def _check_valid_labels(model: NonLocalCRF, features: Tensor, labels: Tensor, le
 class _Validator:
     """Evaluates ``metric`` on the validation set, keeps the best ``state_dict``, counts evaluations since."""
 
-    def __init__(self, model: NonLocalCRF, valid: tuple[Tensor, Tensor, Tensor] | None, metric: Callable,
-                 patience: int | None, history: History):
+    def __init__(self, model: NonLocalCRF, valid: tuple[Tensor, Tensor, Tensor] | None,
+                 metric: Callable[[Tensor, Tensor, Tensor], float], patience: int | None, history: History):
         if patience is not None:
             check_count("patience", patience)
             if valid is None:
@@ -111,7 +111,7 @@ class _Validator:
                 raise ValueError("valid holds no examples (B = 0)")
             _check_valid_labels(model, *valid)
         self.model, self.valid, self.metric, self.patience, self.history = model, valid, metric, patience, history
-        self.best_state: dict | None = None
+        self.best_state: dict[str, Tensor] | None = None
         self.bad = 0
 
     def __call__(self, step: int) -> bool:

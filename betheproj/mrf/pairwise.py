@@ -443,7 +443,7 @@ def _check_enumerable(cards: Sequence[int], max_configurations: int) -> None:
                          "use lp_map or lbp_map")
 
 
-def _label_names(name: str, labels: object) -> list:
+def _label_names(name: str, labels: object) -> list[Hashable]:
     """``labels`` as a list: a sequence (not a string) or a one-dimensional array or tensor of names."""
     if hasattr(labels, "tolist") and hasattr(labels, "shape"):            # a NumPy array or a torch tensor
         if len(labels.shape) != 1:

@@ -9,7 +9,7 @@ parent array is ``[-1, 0, 1, ..., N-2]``.  Positions at or past ``lengths[b]`` a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NoReturn, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, Literal, NoReturn, Protocol, TypeVar, cast, overload, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -204,6 +204,13 @@ def _sum_shifts(*terms: tuple[Tensor, int]) -> tuple[Tensor, Tensor]:
         big, small = _split_add(big, small, *_split_sum(x, dim))
     return big, small
 
+
+@overload
+def _max_shifted(pot: PairwisePotentials, errors: Literal[True] = True
+                 ) -> tuple[PairwisePotentials, tuple[Tensor, Tensor], Tensor, Tensor]: ...
+@overload
+def _max_shifted(pot: PairwisePotentials, errors: bool
+                 ) -> tuple[PairwisePotentials, tuple[Tensor, Tensor], Tensor | None, Tensor | None]: ...
 
 def _max_shifted(pot: PairwisePotentials, errors: bool = True) -> tuple[PairwisePotentials, tuple[Tensor, Tensor],
                                                                           Tensor | None, Tensor | None]:

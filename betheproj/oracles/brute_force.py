@@ -67,7 +67,8 @@ class BruteForce:
             score = score + edge[child - 1, ys[:, parents[1:]], ys[:, child]].sum(-1)
         return ys, score
 
-    def _relative_scores(self, shifted: tuple, b: int) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
+    def _relative_scores(self, shifted: tuple[PairwisePotentials, tuple[Tensor, Tensor], Tensor, Tensor],
+                         b: int) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
         """All labellings [K, L] of example ``b`` of :func:`~betheproj.oracles.base._max_shifted` potentials
         ``shifted``, their scores less the best one [K], and the best score (with the shift) in two parts.
 

@@ -75,7 +75,7 @@ class LinearChain:
     per_example_edges = True      # the solvers may hand it such views (see betheproj.inference.solve)
 
     def __init__(self) -> None:
-        self._cache: tuple | None = None
+        self._cache: tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor] | None] | None = None
 
     def marginals(self, potentials: PairwisePotentials) -> Marginals:
         """Node and edge marginals and ``log Z`` (eq. 1's optimum); edge marginals are computed on access.
@@ -520,7 +520,6 @@ def _log_forward_backward(pot: PairwisePotentials) -> tuple[_LogState, Tensor]:
     forward and backward log-messages [B, N, C] in two parts (see :func:`~betheproj.oracles.base._split_add`),
     re-centred at every position, beside the shifted potentials and their rounding errors; and ``log Z`` [B]."""
     sub, shift, node_err, edge_err = _max_shifted(pot)
-    assert node_err is not None and edge_err is not None          # kept by _max_shifted's default errors=True
     node, edge, lengths = sub.node, sub.edge, sub.lengths
     b, n, c = node.shape
     zero = torch.zeros((), dtype=node.dtype, device=node.device)

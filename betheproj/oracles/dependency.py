@@ -221,8 +221,9 @@ class DependencyMarginals(Marginals):
 
     log_partition: Tensor         # always given (``Marginals.log_partition`` may be None)
 
-    def __init__(self, node: Tensor, log_partition: Tensor, lengths: Tensor, theta: Tensor, structure: tuple,
-                 shift: Tensor | None = None, shifted_log_partition: Tensor | None = None):
+    def __init__(self, node: Tensor, log_partition: Tensor, lengths: Tensor, theta: Tensor,
+                 structure: tuple[str, bool], shift: Tensor | None = None,
+                 shifted_log_partition: Tensor | None = None):
         b, n, c = node.shape
         super().__init__(node, lambda: node.new_zeros(b, n - 1, c, c), log_partition, lengths)
         self.edge_sum = lambda weights: node.new_zeros(c, c)
@@ -438,7 +439,7 @@ class _DependencyOracle:
             return self._conjugate_entropy(mu.double().clamp_min(0.0), lengths, torch.finfo(mu.dtype).eps,
                                            start=None if start is None else start.double()).clamp_min(0.0).to(mu.dtype)
 
-    def _structure(self) -> tuple:
+    def _structure(self) -> tuple[str, bool]:
         return (type(self).__name__, self.single_root)
 
     def _conjugate_entropy(self, mu: Tensor, lengths: Tensor, eps: float, max_iter: int = 50,

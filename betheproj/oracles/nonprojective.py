@@ -265,7 +265,8 @@ def _fast_matrix_tree(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Te
     return log_z, marg.clamp_min_(0.0), ok
 
 
-def _fast_parts(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor, Tensor, tuple]:
+def _fast_parts(s: Tensor, lengths: Tensor, single_root: bool
+                ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]]:
     """The fast path's ``log Z`` [B], marginals (head-major, not clamped), whether each example passed its checks,
     and ``(root, words, keep, inv, kappa, lu, piv)``: column-scaled arc weights, the rows the Laplacian keeps,
     ``L^{-1}``, ``L``'s 1-norm condition number [B] and its LU factorisation."""

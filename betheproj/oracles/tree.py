@@ -119,7 +119,9 @@ class Tree:
         rounds = [[r.to(node.device) for r in rs] for rs in self.rounds]
         return node, node_err, shifted.edge, edge_err, valid, parents, levels, rounds, shift
 
-    def _upward(self, pot: PairwisePotentials) -> tuple:
+    def _upward(self, pot: PairwisePotentials
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, list[Tensor], Tensor, Tensor, Tensor,
+                           Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Inside scores and upward messages in two parts (see :func:`~betheproj.oracles.base._split_add`), each
         message re-centred; the sums of children's messages split into finite part and -inf count (to exclude
         one exactly); ``log Z`` [B]."""

@@ -12,11 +12,14 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import numpy as np
+
+    from ..cli import _Parser
     from ..data.conllu import Sentence
     from .parser import DependencyParser
     from .second_order import SecondOrderParser
@@ -40,7 +43,7 @@ _DECODING: dict[str, _DecodingOptions] = {"mean_field": {"max_iter": 10},
                                           "loopy_bp": {"max_iter": 20, "damping": 0.3}}   # chosen on dev
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def register(subparsers: argparse._SubParsersAction[_Parser]) -> argparse.ArgumentParser:
     """Add ``parse {train,eval,predict}`` to ``subparsers`` (of the ``betheproj`` parser); returns its parser."""
     from ..cli import _path, _seed
 
@@ -142,7 +145,7 @@ def _output_path(value: str, option: str, inputs: dict[str, str | None]) -> Path
     return out
 
 
-def _require_scorable(data: list, option: str, path: str, punct: bool = False) -> None:
+def _require_scorable(data: list[Sentence], option: str, path: str, punct: bool = False) -> None:
     """``ValueError`` when ``data`` (read from ``option`` ``path``) has no word with a gold HEAD to score."""
     from .metrics import scorable_words
 
@@ -151,7 +154,7 @@ def _require_scorable(data: list, option: str, path: str, punct: bool = False) -
         raise ValueError(f"{option} {path} has no words with a gold HEAD{scope}")
 
 
-def _read_state(path: str) -> dict:
+def _read_state(path: str) -> dict[str, Any]:
     """The saved state of an arc-factored or a second-order model, whichever ``path`` holds (read once)."""
     from . import parser, second_order
 
@@ -185,7 +188,7 @@ def _load_first(path: str) -> DependencyParser:
     return first
 
 
-def _check_memory(data: list, option: str, path: str, second_order: bool = False) -> None:
+def _check_memory(data: list[Sentence], option: str, path: str, second_order: bool = False) -> None:
     """``ValueError`` naming ``option``, ``path`` and the line of the longest sentence of ``data`` when parsing it
     (its arcs' features; with ``second_order`` the dense part tables of second-order decoding) cannot fit in this
     machine's memory (or under a container's or ``ulimit -v``'s limit: :func:`betheproj.cli._memory_limit`)."""
@@ -220,7 +223,8 @@ def _check_decoding(parser: DependencyParser | SecondOrderParser, args: argparse
         raise ValueError(f"--decoder applies to second-order models; {args.model} is an arc-factored model")
 
 
-def _heads(parser: DependencyParser | SecondOrderParser, data: list[Sentence], args: argparse.Namespace) -> list:
+def _heads(parser: DependencyParser | SecondOrderParser, data: list[Sentence], args: argparse.Namespace
+           ) -> list[np.ndarray]:
     from .second_order import SecondOrderParser
 
     if isinstance(parser, SecondOrderParser):

@@ -170,7 +170,7 @@ class ArcFeatures:
         """``K``: feature ids per arc."""
         return 2 * len(self.templates) + 1 + len(UPOS_TAGS)
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, int | bool]:
         return {"bits": self.bits, "lowercase": self.lowercase, "xpos": self.xpos, "context": self.context}
 
     def __call__(self, sentence: Sentence) -> np.ndarray:

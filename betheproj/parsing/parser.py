@@ -37,7 +37,7 @@ FORMAT = "betheproj-dependency-parser"
 VERSION = 1
 
 
-def read_model(path: str | Path, formats: dict[str, int], what: str) -> dict:
+def read_model(path: str | Path, formats: dict[str, int], what: str) -> dict[str, Any]:
     """The ``torch.save``d state at ``path``, checked to carry one of the headers ``formats`` (format name ->
     version); ``what`` names the kind of file in the errors."""
     p = Path(path)
@@ -211,7 +211,7 @@ class DependencyParser:
         self.projective = check_bool("projective", projective)
         self.single_root = check_bool("single_root", single_root)
         self.weights: Tensor | None = None
-        self.info: dict = {}
+        self.info: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------------ config
     @property
@@ -223,11 +223,11 @@ class DependencyParser:
             return Projective(single_root=self.single_root)
         return GreedyFirst(NonProjective(single_root=self.single_root))
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, int | bool]:
         return {**self.features.config(), "projective": self.projective, "single_root": self.single_root}
 
     @classmethod
-    def from_config(cls, cfg: dict) -> DependencyParser:
+    def from_config(cls, cfg: dict[str, Any]) -> DependencyParser:
         """An untrained parser with the configuration :meth:`config` returned."""
         if not isinstance(cfg, dict):
             raise TypeError(f"cfg must be the dict that config() returned, got {type(cfg).__name__}")
@@ -389,7 +389,7 @@ class DependencyParser:
         return cls.from_state(read_model(path, {FORMAT: VERSION}, "parser model file"), path)
 
     @classmethod
-    def from_state(cls, state: dict, path: str | Path) -> DependencyParser:
+    def from_state(cls, state: dict[str, Any], path: str | Path) -> DependencyParser:
         """The parser a state read by :func:`read_model` describes (``path`` names it in errors)."""
         if not isinstance(state, dict):
             raise ValueError(f"{path}: a malformed parser model (a {type(state).__name__}, not a dict of fields)")

@@ -67,7 +67,7 @@ class SecondOrderFeatures:
     def num_features(self) -> int:
         return 1 << self.bits
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, int | bool]:
         return {"bits": self.bits, "lowercase": self.lowercase, "context": self.context}
 
     def tokens(self, sentences: Sequence[Sentence]) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -33,7 +33,7 @@ class Candidates:
     ids: np.ndarray
     lengths: np.ndarray
     recall: float              # share of gold heads kept (non-punctuation words with a gold head), NaN if none
-    features: dict | None = None
+    features: dict[str, int | bool] | None = None
 
     def rows(self, i: int) -> slice:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))

@@ -105,7 +105,7 @@ class SecondOrderParser:
         self.pruner = first.weights.to(torch.float64).clone()          # fixed: the first-order model prunes
         self.w1 = self.pruner.clone()
         self.w2 = torch.zeros(self.features.num_features, dtype=torch.float64)
-        self.info: dict = {}
+        self.info: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------------ batches
     def _batch(self, sentences: Sequence[Sentence], cands: Candidates, idx: list[int], gold: bool) -> _Batch:
@@ -281,7 +281,7 @@ class SecondOrderParser:
             raise TypeError(f"candidates must be Candidates (from prune), got {type(candidates).__name__}")
         mine = self.first.features.config()
         if candidates.features is not None and candidates.features != mine:
-            def show(cfg: dict) -> str:
+            def show(cfg: dict[str, int | bool]) -> str:
                 return ", ".join(f"{k}={v}" for k, v in cfg.items())
 
             raise ValueError(f"candidates were pruned with other first-order features ({show(candidates.features)}; "
@@ -337,7 +337,7 @@ class SecondOrderParser:
         return cls.from_state(read_model(path, {FORMAT: VERSION}, "second-order parser model"), path)
 
     @classmethod
-    def from_state(cls, state: dict, path: str | Path = "the model") -> SecondOrderParser:
+    def from_state(cls, state: dict[str, Any], path: str | Path = "the model") -> SecondOrderParser:
         """The parser a state read by :func:`~betheproj.parsing.parser.read_model` describes (``path`` names it
         in errors)."""
         try:
