@@ -20,9 +20,8 @@ from typing import Any
 import torch
 
 from ..energies.base import Energy
-from ..oracles.base import Marginals, Oracle, PairwisePotentials
+from ..oracles.base import Marginals, Oracle, PairwisePotentials, _log_partition_of
 from .solve import Solution, check_options, check_oracle, solve
-from .state import _log_partition
 
 __all__ = ["solve_global"]
 
@@ -52,14 +51,14 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
     remainder = getattr(energy, "remainder", None)
     if callable(remainder):
         parts.append(remainder(potentials.lengths))
-    best = -_log_partition(base).clone()                 # zero energy: f = -H_B - <theta, mu> = -log Z
+    best = -_log_partition_of(base).clone()                 # zero energy: f = -H_B - <theta, mu> = -log Z
     node, edge = potentials.node.clone(), potentials.edge
     iterations = torch.zeros(b, dtype=torch.long, device=device)
     converged = torch.ones(b, dtype=torch.bool, device=device)
     safeguarded = torch.zeros(b, dtype=torch.bool, device=device)
     residual = torch.zeros(b, dtype=node.dtype, device=device)
     calls = b
-    mu_node, log_z = base.node.clone(), _log_partition(base).clone()
+    mu_node, log_z = base.node.clone(), _log_partition_of(base).clone()
     edge_from: list[tuple[torch.Tensor, Marginals, torch.Tensor]] = []   # (examples, their rows' marginals, winners)
     for rows, piece in parts:                            # the parts' examples are disjoint
         if not rows.numel():
@@ -81,7 +80,7 @@ def solve_global(oracle: Oracle, potentials: PairwisePotentials, energy: Energy,
             edge[examples] = sol.potentials.edge[won]
         # the winners' own marginals: the point each objective was measured at (the accelerated method's is
         # not oracle(potentials) unless it converged)
-        mu_node[examples], log_z[examples] = sol.marginals.node[won], _log_partition(sol.marginals)[won]
+        mu_node[examples], log_z[examples] = sol.marginals.node[won], _log_partition_of(sol.marginals)[won]
         edge_from.append((examples, sol.marginals, won))
         iterations.scatter_reduce_(0, rows, sol.iterations, reduce="amax")
         converged &= iterations.new_zeros(b).index_add_(0, rows, (~sol.converged).long()) == 0

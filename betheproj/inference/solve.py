@@ -59,8 +59,8 @@ from torch import Tensor
 
 from .._checks import check_count, check_nonnegative, check_positive
 from ..energies.base import Energy
-from ..oracles.base import Marginals, Oracle, PairwisePotentials
-from .state import SolverState, _check_value, _log_partition, _objective_parts
+from ..oracles.base import Marginals, Oracle, PairwisePotentials, _log_partition_of
+from .state import SolverState, _check_value, _objective_parts
 
 __all__ = ["Solution", "solve", "objective", "METHODS"]
 
@@ -287,7 +287,7 @@ def _merge(sol: Solution, other: Solution, rows: Tensor) -> Solution:
 
     # edges not yet materialised (a dependency tree's all-zero placeholders) stay lazy
     mu = Marginals(pick(sol.marginals.node, other.marginals.node), edge() if sol.marginals.has_edge else edge,
-                   pick(_log_partition(sol.marginals), _log_partition(other.marginals)), sol.marginals.lengths)
+                   pick(_log_partition_of(sol.marginals), _log_partition_of(other.marginals)), sol.marginals.lengths)
     pot = sol.potentials
     other_edge = other.potentials.full_edge() if pot.edge.dim() == 4 else other.potentials.edge
     merged = pot.shifted(None, None)

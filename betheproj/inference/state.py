@@ -19,6 +19,7 @@ from ..oracles.base import (
     Marginals,
     Oracle,
     PairwisePotentials,
+    _log_partition_of,
     _unchecked,
     _whole_batch,
     edge_row_ends,
@@ -81,13 +82,6 @@ def _lerp(x: Tensor | None, y: Tensor | None, w: Tensor) -> Tensor | None:
         return None
     out = y - x                     # then in place: one new tensor (edge-sized state), the same rounding
     return out.mul_(w.reshape(-1, *([1] * (x.dim() - 1)))).add_(x)
-
-
-def _log_partition(m: Marginals) -> Tensor:
-    """The log-partition of marginals that carry one: an oracle's or a solution's (not the solver's own points,
-    :meth:`SolverState._point`)."""
-    assert m.log_partition is not None
-    return m.log_partition
 
 
 def _rows_all(x: Tensor) -> Tensor:
@@ -363,7 +357,7 @@ class SolverState:
         self.anchor_node, self.anchor_edge = torch.zeros_like(mu_node), zeros_edge()   # prox-centre
         self.gbar_node, self.gbar_edge = torch.zeros_like(mu_node), zeros_edge()       # gradient average since it
         self.since = torch.zeros(b, dtype=torch.long, device=device)              # iterations since the centre
-        self.log_z = _log_partition(mu0).clone()
+        self.log_z = _log_partition_of(mu0).clone()
         self.support = base.node > 0                                               # where theta allows mass
         self.allowed_node, self.allowed_edge = self._underflowed(oracle, potentials, base)
         self.rounding_only = None   # entries whose marginals are rounding: no configuration theta allows uses them
@@ -678,7 +672,7 @@ class SolverState:
         self.calls += int(rows.numel())
         pot = self.shift(self.theta.index(rows), dn, de)
         m = self.oracle.marginals(pot)
-        log_z = _log_partition(m)
+        log_z = _log_partition_of(m)
         if self.method == "accelerated":
             w = cw[pending]
             m_edge = m.edge if self.need_edges else None
@@ -822,7 +816,7 @@ class SolverState:
             if self.edge_offsets:
                 assert self.gbar_edge is not None and trial.ge is not None
                 self.gbar_edge[r] = trial.ge[ok]
-        log_z = _log_partition(m)
+        log_z = _log_partition_of(m)
         self.log_z[r] = log_z[ok]                   # log Z at the last accepted oracle point
         if self.method == "accelerated":
             assert trial.f_nu is not None

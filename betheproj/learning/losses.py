@@ -41,6 +41,7 @@ from .._checks import check_bool, check_nonnegative, check_real
 from ..oracles.base import (
     Oracle,
     PairwisePotentials,
+    _log_partition_of,
     _unchecked,
     check_potentials,
     has_pairwise_factors,
@@ -242,9 +243,7 @@ def loss_and_gradient(oracle: Oracle, potentials: PairwisePotentials, gold: Tens
                       - _edge_indicators(potentials, y, parents, shared, pairwise) if edge else None)
         else:
             mu = oracle.marginals(aug)
-            log_z = mu.log_partition
-            assert log_z is not None                    # an oracle's marginals carry log Z
-            value = log_z / beta - gold_score
+            value = _log_partition_of(mu) / beta - gold_score
             g_node = mu.node - _node_indicators(potentials, y)
             g_edge = None
             if edge:

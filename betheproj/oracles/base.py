@@ -342,6 +342,13 @@ class Marginals:
         return f"Marginals(node={tuple(self.node.shape)}, dtype={self.node.dtype})"
 
 
+def _log_partition_of(m: Marginals) -> Tensor:
+    """``m.log_partition`` of marginals that carry one: an oracle's or a solution's (not the solver's own points,
+    :meth:`~betheproj.inference.state.SolverState._point`, whose ``log_partition`` is ``None``)."""
+    assert m.log_partition is not None
+    return m.log_partition
+
+
 def check_potentials(potentials: object) -> PairwisePotentials:
     """``potentials`` if it is a :class:`PairwisePotentials` (``ChainPotentials``), else a ``TypeError``."""
     if not isinstance(potentials, PairwisePotentials):
@@ -527,8 +534,7 @@ class _LogPartition(torch.autograd.Function):
         mu = oracle.marginals(_unchecked(PairwisePotentials, node, edge, lengths))
         ctx.mu, ctx.shared = mu, edge.dim() == 2
         ctx.save_for_backward(node, edge)
-        assert mu.log_partition is not None                     # an oracle's marginals carry log Z
-        return mu.log_partition
+        return _log_partition_of(mu)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, Tensor, None]:

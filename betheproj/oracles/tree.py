@@ -27,6 +27,7 @@ from .base import (
     Marginals,
     PairwisePotentials,
     _finite_max,
+    _log_partition_of,
     _max_shifted,
     _recentre,
     _split_add,
@@ -183,8 +184,7 @@ class Tree:
             if slow.numel() == ok.numel():
                 return self._exact(pot)
             exact = self._exact(pot.index(slow), examples=slow)
-            assert exact.log_partition is not None                  # the exact recursion's marginals carry log Z
-            node_marg[slow], log_z[slow] = exact.node, exact.log_partition
+            node_marg[slow], log_z[slow] = exact.node, _log_partition_of(exact)
 
         @torch.no_grad()
         def edge_marginals() -> Tensor:
