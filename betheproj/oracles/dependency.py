@@ -14,12 +14,14 @@ and ``+inf`` are refused anywhere); other ``-inf`` entries are forbidden arcs.
 
 Both optionally restrict the root to a single child (``single_root=True``).
 
-Range: the scores are shifted by each word's best arc (a constant per word, which only rescales Z), and a tree's
-O(1) score differences are then resolved to about ``eps`` times the penalty every tree pays below those best arcs
-(``|log Z|`` of the shifted scores).  Marginals, MAP and entropy are exact however large the scores while some
-tree pays little (as usual); where every tree must take arcs far below their words' best (two words whose best
-arcs form a cycle, each 1e17 above the alternatives), differences smaller than that penalty times ``eps`` are lost
-(at 1e17 in float64 or 1e8 in float32 every O(1) one).  The chain and tree oracles keep them up to ``~1/eps^2``
+Range: the scores are shifted by each word's best arc (a constant per word, which only rescales Z) and, with
+``single_root``, by each word's best word head, then the root row by its best arc (every such tree takes one root
+arc: a constant the root row shares, such as a root penalty, is absorbed too).  A tree's O(1) score differences are
+then resolved to about ``eps`` times the penalty every tree pays below those best arcs (``|log Z|`` of the shifted
+scores).  Marginals, MAP and entropy are exact however large the scores while some tree pays little (as usual);
+where every tree must take arcs far below their words' best (two words whose best arcs form a cycle, each 1e17
+above the alternatives), differences smaller than that penalty times ``eps`` are lost (at 1e17 in float64 or 1e8
+in float32 every O(1) one).  The chain and tree oracles keep them up to ``~1/eps^2``
 (two-part sums); here the matrix-tree determinant and Eisner's chart do not.
 
 This module holds the shared parts: the conversions, the oracle base class and the entropy.  The functional
@@ -42,6 +44,7 @@ from .base import (
     _finite_max,
     _first_order_only,
     _split_sum,
+    _two_sum,
     _unchecked,
     check_degree_args,
     log_partition,
@@ -126,16 +129,6 @@ def _prepare(scores: object, lengths: object) -> tuple[Tensor, Tensor]:
     return _mask_head_major(scores, lengths), lengths
 
 
-def _check_range(s: Tensor, top: Tensor | None = None) -> None:
-    """``ValueError`` where two allowed arcs into one word differ by more than the dtype's range: shifted by its
-    column's best score (as the inside algorithms here are), the lower would read as forbidden, and a sentence
-    whose trees all need such an arc as having no tree.  ``top``: the column maxima, if the caller has them."""
-    with torch.no_grad():
-        if bool((torch.isneginf(s - (_column_max(s) if top is None else top)) & torch.isfinite(s)).any()):
-            raise ValueError(f"arc scores into one word differ by more than {s.dtype}'s range (an allowed arc "
-                             f"would read as forbidden): rescale the scores")
-
-
 def _arc_mask(lengths: Tensor, c: int) -> Tensor:
     """[B, C, C] True at the arcs ``h -> m`` that exist: ``1 <= m <= n``, ``0 <= h <= n``, ``h != m``."""
     pos = torch.arange(c, device=lengths.device)
@@ -197,18 +190,36 @@ def _differentiable(scores: Tensor, log_z: Tensor, marginals: Tensor) -> Tensor:
 
 # --------------------------------------------------------------------------------------------------- oracle base
 
-def _column_max(s: Tensor) -> Tensor:
-    """Each modifier's best arc score [B, 1, N+1] in head-major scores [B, N+1, N+1] (0 where it has none):
-    every tree takes one arc into each word, so shifting a column by it only rescales Z."""
-    return _finite_max(s, 1)
+def _root_arcs(root: Tensor, err: Tensor, row: Tensor) -> Tensor:
+    """Root arcs less their columns' constants (``root``, rounded, and its rounding error ``err``) less the root
+    row's ``row``: ``root - row`` is exact where both are huge (Sterbenz), so the O(1) part ``err`` that the first
+    subtraction rounded away comes back."""
+    return (root - row) + err
 
 
-def _shifted_columns(s: Tensor) -> tuple[Tensor, Tensor]:
-    """Head-major scores with each modifier's column less its best arc (range-checked, :func:`_check_range`), and
-    those maxima [B, N] of words ``1..N``: ``log Z`` is the shifted one plus their sum."""
-    top = _column_max(s)
-    _check_range(s, top)
-    return s - top, top[:, 0, 1:]
+def _shifted_columns(s: Tensor, single_root: bool = False) -> tuple[Tensor, Tensor]:
+    """Head-major scores [B, N+1, N+1] less a constant per modifier column and, with ``single_root``, one for the
+    root row, and those constants [B, N+1] (``[:, 0]`` the root row's, 0 without ``single_root``; ``[:, m]``
+    column ``m``'s): every tree takes one arc into each word (and with ``single_root`` one out of the root), so
+    ``log Z`` is the shifted one plus their sum.  A column's constant is its best arc (without ``single_root``) or
+    best word head (0 where it has none), the root row's its best arc after that: a tree's penalty below them is
+    never larger than below the columns' best arcs, and a constant the root row shares costs nothing.
+    ``ValueError`` where an allowed arc's shifted score overflows (two allowed arcs differ by more than the
+    dtype's range: the lower would read as forbidden, and a sentence whose trees all need it as having no tree)."""
+    if single_root:
+        top = _finite_max(s[:, 1:], 1)                                     # [B, 1, N+1]: best word heads
+        root, err = _two_sum(s[:, :1], -top)
+        row = _finite_max(root, 2)                                         # [B, 1, 1]
+        shifted = torch.cat([_root_arcs(root, err, row), s[:, 1:] - top], 1)
+        shift = torch.cat([row[:, 0], top[:, 0, 1:]], 1)
+    else:
+        top = _finite_max(s, 1)
+        shifted = s - top
+        shift = torch.cat([torch.zeros_like(top[:, 0, :1]), top[:, 0, 1:]], 1)
+    if bool((torch.isfinite(s) & ~torch.isfinite(shifted)).any()):
+        raise ValueError(f"arc scores differ by more than {s.dtype}'s range (an allowed arc would read as "
+                         f"forbidden): rescale the scores")
+    return shifted, shift
 
 
 class DependencyMarginals(Marginals):
@@ -229,15 +240,22 @@ class DependencyMarginals(Marginals):
         self.edge_sum = lambda weights: node.new_zeros(c, c)
         self.theta = theta            # [B, N, N+1], -inf at ignored or forbidden arcs
         self.structure = structure
-        # [B, N]: each modifier's largest arc score, and log Z less their sum: every tree takes one head per
-        # modifier, so log Z - <theta, mu> is exact as (log Z - sum shift) - <theta - shift, mu>, both O(1)
-        # where theta is large (float32 rounds log Z itself at |theta| = 1e4 to 0.008)
+        # [B, N+1]: the root row's and each modifier column's constant (_shifted_columns), and log Z less their
+        # sum: every tree takes one head per modifier (and with one root child one root arc), so log Z - <theta,
+        # mu> is exact as (log Z - sum shift) - <theta - shift, mu>, both O(1) where theta is large (float32
+        # rounds log Z itself at |theta| = 1e4 to 0.008)
         if shift is None and shifted_log_partition is None:
-            shift, shifted_log_partition = torch.zeros_like(log_partition)[:, None].expand(b, n), log_partition
+            shift, shifted_log_partition = torch.zeros_like(log_partition)[:, None].expand(b, c), log_partition
         elif shift is None or shifted_log_partition is None:
             raise ValueError("give shift and shifted_log_partition together")
         self.shift = shift
         self.shifted_log_partition = shifted_log_partition
+
+    def shifted_theta(self) -> Tensor:
+        """``theta`` [B, N, N+1] less the root row's and the columns' constants (``shift``)."""
+        root, err = _two_sum(self.theta[..., :1], -self.shift[:, 1:, None])      # as _shifted_columns does
+        return torch.cat([_root_arcs(root, err, self.shift[:, :1, None]),
+                          self.theta[..., 1:] - self.shift[:, 1:, None]], -1)
 
 
 def _damped_step(evals: Tensor, evecs: Tensor, g_eig: Tensor, g: Tensor, cut: Tensor, lam: Tensor,
@@ -329,7 +347,7 @@ class _DependencyOracle:
         differentiable (as the chain's): :meth:`log_partition` is the differentiable ``log Z``."""
         scores, lengths = self._scores(potentials)
         scores = scores.detach()          # else log Z and the entropy would carry the column shifts' gradient
-        shifted, shift = _shifted_columns(scores)
+        shifted, shift = _shifted_columns(scores, self.single_root)
         with torch.no_grad():
             shifted_log_z, marg = self._marginals_core(shifted, lengths)
         node = marg[:, :, 1:].transpose(1, 2).contiguous()
@@ -421,7 +439,7 @@ class _DependencyOracle:
         if c != n + 1:
             raise ValueError(f"marginals.node must be arc marginals [B, N, N+1], got {tuple(marginals.node.shape)}")
         if isinstance(marginals, DependencyMarginals) and marginals.structure == self._structure():
-            mu, theta = marginals.node, marginals.theta - marginals.shift[..., None]
+            mu, theta = marginals.node, marginals.shifted_theta()
             lin = torch.where(mu > 0, theta * mu, torch.zeros((), dtype=mu.dtype, device=mu.device))
             # rounding of log Z - <theta, mu> leaves ~eps below 0 for one-tree inputs
             return (marginals.shifted_log_partition - lin.flatten(1).sum(-1)).clamp_min(0.0)

@@ -39,7 +39,6 @@ from torch import Tensor
 from .._checks import check_real
 from .base import PairwisePotentials, _split_sum, _unchecked
 from .dependency import (
-    _check_range,
     _DependencyOracle,
     _differentiable,
     _lse,
@@ -67,9 +66,9 @@ def matrix_tree(scores: Tensor, lengths: Tensor, single_root: bool = False) -> t
         raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
     masked, lengths = _prepare(scores, lengths)
     with torch.no_grad():
-        # shifted by the column maxima as the oracle does: the exact path works on the scores themselves, where
-        # a huge column (1e15) would round away the O(1) differences that decide the marginals
-        shifted, shift = _shifted_columns(masked)
+        # shifted as the oracle does (_shifted_columns): the exact path works on the scores themselves, where a
+        # huge column or root row (1e15) would round away the O(1) differences that decide the marginals
+        shifted, shift = _shifted_columns(masked, single_root)
         log_z, marg = _matrix_tree(shifted, lengths, single_root)
         big, small = _split_sum(shift)
         log_z = big + (small + log_z)
@@ -98,7 +97,7 @@ def log_arc_marginals(scores: Tensor, lengths: Tensor, single_root: bool = False
         rtol = max(1e-6, torch.finfo(masked.dtype).eps ** 0.5)
     rtol = check_real("rtol", rtol, 0.0, low_open=True)
     with torch.no_grad():
-        shifted, shift = _shifted_columns(masked)
+        shifted, shift = _shifted_columns(masked, single_root)
         log_z, marg, ok, (root, words, keep, inv, kappa, lu, piv) = _fast_parts(shifted, lengths, single_root)
         slow = torch.nonzero(~ok).flatten()
         if slow.numel():
@@ -532,19 +531,20 @@ def _root_bounds(terms: np.ndarray, roots: np.ndarray) -> np.ndarray:
 
 
 def _best_tree(s: np.ndarray, single_root: bool) -> np.ndarray | None:
-    """:func:`chu_liu_edmonds` on a float64 array it may modify: heads [n+1] (``heads[0] = -1``) or ``None``."""
+    """:func:`chu_liu_edmonds` on scores shifted by :func:`~betheproj.oracles.dependency._shifted_columns` (the
+    same ``single_root``; a float64 array it may modify): heads [n+1] (``heads[0] = -1``) or ``None``."""
     s[:, 0] = -np.inf
     np.fill_diagonal(s, -np.inf)
     v = s.shape[0]
     best = _cle(s)
     if single_root and best is not None and (best[1:] == 0).sum() != 1:
         # the unconstrained optimum has several root children: try each root child (it is optimal otherwise)
-        # every tree takes one arc per column, so totals are compared column-shifted by the column maxima: a
-        # huge column (1e20 for every head) would absorb the O(1) scores of the others in a raw sum (halves: the
-        # difference of two finite scores cannot overflow).  Root children are tried best bound first, and
-        # those whose bound is below the best total found are not tried; ties go to the first root child.
-        top = s.max(axis=0)
-        terms = s / 2 - np.where(np.isfinite(top), top, 0.0) / 2
+        # every tree takes one arc per column (and here one root arc), so the scores, shifted as the marginals'
+        # are (_shifted_columns), leave O(1) totals where some tree pays little: a huge column (1e20 for every
+        # head) or root row would absorb the O(1) scores of the others in a raw sum (halves: a sum of scores
+        # cannot overflow).  Root children are tried best bound first, and those whose bound is below the best
+        # total found are not tried; ties go to the first one.
+        terms = s / 2
         cols = np.arange(1, v)
         roots = np.nonzero(np.isfinite(s[0]))[0]
         bound = _root_bounds(terms, roots)
@@ -582,9 +582,9 @@ def chu_liu_edmonds(scores: Tensor, single_root: bool = False) -> Tensor:
         raise ValueError("scores must be finite or -inf")
     if not isinstance(single_root, bool):
         raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
-    best = _best_tree(scores.detach().to("cpu", torch.float64).numpy().copy(), single_root)
+    s = _mask_head_major(scores.detach().to("cpu", torch.float64)[None], torch.tensor([len(scores) - 1]))
+    best = _best_tree(_shifted_columns(s, single_root)[0][0].numpy().copy(), single_root)
     if best is None:
-        _check_range(_mask_head_major(scores.detach()[None], torch.tensor([len(scores) - 1], device=scores.device)))
         raise ValueError(_no_tree(single_root=single_root))
     return torch.as_tensor(best[1:], dtype=torch.long, device=scores.device)
 
@@ -633,11 +633,11 @@ class NonProjective(_DependencyOracle):
     def _map_core(self, scores: Tensor, lengths: Tensor) -> Tensor:
         b, c, _ = scores.shape
         out = np.full((b, c - 1), -1, dtype=np.int64)
-        s = scores.detach().to("cpu", torch.float64).numpy()        # one conversion for the whole batch
+        # one conversion for the whole batch
+        s = _shifted_columns(scores.detach().to("cpu", torch.float64), self.single_root)[0].numpy()
         for i, n in enumerate(lengths.tolist()):
             best = _best_tree(s[i, : n + 1, : n + 1].copy(), self.single_root)
             if best is None:
-                _check_range(scores[i : i + 1])                          # (CLE's gains overflow like the shifts)
                 raise ValueError(f"example {i}: {_no_tree(single_root=self.single_root)}")
             out[i, :n] = best[1:]
         return torch.as_tensor(out, device=scores.device)

@@ -95,17 +95,17 @@ def eisner(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[
     return _differentiable(scores, log_z, marg), marg
 
 
-def _column_shifted(s: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """Scores with each modifier's column shifted by its (finite) maximum, and the total shift [B] in two parts
-    (:func:`~betheproj.oracles.base._split_sum`): every tree has one arc into each word, so this only rescales
-    Z, and a huge constant cannot absorb O(1) scores."""
-    shifted, top = _shifted_columns(s)
+def _column_shifted(s: Tensor, single_root: bool) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Scores shifted by :func:`~betheproj.oracles.dependency._shifted_columns`, and the total shift [B] in two
+    parts (:func:`~betheproj.oracles.base._split_sum`): every tree has one arc into each word (and with one root
+    child one root arc), so this only rescales Z, and a huge constant cannot absorb O(1) scores."""
+    shifted, top = _shifted_columns(s, single_root)
     return shifted, _split_sum(top)
 
 
 def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:
     """``strict``: raise for an example with no tree (else its ``log Z`` is ``-inf``)."""
-    shifted, shift = _column_shifted(s.detach())
+    shifted, shift = _column_shifted(s.detach(), single_root)
     with torch.enable_grad():
         x = shifted.requires_grad_(True)
         log_z, _, _ = _chart(x, lengths, single_root, maximize=False)
@@ -128,7 +128,7 @@ def eisner_map(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tu
 
 
 def _eisner_map(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
-    shifted, shift = _column_shifted(s)
+    shifted, shift = _column_shifted(s, single_root)
     best, pointers, root_child = _chart(shifted, lengths, single_root, maximize=True)
     assert pointers is not None                              # kept when maximising
     _raise_no_tree(best, True, single_root)

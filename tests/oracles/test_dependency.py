@@ -184,6 +184,41 @@ def test_huge_column_shifts_that_cancel_leave_log_z_its_o1_part(cls, single_root
         assert abs(float(direct[0]) - log_z) < 1e-12 * max(1.0, abs(log_z))
 
 
+@pytest.mark.parametrize("cls", [NonProjective, Projective])
+@pytest.mark.parametrize("big", [1e10, 1e17, 1e100])
+def test_a_huge_root_row_constant_only_rescales_z_with_one_root_child(cls, big):
+    """With one root child every tree takes exactly one root arc, so a constant on the root row (a root penalty or
+    bonus) only rescales Z, as a column's does.  The root row's arcs were shifted by their columns' maxima only:
+    at +-1e17 every tree paid the constant on a word arc or the root arc, and the marginals were off by 0.5, the
+    entropy by 1e16, and MAP chose worse trees.  Here with column lifts of the same size too, against enumeration
+    of the scores less the lifts (subtracted exactly)."""
+    n = 5
+    oracle, projective = cls(single_root=True), cls is Projective
+    for seed in range(6):
+        gen = torch.Generator().manual_seed(seed)
+        root, cols = big if seed % 2 else -big, big * torch.randn(n, generator=gen, dtype=DT).sign()
+        lift = torch.zeros(1, n + 1, n + 1, dtype=DT)
+        lift[:, 0, 1:] = root
+        lift[:, :, 1:] += cols
+        huge = torch.randn(1, n + 1, n + 1, generator=gen, dtype=DT) + lift
+        ref = huge - lift
+        log_z, marg, best, ent = _brute(ref[0], n, projective, True)
+        pot = arc_potentials(huge)
+        mu = oracle.marginals(pot)
+        assert torch.allclose(mu.node[0], marg[:, 1:].t(), atol=1e-12, rtol=0)
+        assert abs(float(oracle.entropy(mu)[0] - ent)) < 1e-12
+        total = float(log_z) + root + float(cols.sum())
+        assert abs(float(mu.log_partition[0]) - total) <= 1e-15 * max(1.0, abs(total)) + 1e-12
+        heads = oracle.map(pot)[0]
+        assert abs(float(ref[0, heads, torch.arange(1, n + 1)].sum() - best)) < 1e-12
+        if cls is NonProjective:
+            got = log_arc_marginals(huge, torch.tensor([n]), True)[1][0]
+            want = _brute_log_marginals(ref[0], n, True)
+            assert torch.equal(torch.isinf(got), torch.isinf(want))
+            assert torch.allclose(got[torch.isfinite(want)], want[torch.isfinite(want)], atol=1e-6)
+            assert torch.equal(chu_liu_edmonds(huge[0], single_root=True), heads)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_single_root_map_with_a_huge_constant_column(seed):
     # attractive root arcs: the unconstrained optimum has several root children, so single-root CLE ranks one
@@ -544,11 +579,12 @@ def test_chu_liu_edmonds_and_eisner_map_directly():
 
 def test_eisner_names_scores_beyond_the_dtype_range():
     """Shifting a column by its maximum overflows when its scores are more than the float range apart: an
-    allowed arc would read as forbidden and Eisner would report no tree (it did) where Chu-Liu-Edmonds finds one."""
+    allowed arc would read as forbidden and Eisner would report no tree (it did).  Chu-Liu-Edmonds, which once
+    found one on the raw scores, now shifts them as the marginals do (a huge root row would otherwise round away
+    the O(1) scores) and names the range as well."""
     s = torch.tensor([[-INF, 1e308, 1e308], [-INF, -INF, -1e308], [-INF, -1e308, -INF]], dtype=DT)
-    assert chu_liu_edmonds(s, single_root=True).tolist() == [0, 1]
     for f in (lambda: eisner_map(s[None], torch.tensor([2]), single_root=True),
-              lambda: eisner(s[None], torch.tensor([2]))):
+              lambda: eisner(s[None], torch.tensor([2])), lambda: chu_liu_edmonds(s, single_root=True)):
         with pytest.raises(ValueError, match="range"):
             f()
 
