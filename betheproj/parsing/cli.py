@@ -365,9 +365,10 @@ BYTES_PER_WEIGHT = 28
 0.80 GB; 40 and 44 before the learner stopped keeping temporary copies of its dense vectors and a scratch vector that
 compact examples never use)."""
 
-BYTES_PER_SECOND_ORDER_WEIGHT = 34
-"""The same for second-order training (``--dev``, one epoch; 2026-11-30): 33.4 bytes a weight (1.73 GB at --bits 24
-against 1.31 GB at 22, the first-order model's 2^24 weights included in both)."""
+BYTES_PER_SECOND_ORDER_WEIGHT = 30
+"""The same for second-order training (``--dev``, one epoch, the first-order model's 2^24 weights included in each;
+2026-11-30): 24.6 bytes a weight between --bits 24 and 26 (1.39 against 2.60 GB), 29.7 between 22 and 24 (1.03
+against 1.39 GB); 30.5-33.4 before AdaGrad kept sparse gradients (:mod:`betheproj.parsing._sparse`)."""
 
 
 def _check_bits_memory(bits: int, second_order: bool = False) -> None:

@@ -16,6 +16,7 @@ from ..data.conllu import Sentence
 from ..oracles.base import PairwisePotentials
 from ..oracles.dependency import _arc_mask
 from ..oracles.nonprojective import NonProjective
+from ._sparse import take
 from .parser import MAX_ARCS, DependencyParser, GreedyFirst, _length_batches, _sentences
 
 __all__ = ["Candidates", "prune"]
@@ -43,7 +44,7 @@ def _dense(ids: np.ndarray, sent: np.ndarray, mod: np.ndarray, head: np.ndarray,
            ) -> Tensor:
     """Node scores [B, N, N+1] (``-inf`` where no arc is listed) of listed arcs ``w[ids].sum(-1)``."""
     n, device = int(lengths.max()), w.device
-    vals = w[torch.from_numpy(ids).to(device, torch.long)].sum(-1)
+    vals = take(w, torch.from_numpy(ids).to(device, torch.long)).sum(-1)           # sparse gradient (training)
     node = torch.full((len(lengths), n, n + 1), -math.inf, dtype=w.dtype, device=device)
     return node.index_put(tuple(torch.from_numpy(a).to(device) for a in (sent, mod, head)), vals)
 
