@@ -248,6 +248,9 @@ class DependencyMarginals(Marginals):
             shift, shifted_log_partition = torch.zeros_like(log_partition)[:, None].expand(b, c), log_partition
         elif shift is None or shifted_log_partition is None:
             raise ValueError("give shift and shifted_log_partition together")
+        elif tuple(shift.shape) != (b, c):
+            raise ValueError(f"shift must be [B, N+1]=({b}, {c}) (the root row's constant, then each word's), got "
+                             f"{tuple(shift.shape)}")
         self.shift = shift
         self.shifted_log_partition = shifted_log_partition
 

@@ -1066,3 +1066,20 @@ def test_a_trees_statistics_have_no_edge_parts_as_its_marginals_have_none(cls):
     energy = FunctionEnergy(lambda m: m.edge.sum((1, 2, 3)) + m.node[..., 0].sum(-1))
     assert torch.allclose(energy.value(stats), energy.value(mu), atol=1e-12, rtol=0)
     assert energy.value(stats).tolist() == [1.0, 1.0]
+
+
+def test_dependency_marginals_check_their_shift():
+    """``shift`` is [B, N+1] since the root row has a constant of its own (it was [B, N]): the old shape is an
+    error, not a silently misread entropy; without it the entropy is log Z - <theta, mu> unshifted."""
+    from betheproj.oracles.dependency import DependencyMarginals
+
+    torch.manual_seed(0)
+    oracle = NonProjective(single_root=True)
+    mu = oracle.marginals(arc_potentials(torch.randn(2, 4, 4, dtype=DT)))
+    args = (mu.node, mu.log_partition, mu.lengths, mu.theta, mu.structure)
+    with pytest.raises(ValueError, match=r"shift must be \[B, N\+1\]=\(2, 4\)"):
+        DependencyMarginals(*args, mu.shift[:, 1:], mu.shifted_log_partition)
+    with pytest.raises(ValueError, match="together"):
+        DependencyMarginals(*args, mu.shift)
+    plain = DependencyMarginals(*args)
+    assert torch.allclose(oracle.entropy(plain), oracle.entropy(mu), atol=1e-12)
