@@ -34,15 +34,23 @@ __all__ = ["eisner", "eisner_map", "Projective"]
 
 def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool
            ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None, Tensor | None]:
-    """Inside pass: the root value [B] and, for ``maximize``, the backpointers and the root child [B]."""
+    """Inside pass: the root value [B] and, for ``maximize``, the backpointers ([B, C, C] each, indexed by the span's
+    ends) and the root child [B].
+
+    Each chart is kept twice, by the span's left end (``lo[:, s, w]``: the span ``(s, s + w)``) and by its right
+    end with the width reversed (``hi[:, t, C-1-w]``: the span ``(t - w, t)``), so that the split points of all
+    spans of one width are contiguous slices of both (as torch-struct lays its charts out): no gathers, and views
+    instead of copies in the backward pass."""
     b, c, _ = s.shape
     device = s.device
     ninf = torch.full((), -torch.inf, dtype=s.dtype, device=device)
-    c_right, c_left = s.new_full((b, c, c), -torch.inf), s.new_full((b, c, c), -torch.inf)
-    i_right, i_left = s.new_full((b, c, c), -torch.inf), s.new_full((b, c, c), -torch.inf)
-    pos = torch.arange(c, device=device)
-    c_right[:, pos, pos] = 0.0
-    c_left[:, pos, pos] = 0.0
+    # complete (c) and incomplete (i) spans headed at their left end (r, ->) or right end (l, <-)
+    lo_cr, lo_cl, lo_ir, lo_il = (s.new_full((b, c, c), -torch.inf) for _ in range(4))
+    hi_cr, hi_cl, hi_ir, hi_il = (s.new_full((b, c, c), -torch.inf) for _ in range(4))
+    for x in (lo_cr, lo_cl):
+        x[:, :, 0] = 0.0
+    for x in (hi_cr, hi_cl):
+        x[:, :, c - 1] = 0.0
     if maximize:
         bp_i, bp_cr, bp_cl = (torch.zeros(b, c, c, dtype=torch.long, device=device) for _ in range(3))
 
@@ -51,30 +59,34 @@ def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool
             return x.max(-1)
         return _lse(x, -1), None
 
+    def put(lo: Tensor, hi: Tensor, w: int, val: Tensor) -> None:
+        lo[:, : c - w, w] = val
+        hi[:, w:, c - 1 - w] = val
+
     for w in range(1, c):
-        st = torch.arange(c - w, device=device)
-        en = st + w
-        split = st[:, None] + torch.arange(w, device=device)              # r = s .. t-1
-        inner, arg = reduce(c_right[:, st[:, None], split] + c_left[:, split + 1, en[:, None]])
-        i_right[:, st, en] = inner + s[:, st, en]
-        i_left[:, st, en] = inner + s[:, en, st]
-        split2 = split + 1                                                  # r = s+1 .. t
-        cr, arg_r = reduce(i_right[:, st[:, None], split2] + c_right[:, split2, en[:, None]])
-        c_right[:, st, en] = cr
-        cl, arg_l = reduce(c_left[:, st[:, None], split] + i_left[:, split, en[:, None]])
-        c_left[:, st, en] = cl
+        k = c - w                                                     # spans of width w: starts 0..k-1
+        inner, arg = reduce(lo_cr[:, :k, :w] + hi_cl[:, w:, k:])        # r = s .. t-1
+        put(lo_ir, hi_ir, w, inner + torch.diagonal(s, w, 1, 2))
+        put(lo_il, hi_il, w, inner + torch.diagonal(s, -w, 1, 2))
+        cr, arg_r = reduce(lo_ir[:, :k, 1 : w + 1] + hi_cr[:, w:, k:])   # r = s+1 .. t
+        put(lo_cr, hi_cr, w, cr)
+        cl, arg_l = reduce(lo_cl[:, :k, :w] + hi_il[:, w:, k - 1 : c - 1])   # r = s .. t-1
+        put(lo_cl, hi_cl, w, cl)
         if maximize:                      # reduce's argmaxes (None only where it sums)
             assert arg is not None and arg_r is not None and arg_l is not None
-            bp_i[:, st, en] = arg + st
-            bp_cr[:, st, en] = arg_r + st + 1
-            bp_cl[:, st, en] = arg_l + st
+            st = torch.arange(k, device=device)
+            torch.diagonal(bp_i, w, 1, 2).copy_(arg + st)
+            torch.diagonal(bp_cr, w, 1, 2).copy_(arg_r + st + 1)
+            torch.diagonal(bp_cl, w, 1, 2).copy_(arg_l + st)
     batch = torch.arange(b, device=device)
     if not single_root:
-        top = c_right[batch, 0, lengths]
+        top = lo_cr[batch, 0, lengths]
         root_child = None
     else:
-        kids = pos[1:]
-        cand = s[:, 0, 1:] + c_left[:, 1, 1:] + c_right[batch[:, None], kids[None, :], lengths[:, None]]
+        kids = torch.arange(1, c, device=device)
+        # C<-[1, r] (width r-1) and C->[r, n] (width n-r, at end n)
+        right = hi_cr[batch[:, None], lengths[:, None], (c - 1 - (lengths[:, None] - kids[None, :])).clamp(0, c - 1)]
+        cand = s[:, 0, 1:] + lo_cl[:, 1, : c - 1] + right
         cand = torch.where(kids[None, :] <= lengths[:, None], cand, ninf)
         top, root_child = reduce(cand)
         if root_child is not None:
