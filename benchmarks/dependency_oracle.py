@@ -94,7 +94,8 @@ def main() -> None:
         parser.error("torch-struct is not installed: pip install torch-struct --no-deps")
     dtype = getattr(torch, args.dtype)
     print(f"{args.dtype}, {args.threads} threads; sentences/s, fastest of {args.repeats} calls")
-    print("| oracle | B | N | ours | torch-struct | ours / torch-struct | max marginal difference | max log Z difference |")
+    print("| oracle | B | N | ours | torch-struct | ours / torch-struct | max marginal difference "
+          "| max log Z difference |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for b, n in SIZES:
         for r in measure(b, n, dtype, args.repeats):

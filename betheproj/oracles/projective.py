@@ -15,6 +15,8 @@ Spans of one width are computed at once (tensor ops over the diagonal), so a sen
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -22,7 +24,6 @@ from .base import _split_sum
 from .dependency import (
     _DependencyOracle,
     _differentiable,
-    _lse,
     _prepare,
     _raise_no_tree,
     _raise_overflow,
@@ -32,10 +33,25 @@ from .dependency import (
 __all__ = ["eisner", "eisner_map", "Projective"]
 
 
+@dataclass
+class _Charts:
+    """The inside pass's charts (see :func:`_chart`), for the outside pass."""
+
+    lo_cr: Tensor
+    lo_cl: Tensor
+    lo_ir: Tensor
+    lo_il: Tensor
+    hi_cr: Tensor
+    hi_cl: Tensor
+    hi_ir: Tensor
+    hi_il: Tensor
+    inner: Tensor               # by left end: the sum over split points that both incomplete spans share
+
+
 def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool
-           ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None, Tensor | None]:
-    """Inside pass: the root value [B] and, for ``maximize``, the backpointers ([B, C, C] each, indexed by the span's
-    ends) and the root child [B].
+           ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None, Tensor | None, _Charts]:
+    """Inside pass: the root value [B], for ``maximize`` the backpointers ([B, C, C] each, indexed by the span's
+    ends) and the root child [B], and the charts.
 
     Each chart is kept twice, by the span's left end (``lo[:, s, w]``: the span ``(s, s + w)``) and by its right
     end with the width reversed (``hi[:, t, C-1-w]``: the span ``(t - w, t)``), so that the split points of all
@@ -51,13 +67,14 @@ def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool
         x[:, :, 0] = 0.0
     for x in (hi_cr, hi_cl):
         x[:, :, c - 1] = 0.0
+    inner_chart = s.new_full((b, c, c), -torch.inf)
     if maximize:
         bp_i, bp_cr, bp_cl = (torch.zeros(b, c, c, dtype=torch.long, device=device) for _ in range(3))
 
     def reduce(x: Tensor) -> tuple[Tensor, Tensor | None]:
         if maximize:
             return x.max(-1)
-        return _lse(x, -1), None
+        return torch.logsumexp(x, -1), None          # -inf where every term is (no autograd: see _outside)
 
     def put(lo: Tensor, hi: Tensor, w: int, val: Tensor) -> None:
         lo[:, : c - w, w] = val
@@ -66,6 +83,7 @@ def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool
     for w in range(1, c):
         k = c - w                                                     # spans of width w: starts 0..k-1
         inner, arg = reduce(lo_cr[:, :k, :w] + hi_cl[:, w:, k:])        # r = s .. t-1
+        inner_chart[:, :k, w] = inner
         put(lo_ir, hi_ir, w, inner + torch.diagonal(s, w, 1, 2))
         put(lo_il, hi_il, w, inner + torch.diagonal(s, -w, 1, 2))
         cr, arg_r = reduce(lo_ir[:, :k, 1 : w + 1] + hi_cr[:, w:, k:])   # r = s+1 .. t
@@ -91,9 +109,63 @@ def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool
         top, root_child = reduce(cand)
         if root_child is not None:
             root_child = root_child + 1
+    charts = _Charts(lo_cr, lo_cl, lo_ir, lo_il, hi_cr, hi_cl, hi_ir, hi_il, inner_chart)
     if maximize:
-        return top, (bp_i, bp_cr, bp_cl), root_child
-    return top, None, None
+        return top, (bp_i, bp_cr, bp_cl), root_child, charts
+    return top, None, None, charts
+
+
+def _outside(s: Tensor, lengths: Tensor, single_root: bool, log_z: Tensor, ch: _Charts) -> Tensor:
+    """``d log Z / d s`` [B, C, C] (the arc marginals) by the outside pass over the sum charts of :func:`_chart`:
+    each span's adjoint, widest spans first, split among the terms of its log-sum-exp in proportion to their
+    share ``exp(term - value)`` (0 where the value is ``-inf``: no tree passes there).  The same arithmetic as
+    autograd through a log-sum-exp, at half its cost."""
+    b, c, _ = s.shape
+    device = s.device
+    zero = torch.zeros((), dtype=s.dtype, device=device)
+    g_lo = {k: torch.zeros_like(s) for k in ("cr", "cl", "ir", "il")}
+    g_hi = {k: torch.zeros_like(s) for k in ("cr", "cl", "ir", "il")}
+    grad = torch.zeros_like(s)
+    batch = torch.arange(b, device=device)
+
+    def share(x: Tensor, value: Tensor, g: Tensor) -> Tensor:
+        # renormalised: the rounding of the log-sum-exp ``value`` (1e-13 at |value| ~ 1e3) would otherwise scale
+        # every share, and the marginals of a word would sum to 1 + 2e-14
+        e = torch.exp(x - torch.where(torch.isfinite(value), value, zero)[..., None])
+        total = e.sum(-1, keepdim=True)
+        return e * (g[..., None] / torch.where(total > 0, total, 1.0))
+
+    if not single_root:
+        g_lo["cr"][batch, 0, lengths] = 1.0
+    else:
+        kids = torch.arange(1, c, device=device)
+        col = (c - 1 - (lengths[:, None] - kids[None, :])).clamp(0, c - 1)
+        cand = s[:, 0, 1:] + ch.lo_cl[:, 1, : c - 1] + ch.hi_cr[batch[:, None], lengths[:, None], col]
+        cand = torch.where(kids[None, :] <= lengths[:, None], cand, -torch.inf)
+        p = share(cand, log_z, torch.ones_like(log_z))
+        grad[:, 0, 1:] += p
+        g_lo["cl"][:, 1, : c - 1] += p
+        g_hi["cr"][batch[:, None], lengths[:, None], col] += p
+    def total(kind: str, w: int) -> Tensor:
+        """The adjoint of the spans of width ``w`` [B, C-w]: what was read through either layout."""
+        return g_lo[kind][:, : c - w, w] + g_hi[kind][:, w:, c - 1 - w]
+
+    for w in range(c - 1, 0, -1):
+        k = c - w
+        gcr, gcl = total("cr", w), total("cl", w)
+        x = share(ch.lo_ir[:, :k, 1 : w + 1] + ch.hi_cr[:, w:, k:], ch.lo_cr[:, :k, w], gcr)
+        g_lo["ir"][:, :k, 1 : w + 1] += x
+        g_hi["cr"][:, w:, k:] += x
+        x = share(ch.lo_cl[:, :k, :w] + ch.hi_il[:, w:, k - 1 : c - 1], ch.lo_cl[:, :k, w], gcl)
+        g_lo["cl"][:, :k, :w] += x
+        g_hi["il"][:, w:, k - 1 : c - 1] += x
+        gir, gil = total("ir", w), total("il", w)          # complete now: read by complete spans of width >= w
+        torch.diagonal(grad, w, 1, 2).add_(gir)
+        torch.diagonal(grad, -w, 1, 2).add_(gil)
+        x = share(ch.lo_cr[:, :k, :w] + ch.hi_cl[:, w:, k:], ch.inner[:, :k, w], gir + gil)
+        g_lo["cr"][:, :k, :w] += x
+        g_hi["cl"][:, w:, k:] += x
+    return torch.where(torch.isfinite(s), grad, zero)
 
 
 def eisner(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[Tensor, Tensor]:
@@ -118,13 +190,11 @@ def _column_shifted(s: Tensor, single_root: bool) -> tuple[Tensor, tuple[Tensor,
 def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:
     """``strict``: raise for an example with no tree (else its ``log Z`` is ``-inf``)."""
     shifted, shift = _column_shifted(s.detach(), single_root)
-    with torch.enable_grad():
-        x = shifted.requires_grad_(True)
-        log_z, _, _ = _chart(x, lengths, single_root, maximize=False)
-        if strict:
-            _raise_no_tree(log_z, True, single_root)
-        (marg,) = torch.autograd.grad(log_z.sum(), x)
-    log_z = shift[0] + (shift[1] + log_z.detach())
+    log_z, _, _, charts = _chart(shifted, lengths, single_root, maximize=False)
+    if strict:
+        _raise_no_tree(log_z, True, single_root)
+    marg = _outside(shifted, lengths, single_root, log_z, charts)
+    log_z = shift[0] + (shift[1] + log_z)
     _raise_overflow(log_z)
     return log_z, marg
 
@@ -141,7 +211,7 @@ def eisner_map(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tu
 
 def _eisner_map(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
     shifted, shift = _column_shifted(s, single_root)
-    best, pointers, root_child = _chart(shifted, lengths, single_root, maximize=True)
+    best, pointers, root_child, _ = _chart(shifted, lengths, single_root, maximize=True)
     assert pointers is not None                              # kept when maximising
     _raise_no_tree(best, True, single_root)
     best = shift[0] + (shift[1] + best)
