@@ -1,4 +1,4 @@
-"""Projective dependency trees: Eisner's algorithm (inside in log space, marginals by autograd, MAP with
+"""Projective dependency trees: Eisner's algorithm (inside in log space, marginals by the outside pass, MAP with
 backpointers).
 
 Eisner (1996)'s first-order chart over positions ``0..n`` with complete (``C``) and incomplete (``I``) spans,
@@ -10,7 +10,7 @@ Eisner (1996)'s first-order chart over positions ``0..n`` with complete (``C``) 
 in the semiring (logsumexp, +) for ``log Z`` or (max, +) for MAP.  ``log Z = C->[0, n]`` (the root may have
 several children); with a single root child ``log Z = (+)_r theta(0 -> r) (x) C<-[1, r] (x) C->[r, n]``.
 Spans of one width are computed at once (tensor ops over the diagonal), so a sentence costs ``O(n)`` steps of
-``O(n^2)`` work.  Marginals are ``d log Z / d theta`` (autograd through the chart; the outside pass).
+``O(n^2)`` work.  Marginals are ``d log Z / d theta``, by an explicit outside pass over the same charts.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def _outside(s: Tensor, lengths: Tensor, single_root: bool, log_z: Tensor, ch: _
 
 def eisner(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[Tensor, Tensor]:
     """Log-partition [B] and arc marginals [B, N+1, N+1] (head-major) over projective trees, by Eisner's inside
-    algorithm in the (logsumexp, +) semiring and autograd for the outside pass.  Same conventions as
+    algorithm in the (logsumexp, +) semiring and the outside pass.  Same conventions as
     :func:`~betheproj.oracles.nonprojective.matrix_tree`; ``ValueError`` if an example has no projective tree."""
     if not isinstance(single_root, bool):
         raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
