@@ -43,7 +43,7 @@ from .base import (
     _check_lengths,
     _finite_max,
     _first_order_only,
-    _split_sum,
+    _sum_shifts,
     _two_sum,
     _unchecked,
     check_degree_args,
@@ -355,7 +355,7 @@ class _DependencyOracle:
             shifted_log_z, marg = self._marginals_core(shifted, lengths)
         node = marg[:, :, 1:].transpose(1, 2).contiguous()
         theta = scores[:, :, 1:].transpose(1, 2)
-        big, small = _split_sum(shift)                 # huge shifts that cancel leave their O(1) part
+        big, small = _sum_shifts((shift, -1))          # huge shifts that cancel leave their O(1) part
         log_z = big + (small + shifted_log_z)
         _raise_overflow(log_z)
         return DependencyMarginals(node, log_z, lengths, theta, self._structure(), shift, shifted_log_z)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base import _split_sum
+from .base import _sum_shifts
 from .dependency import (
     _DependencyOracle,
     _differentiable,
@@ -181,10 +181,10 @@ def eisner(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[
 
 def _column_shifted(s: Tensor, single_root: bool) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Scores shifted by :func:`~betheproj.oracles.dependency._shifted_columns`, and the total shift [B] in two
-    parts (:func:`~betheproj.oracles.base._split_sum`): every tree has one arc into each word (and with one root
+    parts (:func:`~betheproj.oracles.base._sum_shifts`): every tree has one arc into each word (and with one root
     child one root arc), so this only rescales Z, and a huge constant cannot absorb O(1) scores."""
     shifted, top = _shifted_columns(s, single_root)
-    return shifted, _split_sum(top)
+    return shifted, _sum_shifts((top, -1))
 
 
 def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:
