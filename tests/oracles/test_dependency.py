@@ -481,6 +481,25 @@ def test_float32_agrees_with_float64(cls, offset):
     assert torch.equal(cls().map(arc_potentials(s32, lengths)), cls().map(arc_potentials(s32.double(), lengths)))
 
 
+@pytest.mark.parametrize("single_root", [False, True])
+def test_float32_matrix_tree_retries_the_fast_path_in_float64(monkeypatch, single_root):
+    """Sentences of 40 words with scores N(0, 4) fail float32's rounding check (n kappa eps <= sqrt(eps)) and went
+    to the log-space elimination, 25 times slower; the fast path in float64 passes its own check, and its result
+    in float32 agrees with float64's to float32's rounding."""
+    torch.manual_seed(0)
+    s64 = _scores(8, 40, 2.0)
+    lengths = torch.tensor([40, 40, 35, 40, 20, 40, 40, 31])
+    _, _, ok32 = nonprojective._fast_matrix_tree(_mask_head_major(s64.float(), lengths), lengths, single_root)
+    assert not bool(ok32.all())                                       # the case this test is about
+    exact = record_shapes(monkeypatch, nonprojective, "_exact_matrix_tree")
+    m32 = NonProjective(single_root).marginals(arc_potentials(s64.float(), lengths))
+    m64 = NonProjective(single_root).marginals(arc_potentials(s64.float().double(), lengths))
+    assert exact == []
+    assert m32.node.dtype == torch.float32 and m32.log_partition.dtype == torch.float32
+    assert torch.allclose(m32.node.double(), m64.node, atol=1e-6, rtol=0)
+    assert torch.allclose(m32.log_partition.double(), m64.log_partition, rtol=1e-6, atol=0)
+
+
 def _brute_log_marginals(scores: torch.Tensor, n: int, single_root: bool) -> torch.Tensor:
     """``log P(h -> m)`` [n+1, n+1] of one sentence by enumeration in log space (``-inf``: in no tree)."""
     trees = _trees(n, False, single_root)
