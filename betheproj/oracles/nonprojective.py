@@ -90,13 +90,20 @@ def log_arc_marginals(scores: Tensor, lengths: Tensor, single_root: bool = False
     others (and all of an example with ``n kappa eps > 0.01``, or with weights or marginals near the subnormal
     range) are recomputed by elimination without subtraction: with several roots one elimination per column
     for all its arcs (:func:`_column_log_marginals`, ``O(n^3)``), with one root child one forced ``log Z`` per
-    arc (``O(n^3)``)."""
+    arc (``O(n^3)``).  Float32 scores are computed in float64 (at float32's default ``rtol``) and returned in
+    float32: float32's rounding bound certified few marginals, and its eliminations took 10 times as long at
+    ``n = 40``."""
     if not isinstance(single_root, bool):
         raise TypeError(f"single_root must be a bool, got {type(single_root).__name__}")
     masked, lengths = _prepare(scores, lengths)
     if rtol is None:
         rtol = max(1e-6, torch.finfo(masked.dtype).eps ** 0.5)
     rtol = check_real("rtol", rtol, 0.0, low_open=True)
+    if masked.dtype != torch.float64:
+        log_z, log_marg = log_arc_marginals(masked.double(), lengths, single_root, rtol)
+        log_z = log_z.to(masked.dtype)
+        _raise_overflow(log_z)
+        return log_z, log_marg.to(masked.dtype)
     with torch.no_grad():
         shifted, shift = _shifted_columns(masked, single_root)
         log_z, marg, ok, (root, words, keep, inv, kappa, lu, piv) = _fast_parts(shifted, lengths, single_root)
