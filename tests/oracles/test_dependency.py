@@ -482,9 +482,9 @@ def test_float32_agrees_with_float64(cls, offset):
 
 
 @pytest.mark.parametrize("single_root", [False, True])
-def test_float32_matrix_tree_retries_the_fast_path_in_float64(monkeypatch, single_root):
+def test_float32_matrix_tree_runs_in_float64(monkeypatch, single_root):
     """Sentences of 40 words with scores N(0, 4) fail float32's rounding check (n kappa eps <= sqrt(eps)) and went
-    to the log-space elimination, 25 times slower; the fast path in float64 passes its own check, and its result
+    to the log-space elimination, 25 times slower; in float64 the fast path passes its own check, and the result
     in float32 agrees with float64's to float32's rounding."""
     torch.manual_seed(0)
     s64 = _scores(8, 40, 2.0)
