@@ -55,8 +55,8 @@ def _chart(s: Tensor, lengths: Tensor, single_root: bool, maximize: bool
 
     Each chart is kept twice, by the span's left end (``lo[:, s, w]``: the span ``(s, s + w)``) and by its right
     end with the width reversed (``hi[:, t, C-1-w]``: the span ``(t - w, t)``), so that the split points of all
-    spans of one width are contiguous slices of both (as torch-struct lays its charts out): no gathers, and views
-    instead of copies in the backward pass."""
+    spans of one width are contiguous slices of both (as torch-struct lays its charts out): no gathers, here or in
+    the outside pass (:func:`_outside`), which reads the same slices."""
     b, c, _ = s.shape
     device = s.device
     ninf = torch.full((), -torch.inf, dtype=s.dtype, device=device)
@@ -146,6 +146,7 @@ def _outside(s: Tensor, lengths: Tensor, single_root: bool, log_z: Tensor, ch: _
         grad[:, 0, 1:] += p
         g_lo["cl"][:, 1, : c - 1] += p
         g_hi["cr"][batch[:, None], lengths[:, None], col] += p
+
     def total(kind: str, w: int) -> Tensor:
         """The adjoint of the spans of width ``w`` [B, C-w]: what was read through either layout."""
         return g_lo[kind][:, : c - w, w] + g_hi[kind][:, w:, c - 1 - w]
