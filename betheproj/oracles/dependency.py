@@ -216,7 +216,8 @@ def _shifted_columns(s: Tensor, single_root: bool = False) -> tuple[Tensor, Tens
         top = _finite_max(s, 1)
         shifted = s - top
         shift = torch.cat([torch.zeros_like(top[:, 0, :1]), top[:, 0, 1:]], 1)
-    if bool((torch.isfinite(s) & ~torch.isfinite(shifted)).any()):
+    # NaN and +inf scores are refused before; a finite score can only overflow to +-inf here
+    if bool(((shifted.abs() == torch.inf) & (s != -torch.inf)).any()):
         raise ValueError(f"arc scores differ by more than {s.dtype}'s range (an allowed arc would read as "
                          f"forbidden): rescale the scores")
     return shifted, shift
