@@ -223,6 +223,16 @@ def _shifted_columns(s: Tensor, single_root: bool = False) -> tuple[Tensor, Tens
     return shifted, shift
 
 
+def _added_back(shift: Tensor, value: Tensor) -> Tensor:
+    """``value`` [B] (``log Z`` or a best score of the scores :func:`_shifted_columns` shifted) with the constants
+    ``shift`` [B, N+1] added back: their total in two parts (huge constants that cancel leave their O(1) part), the
+    O(1) ``value`` joining the small one first; the overflow error where the result is ``+inf``."""
+    big, small = _sum_shifts((shift, -1))
+    out = big + (small + value)
+    _raise_overflow(out)
+    return out
+
+
 class DependencyMarginals(Marginals):
     """Arc marginals ``node[b, m-1, h] = P(head(m) = h)`` [B, N, N+1] with the (masked) potentials they came from.
 
@@ -356,9 +366,7 @@ class _DependencyOracle:
             shifted_log_z, marg = self._marginals_core(shifted, lengths)
         node = marg[:, :, 1:].transpose(1, 2).contiguous()
         theta = scores[:, :, 1:].transpose(1, 2)
-        big, small = _sum_shifts((shift, -1))          # huge shifts that cancel leave their O(1) part
-        log_z = big + (small + shifted_log_z)
-        _raise_overflow(log_z)
+        log_z = _added_back(shift, shifted_log_z)
         return DependencyMarginals(node, log_z, lengths, theta, self._structure(), shift, shifted_log_z)
 
     def support(self, potentials: PairwisePotentials) -> Tensor:

@@ -38,8 +38,9 @@ import torch
 from torch import Tensor
 
 from .._checks import check_real
-from .base import PairwisePotentials, _sum_shifts, _unchecked
+from .base import PairwisePotentials, _unchecked
 from .dependency import (
+    _added_back,
     _DependencyOracle,
     _differentiable,
     _lse,
@@ -71,9 +72,7 @@ def matrix_tree(scores: Tensor, lengths: Tensor, single_root: bool = False) -> t
         # huge column or root row (1e15) would round away the O(1) differences that decide the marginals
         shifted, shift = _shifted_columns(masked, single_root)
         log_z, marg = _matrix_tree(shifted, lengths, single_root)
-        big, small = _sum_shifts((shift, -1))
-        log_z = big + (small + log_z)
-        _raise_overflow(log_z)
+        log_z = _added_back(shift, log_z)
     return _differentiable(scores, log_z, marg), marg
 
 
@@ -125,9 +124,7 @@ def log_arc_marginals(scores: Tensor, lengths: Tensor, single_root: bool = False
             log_marg[tuple(refine.T)] = _forced_log_marginals(shifted, lengths, log_z, refine)
         elif refine.numel():
             log_marg[tuple(refine.T)] = _column_log_marginals(shifted, lengths, refine)
-        big, small = _sum_shifts((shift, -1))
-        log_z = big + (small + log_z)
-        _raise_overflow(log_z)
+        log_z = _added_back(shift, log_z)
     return log_z, log_marg
 
 
@@ -553,10 +550,9 @@ def _root_bounds(terms: np.ndarray, roots: np.ndarray) -> np.ndarray:
 
 
 def _best_tree(s: np.ndarray, single_root: bool) -> np.ndarray | None:
-    """:func:`chu_liu_edmonds` on scores shifted by :func:`~betheproj.oracles.dependency._shifted_columns` (the
-    same ``single_root``; a float64 array it may modify): heads [n+1] (``heads[0] = -1``) or ``None``."""
-    s[:, 0] = -np.inf
-    np.fill_diagonal(s, -np.inf)
+    """:func:`chu_liu_edmonds` on masked scores (column 0 and the diagonal ``-inf``) shifted by
+    :func:`~betheproj.oracles.dependency._shifted_columns` (the same ``single_root``; a float64 array it may
+    modify): heads [n+1] (``heads[0] = -1``) or ``None``."""
     v = s.shape[0]
     best = _cle(s)
     if single_root and best is not None and (best[1:] == 0).sum() != 1:

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base import _sum_shifts
 from .dependency import (
+    _added_back,
     _DependencyOracle,
     _differentiable,
     _prepare,
     _raise_no_tree,
-    _raise_overflow,
     _shifted_columns,
 )
 
@@ -180,24 +179,14 @@ def eisner(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[
     return _differentiable(scores, log_z, marg), marg
 
 
-def _column_shifted(s: Tensor, single_root: bool) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """Scores shifted by :func:`~betheproj.oracles.dependency._shifted_columns`, and the total shift [B] in two
-    parts (:func:`~betheproj.oracles.base._sum_shifts`): every tree has one arc into each word (and with one root
-    child one root arc), so this only rescales Z, and a huge constant cannot absorb O(1) scores."""
-    shifted, top = _shifted_columns(s, single_root)
-    return shifted, _sum_shifts((top, -1))
-
-
 def _eisner(s: Tensor, lengths: Tensor, single_root: bool, strict: bool = True) -> tuple[Tensor, Tensor]:
     """``strict``: raise for an example with no tree (else its ``log Z`` is ``-inf``)."""
-    shifted, shift = _column_shifted(s.detach(), single_root)
+    shifted, shift = _shifted_columns(s.detach(), single_root)
     log_z, _, _, charts = _chart(shifted, lengths, single_root, maximize=False)
     if strict:
         _raise_no_tree(log_z, True, single_root)
     marg = _outside(shifted, lengths, single_root, log_z, charts)
-    log_z = shift[0] + (shift[1] + log_z)
-    _raise_overflow(log_z)
-    return log_z, marg
+    return _added_back(shift, log_z), marg
 
 
 def eisner_map(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tuple[Tensor, Tensor]:
@@ -211,12 +200,11 @@ def eisner_map(scores: Tensor, lengths: Tensor, single_root: bool = False) -> tu
 
 
 def _eisner_map(s: Tensor, lengths: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
-    shifted, shift = _column_shifted(s, single_root)
+    shifted, shift = _shifted_columns(s, single_root)
     best, pointers, root_child, _ = _chart(shifted, lengths, single_root, maximize=True)
     assert pointers is not None                              # kept when maximising
     _raise_no_tree(best, True, single_root)
-    best = shift[0] + (shift[1] + best)
-    _raise_overflow(best)
+    best = _added_back(shift, best)
     b, c, _ = s.shape
     heads = torch.full((b, c - 1), -1, dtype=torch.long)
     bp_i, bp_cr, bp_cl = (p.cpu().tolist() for p in pointers)
